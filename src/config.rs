@@ -1,0 +1,196 @@
+//! Configuration of `runnel serve`: command-line flags, their `RUNNEL_*` environment twins, and
+//! an optional TOML file. A flag (or its variable) wins over the file; the file wins over the
+//! defaults.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+use serde::Deserialize;
+
+pub const DEFAULT_LISTEN: &str = "127.0.0.1:4437";
+pub const DEFAULT_DATA_DIR: &str = "./runnel-data";
+pub const DEFAULT_LONG_POLL_TIMEOUT_MS: u64 = 30_000;
+pub const DEFAULT_MAX_BODY_BYTES: usize = 64 << 20;
+pub const DEFAULT_SSE_MAX_DURATION_SECS: u64 = 60;
+
+#[derive(Debug, Parser)]
+#[command(name = "runnel", version, about = "A durable stream server")]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Run the server.
+    Serve(ServeArgs),
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum SyncArg {
+    /// fsync before acknowledging an append (the default): nothing acknowledged is lost.
+    Fsync,
+    /// Acknowledge once written to the OS: survives a crash of the process, not of the machine.
+    None,
+}
+
+#[derive(Debug, Default, Args)]
+pub struct ServeArgs {
+    /// Address to listen on [default: 127.0.0.1:4437].
+    #[arg(long, env = "RUNNEL_LISTEN")]
+    pub listen: Option<SocketAddr>,
+    /// Directory for stream data [default: ./runnel-data].
+    #[arg(long, env = "RUNNEL_DATA_DIR")]
+    pub data_dir: Option<PathBuf>,
+    /// Keep everything in memory, nothing on disk (for tests and benchmarks).
+    #[arg(long, env = "RUNNEL_MEMORY")]
+    pub memory: bool,
+    /// Durability of acknowledged appends [default: fsync].
+    #[arg(long, env = "RUNNEL_SYNC", value_enum)]
+    pub sync: Option<SyncArg>,
+    /// How long a long-poll read waits for new data before answering 204 [default: 30000].
+    #[arg(long, env = "RUNNEL_LONG_POLL_TIMEOUT_MS")]
+    pub long_poll_timeout_ms: Option<u64>,
+    /// Largest accepted request body in bytes; larger ones get 413 [default: 67108864].
+    #[arg(long, env = "RUNNEL_MAX_BODY_BYTES")]
+    pub max_body_bytes: Option<usize>,
+    /// How long one SSE connection stays open before the server ends it [default: 60].
+    #[arg(long, env = "RUNNEL_SSE_MAX_DURATION_SECS")]
+    pub sse_max_duration_secs: Option<u64>,
+    /// TOML file with any of the settings above (keys as the flags, with underscores).
+    #[arg(long, env = "RUNNEL_CONFIG")]
+    pub config: Option<PathBuf>,
+}
+
+/// The settings file: every key optional, unknown keys refused.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FileConfig {
+    listen: Option<SocketAddr>,
+    data_dir: Option<PathBuf>,
+    memory: Option<bool>,
+    sync: Option<SyncArg>,
+    long_poll_timeout_ms: Option<u64>,
+    max_body_bytes: Option<usize>,
+    sse_max_duration_secs: Option<u64>,
+}
+
+/// Where streams are kept.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum StorageSettings {
+    Memory,
+    Disk { dir: PathBuf, sync: SyncArg },
+}
+
+/// Fully resolved settings of a server.
+#[derive(Clone, Debug)]
+pub struct Settings {
+    pub listen: SocketAddr,
+    pub storage: StorageSettings,
+    pub long_poll_timeout: Duration,
+    pub max_body_bytes: usize,
+    pub sse_max_duration: Duration,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("cannot read config file {path}: {source}")]
+    Read { path: PathBuf, source: std::io::Error },
+    #[error("invalid config file {path}: {source}")]
+    Parse { path: PathBuf, source: Box<toml::de::Error> },
+    #[error("{0}")]
+    Invalid(String),
+}
+
+impl ServeArgs {
+    pub fn resolve(self) -> Result<Settings, ConfigError> {
+        let file = match &self.config {
+            Some(path) => load_file(path)?,
+            None => FileConfig::default(),
+        };
+        let listen = match self.listen.or(file.listen) {
+            Some(addr) => addr,
+            None => DEFAULT_LISTEN
+                .parse()
+                .map_err(|_| ConfigError::Invalid("bad default listen address".into()))?,
+        };
+        let storage = if self.memory || file.memory.unwrap_or(false) {
+            StorageSettings::Memory
+        } else {
+            StorageSettings::Disk {
+                dir: self.data_dir.or(file.data_dir).unwrap_or_else(|| PathBuf::from(DEFAULT_DATA_DIR)),
+                sync: self.sync.or(file.sync).unwrap_or(SyncArg::Fsync),
+            }
+        };
+        let max_body_bytes = self.max_body_bytes.or(file.max_body_bytes).unwrap_or(DEFAULT_MAX_BODY_BYTES);
+        if max_body_bytes == 0 {
+            return Err(ConfigError::Invalid("max_body_bytes must be at least 1".into()));
+        }
+        Ok(Settings {
+            listen,
+            storage,
+            long_poll_timeout: Duration::from_millis(
+                self.long_poll_timeout_ms.or(file.long_poll_timeout_ms).unwrap_or(DEFAULT_LONG_POLL_TIMEOUT_MS),
+            ),
+            max_body_bytes,
+            sse_max_duration: Duration::from_secs(
+                self.sse_max_duration_secs
+                    .or(file.sse_max_duration_secs)
+                    .unwrap_or(DEFAULT_SSE_MAX_DURATION_SECS)
+                    .max(1),
+            ),
+        })
+    }
+}
+
+fn load_file(path: &Path) -> Result<FileConfig, ConfigError> {
+    let text = std::fs::read_to_string(path)
+        .map_err(|source| ConfigError::Read { path: path.to_owned(), source })?;
+    toml::from_str(&text).map_err(|source| ConfigError::Parse { path: path.to_owned(), source: Box::new(source) })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn file(text: &str) -> tempfile::NamedTempFile {
+        let f = tempfile::NamedTempFile::new().unwrap();
+        std::fs::write(f.path(), text).unwrap();
+        f
+    }
+
+    #[test]
+    fn defaults_listen_on_4437_with_fsynced_data_in_runnel_data() {
+        let settings = ServeArgs::default().resolve().unwrap();
+        assert_eq!(settings.listen.to_string(), DEFAULT_LISTEN);
+        assert_eq!(
+            settings.storage,
+            StorageSettings::Disk { dir: PathBuf::from(DEFAULT_DATA_DIR), sync: SyncArg::Fsync }
+        );
+        assert_eq!(settings.long_poll_timeout, Duration::from_secs(30));
+    }
+
+    #[test]
+    fn flags_win_over_the_file_and_the_file_over_defaults() {
+        let f = file("listen = \"127.0.0.1:9000\"\nlong_poll_timeout_ms = 500\nsync = \"none\"\n");
+        let args = ServeArgs { config: Some(f.path().into()), long_poll_timeout_ms: Some(700), ..Default::default() };
+        let settings = args.resolve().unwrap();
+        assert_eq!(settings.listen.to_string(), "127.0.0.1:9000");
+        assert_eq!(settings.long_poll_timeout, Duration::from_millis(700));
+        assert!(matches!(settings.storage, StorageSettings::Disk { sync: SyncArg::None, .. }));
+    }
+
+    #[test]
+    fn unknown_or_malformed_file_keys_are_errors() {
+        let f = file("listne = \"x\"\n");
+        assert!(matches!(
+            ServeArgs { config: Some(f.path().into()), ..Default::default() }.resolve(),
+            Err(ConfigError::Parse { .. })
+        ));
+        let missing = ServeArgs { config: Some("/nonexistent/runnel.toml".into()), ..Default::default() };
+        assert!(matches!(missing.resolve(), Err(ConfigError::Read { .. })));
+    }
+}

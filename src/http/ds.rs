@@ -1,0 +1,416 @@
+//! The Durable Streams face at `/v1/stream/{path}`: the base protocol over HTTP.
+
+use std::time::Duration;
+
+use axum::body::Body;
+use axum::extract::{Path, RawQuery, State};
+use axum::http::{HeaderMap, HeaderName, HeaderValue, Method, StatusCode, Uri, header};
+use axum::response::{IntoResponse, Response};
+use bytes::Bytes;
+
+use super::request::{self, Query, Rejection};
+use super::{AppState, sse, text_error};
+use crate::model::headers::{self as hv, HeaderError};
+use crate::model::producer::ProducerError;
+use crate::model::{Offset, ReadFrom, Record, cursor, json};
+use crate::service::{AppendAck, AppendRequest, CreateRequest, ForkRequest, ReadChunk, StreamError, StreamInfo};
+
+/// The URL prefix of base-protocol streams; fork sources are named by paths under it.
+const STREAM_PREFIX: &str = "/v1/stream/";
+
+pub const EXPOSED_HEADERS: &str = "Stream-Next-Offset, Stream-Cursor, Stream-Up-To-Date, Stream-Closed, \
+    Stream-TTL, Stream-Expires-At, Stream-SSE-Data-Encoding, Producer-Epoch, Producer-Seq, \
+    Producer-Expected-Seq, Producer-Received-Seq, ETag, Content-Type, Content-Encoding, Location, Vary";
+
+const ALLOWED_METHODS: &str = "GET, POST, PUT, DELETE, HEAD, OPTIONS";
+const ALLOWED_HEADERS: &str = "Content-Type, Authorization, If-None-Match, Stream-Seq, Stream-TTL, \
+    Stream-Expires-At, Stream-Closed, Stream-Forked-From, Stream-Fork-Offset, Stream-Fork-Sub-Offset, \
+    Producer-Id, Producer-Epoch, Producer-Seq, Last-Event-ID";
+
+/// Catch-up chunks that end before the tail never change, so shared caches may keep them.
+const CACHE_HISTORIC: &str = "public, max-age=60, stale-while-revalidate=300";
+
+pub async fn handle(
+    State(app): State<super::AppState>,
+    Path(name): Path<String>,
+    method: Method,
+    uri: Uri,
+    RawQuery(query): RawQuery,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
+    let result = match method {
+        Method::PUT => create(&app, name, &uri, &headers, body).await,
+        Method::POST => append(&app, &name, &headers, body).await,
+        Method::GET => read(&app, &name, query.as_deref(), &headers).await,
+        Method::HEAD => head(&app, &name).await,
+        Method::DELETE => delete(&app, &name).await,
+        Method::OPTIONS => Ok(preflight()),
+        _ => Ok(method_not_allowed()),
+    };
+    result.unwrap_or_else(|failure| failure.into_response())
+}
+
+/// Why a request failed, on its way to becoming a response.
+enum Failure {
+    Rejected(Rejection),
+    Stream(StreamError),
+}
+
+impl From<Rejection> for Failure {
+    fn from(r: Rejection) -> Self {
+        Failure::Rejected(r)
+    }
+}
+
+impl From<StreamError> for Failure {
+    fn from(e: StreamError) -> Self {
+        Failure::Stream(e)
+    }
+}
+
+impl From<HeaderError> for Failure {
+    fn from(e: HeaderError) -> Self {
+        Failure::Rejected(Rejection::bad_request(e.0))
+    }
+}
+
+impl IntoResponse for Failure {
+    fn into_response(self) -> Response {
+        match self {
+            Failure::Rejected(r) => text_error(r.status, &r.reason),
+            Failure::Stream(e) => stream_error(e),
+        }
+    }
+}
+
+type Handled = Result<Response, Failure>;
+
+fn stream_error(error: StreamError) -> Response {
+    let reason = error.to_string();
+    let (status, extra): (StatusCode, Vec<(&str, String)>) = match error {
+        StreamError::BadRequest(_) | StreamError::BadOffset(_) => (StatusCode::BAD_REQUEST, vec![]),
+        StreamError::NotFound | StreamError::ForkSourceNotFound => (StatusCode::NOT_FOUND, vec![]),
+        StreamError::Gone => (StatusCode::GONE, vec![]),
+        StreamError::Conflict(_)
+        | StreamError::ContentTypeMismatch
+        | StreamError::StreamSeqRegression { .. }
+        | StreamError::ForkSourceGone => (StatusCode::CONFLICT, vec![]),
+        StreamError::Closed { tail } => (
+            StatusCode::CONFLICT,
+            vec![("stream-closed", "true".into()), ("stream-next-offset", tail.to_string())],
+        ),
+        StreamError::Producer(ProducerError::StaleEpoch { current, .. }) => {
+            (StatusCode::FORBIDDEN, vec![("producer-epoch", current.to_string())])
+        }
+        StreamError::Producer(ProducerError::EpochBumpNotAtZero) => (StatusCode::BAD_REQUEST, vec![]),
+        StreamError::Producer(ProducerError::SequenceGap { expected, received }) => (
+            StatusCode::CONFLICT,
+            vec![
+                ("producer-expected-seq", expected.to_string()),
+                ("producer-received-seq", received.to_string()),
+            ],
+        ),
+        StreamError::Storage(e) => {
+            tracing::error!(error = %e, "storage failure");
+            (StatusCode::SERVICE_UNAVAILABLE, vec![("retry-after", "1".into())])
+        }
+    };
+    let mut response = text_error(status, &reason);
+    for (name, value) in extra {
+        set(&mut response, name, &value);
+    }
+    response
+}
+
+fn set(response: &mut Response, name: &'static str, value: &str) {
+    if let Ok(value) = HeaderValue::from_str(value) {
+        response.headers_mut().insert(HeaderName::from_static(name), value);
+    }
+}
+
+fn set_tail(response: &mut Response, tail: Offset, closed: bool) {
+    set(response, "stream-next-offset", &tail.to_string());
+    if closed {
+        set(response, "stream-closed", "true");
+    }
+}
+
+fn empty(status: StatusCode) -> Response {
+    (status, Body::empty()).into_response()
+}
+
+fn preflight() -> Response {
+    let mut response = empty(StatusCode::NO_CONTENT);
+    let headers = response.headers_mut();
+    headers.insert(header::ACCESS_CONTROL_ALLOW_METHODS, HeaderValue::from_static(ALLOWED_METHODS));
+    headers.insert(header::ACCESS_CONTROL_ALLOW_HEADERS, HeaderValue::from_static(ALLOWED_HEADERS));
+    headers.insert(header::ACCESS_CONTROL_MAX_AGE, HeaderValue::from_static("86400"));
+    response
+}
+
+fn method_not_allowed() -> Response {
+    let mut response = text_error(StatusCode::METHOD_NOT_ALLOWED, "method not allowed on a stream");
+    response.headers_mut().insert(header::ALLOW, HeaderValue::from_static(ALLOWED_METHODS));
+    response
+}
+
+/// Resolves `Stream-Forked-From` (a path under `/v1/stream/`, or an absolute URL to one) to a
+/// stream name.
+fn fork_source_name(value: &str) -> Result<String, Rejection> {
+    let path = match value.find("://") {
+        Some(scheme_end) => {
+            let after = &value[scheme_end + 3..];
+            after.find('/').map_or("", |slash| &after[slash..])
+        }
+        None => value,
+    };
+    let path = path.split(['?', '#']).next().unwrap_or_default();
+    let encoded = path
+        .strip_prefix(STREAM_PREFIX)
+        .filter(|rest| !rest.is_empty())
+        .ok_or_else(|| Rejection::bad_request(format!("Stream-Forked-From must name a stream under {STREAM_PREFIX}")))?;
+    percent_encoding::percent_decode_str(encoded)
+        .decode_utf8()
+        .map(|name| name.into_owned())
+        .map_err(|_| Rejection::bad_request("Stream-Forked-From is not valid UTF-8 once decoded"))
+}
+
+async fn create(app: &AppState, name: String, uri: &Uri, headers: &HeaderMap, body: Body) -> Handled {
+    let ttl_secs = request::header(headers, "stream-ttl")?.map(hv::parse_ttl).transpose()?;
+    let expires_at_ms = request::header(headers, "stream-expires-at")?.map(hv::parse_expires_at).transpose()?;
+    if ttl_secs.is_some() && expires_at_ms.is_some() {
+        return Err(Rejection::bad_request("send Stream-TTL or Stream-Expires-At, not both").into());
+    }
+    let forked_from = request::header(headers, "stream-forked-from")?;
+    let fork_offset = request::header(headers, "stream-fork-offset")?;
+    let sub_offset = request::header(headers, "stream-fork-sub-offset")?.map(hv::parse_sub_offset).transpose()?;
+    let fork = match forked_from {
+        None if fork_offset.is_some() || sub_offset.is_some() => {
+            return Err(Rejection::bad_request("fork headers require Stream-Forked-From").into());
+        }
+        None => None,
+        Some(source) => {
+            let offset = fork_offset
+                .map(|o| match ReadFrom::parse(o) {
+                    Ok(ReadFrom::At(offset)) => Ok(offset),
+                    Ok(ReadFrom::Start) => Ok(Offset::START),
+                    _ => Err(Rejection::bad_request("Stream-Fork-Offset must be an offset from this server")),
+                })
+                .transpose()?;
+            let sub_offset = sub_offset.unwrap_or(0);
+            if sub_offset > 0 && offset.is_none() {
+                return Err(Rejection::bad_request("Stream-Fork-Sub-Offset requires Stream-Fork-Offset").into());
+            }
+            Some(ForkRequest { source: fork_source_name(source)?, offset, sub_offset })
+        }
+    };
+    let request = CreateRequest {
+        name,
+        content_type: request::header(headers, "content-type")?.map(str::to_owned),
+        ttl_secs,
+        expires_at_ms,
+        closed: hv::is_closed_flag(request::header(headers, "stream-closed")?),
+        body: request::body(headers, body, app.config.max_body_bytes).await?,
+        fork,
+    };
+    let (info, created) = app.service.create(request).await?;
+    let mut response = empty(if created { StatusCode::CREATED } else { StatusCode::OK });
+    describe(&mut response, &info);
+    if created {
+        let host = request::header(headers, "host")?.unwrap_or("localhost");
+        set(&mut response, "location", &format!("http://{host}{}", uri.path()));
+    }
+    Ok(response)
+}
+
+/// The metadata headers of PUT and HEAD responses.
+fn describe(response: &mut Response, info: &StreamInfo) {
+    set(response, "content-type", &info.content_type);
+    set_tail(response, info.tail, info.closed);
+    if let Some(ttl) = info.ttl_secs {
+        set(response, "stream-ttl", &ttl.to_string());
+    }
+    if let Some(at) = info.expires_at_ms {
+        set(response, "stream-expires-at", &hv::format_timestamp(at));
+    }
+}
+
+async fn append(app: &AppState, name: &str, headers: &HeaderMap, body: Body) -> Handled {
+    let producer = hv::parse_producer(
+        request::header(headers, "producer-id")?,
+        request::header(headers, "producer-epoch")?,
+        request::header(headers, "producer-seq")?,
+    )?;
+    let close = hv::is_closed_flag(request::header(headers, "stream-closed")?);
+    let content_type = request::header(headers, "content-type")?.map(str::to_owned);
+    let body = request::body(headers, body, app.config.max_body_bytes).await?;
+    if body.is_empty() && !close {
+        return Err(Rejection::bad_request("an append needs a body (or Stream-Closed: true to close)").into());
+    }
+    if !body.is_empty() && content_type.is_none() {
+        return Err(Rejection::bad_request("an append with a body needs a Content-Type").into());
+    }
+    let has_body = !body.is_empty();
+    let request = AppendRequest {
+        content_type,
+        body,
+        close,
+        producer,
+        stream_seq: request::header(headers, "stream-seq")?.map(str::to_owned),
+    };
+    let ack = app.service.append(name, request).await?;
+    Ok(acknowledge(&ack, has_body))
+}
+
+fn acknowledge(ack: &AppendAck, has_body: bool) -> Response {
+    // A producer's accepted append with data answers 200; everything else has nothing to say.
+    let status = if ack.producer.is_some() && has_body && !ack.duplicate {
+        StatusCode::OK
+    } else {
+        StatusCode::NO_CONTENT
+    };
+    let mut response = empty(status);
+    set_tail(&mut response, ack.tail, ack.closed);
+    if let Some((epoch, seq)) = ack.producer {
+        set(&mut response, "producer-epoch", &epoch.to_string());
+        set(&mut response, "producer-seq", &seq.to_string());
+    }
+    response
+}
+
+async fn head(app: &AppState, name: &str) -> Handled {
+    let (_, info) = app.service.head(name).await?;
+    let mut response = empty(StatusCode::OK);
+    describe(&mut response, &info);
+    set(&mut response, "cache-control", "no-store");
+    Ok(response)
+}
+
+async fn delete(app: &AppState, name: &str) -> Handled {
+    app.service.delete(name).await?;
+    Ok(empty(StatusCode::NO_CONTENT))
+}
+
+/// How a GET wants its data.
+enum Live {
+    No,
+    LongPoll,
+    Sse,
+}
+
+async fn read(app: &AppState, name: &str, query: Option<&str>, headers: &HeaderMap) -> Handled {
+    let query = Query::parse(query);
+    let offset = query.get("offset")?;
+    let from = match offset {
+        None => ReadFrom::Start,
+        Some(value) => ReadFrom::parse(value).map_err(|e| Rejection::bad_request(e.to_string()))?,
+    };
+    let live = match query.get("live")? {
+        None => Live::No,
+        Some("long-poll") => Live::LongPoll,
+        Some("sse") => Live::Sse,
+        Some(other) => return Err(Rejection::bad_request(format!("unknown live mode {other:?}")).into()),
+    };
+    if !matches!(live, Live::No) && offset.is_none() {
+        return Err(Rejection::bad_request("live reads need an offset").into());
+    }
+    let client_cursor = query.get("cursor")?.and_then(|c| c.parse::<u64>().ok());
+    let stream = app.service.find(name, true).await?;
+    let start = app.service.resolve(&stream, from).await?;
+    match live {
+        Live::Sse => Ok(sse::respond(app, stream, start, client_cursor)),
+        Live::LongPoll => long_poll(app, &stream, start, client_cursor).await,
+        Live::No => {
+            let chunk = app.service.read_at(&stream, start).await?;
+            let at_now = from == ReadFrom::Now;
+            Ok(catch_up(&stream, &chunk, at_now, request::header(headers, "if-none-match")?))
+        }
+    }
+}
+
+fn catch_up(stream: &crate::service::Stream, chunk: &ReadChunk, at_now: bool, if_none_match: Option<&str>) -> Response {
+    let etag = format!(
+        "\"{}:{}:{}{}\"",
+        stream.id,
+        chunk.start,
+        chunk.next,
+        if chunk.closed { ":c" } else { "" }
+    );
+    let mut response = if !at_now && if_none_match.is_some_and(|tags| tags.split(',').any(|t| t.trim() == etag)) {
+        empty(StatusCode::NOT_MODIFIED)
+    } else {
+        let mut response = (StatusCode::OK, render_body(stream.json, &chunk.records)).into_response();
+        set(&mut response, "content-type", &stream.content_type);
+        response
+    };
+    set_tail(&mut response, chunk.next, chunk.closed);
+    if chunk.up_to_date {
+        set(&mut response, "stream-up-to-date", "true");
+    }
+    if at_now {
+        set(&mut response, "cache-control", "no-store");
+    } else {
+        set(&mut response, "etag", &etag);
+        set(&mut response, "cache-control", if chunk.up_to_date { "no-cache" } else { CACHE_HISTORIC });
+    }
+    response
+}
+
+/// The body of a read: the records' bytes, or for JSON one array of the records.
+pub(super) fn render_body(json_mode: bool, records: &[Record]) -> Bytes {
+    if json_mode {
+        return Bytes::from(json::array_of(records.iter().map(|r| r.body.as_ref())));
+    }
+    match records {
+        [] => Bytes::new(),
+        [only] => only.body.clone(),
+        many => {
+            let mut out = Vec::with_capacity(many.iter().map(|r| r.body.len()).sum());
+            for record in many {
+                out.extend_from_slice(&record.body);
+            }
+            Bytes::from(out)
+        }
+    }
+}
+
+pub(super) fn next_cursor(client: Option<u64>) -> u64 {
+    cursor::next_cursor(crate::service::now_ms(), client, rand::random_range(1..=180))
+}
+
+async fn long_poll(
+    app: &AppState,
+    stream: &std::sync::Arc<crate::service::Stream>,
+    start: Offset,
+    client_cursor: Option<u64>,
+) -> Handled {
+    let mut chunk = app.service.read_at(stream, start).await?;
+    if chunk.records.is_empty() && !chunk.closed {
+        let timeout: Duration = app.config.long_poll_timeout;
+        let seen = app.service.wait_beyond(stream, start, timeout).await;
+        if seen.removed {
+            return Err(StreamError::NotFound.into());
+        }
+        chunk = app.service.read_at(stream, start).await?;
+    }
+    let mut response = if chunk.records.is_empty() {
+        empty(StatusCode::NO_CONTENT)
+    } else {
+        let mut response = (StatusCode::OK, render_body(stream.json, &chunk.records)).into_response();
+        set(&mut response, "content-type", &stream.content_type);
+        set(&mut response, "cache-control", CACHE_HISTORIC);
+        response
+    };
+    set_tail(&mut response, chunk.next, chunk.closed);
+    if chunk.up_to_date {
+        set(&mut response, "stream-up-to-date", "true");
+    }
+    if !chunk.closed {
+        set(&mut response, "stream-cursor", &next_cursor(client_cursor).to_string());
+    }
+    if response.status() == StatusCode::NO_CONTENT {
+        set(&mut response, "cache-control", "no-store");
+    }
+    Ok(response)
+}

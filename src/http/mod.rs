@@ -1,0 +1,60 @@
+//! The HTTP faces. Handlers are thin: parse the request, call the stream service, render the
+//! response. Protocol rules live in `service/` and `model/`.
+
+mod ds;
+mod request;
+mod sse;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::Router;
+use axum::extract::Request;
+use axum::http::{HeaderValue, StatusCode, header};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{any, get};
+
+use crate::service::StreamService;
+
+/// Settings of the HTTP faces.
+#[derive(Clone, Debug)]
+pub struct HttpConfig {
+    /// How long a long-poll read waits for data before answering 204.
+    pub long_poll_timeout: Duration,
+    /// The largest request body accepted (413 beyond).
+    pub max_body_bytes: usize,
+    /// How long one SSE connection stays open before the server ends it (clients reconnect).
+    pub sse_max_duration: Duration,
+}
+
+#[derive(Clone)]
+pub struct AppState {
+    pub service: Arc<StreamService>,
+    pub config: Arc<HttpConfig>,
+}
+
+pub fn router(state: AppState) -> Router {
+    Router::new()
+        .route("/healthz", get(|| async { "ok\n" }))
+        .route("/v1/stream/{*path}", any(ds::handle))
+        .fallback(|| async { (StatusCode::NOT_FOUND, "no such route\n") })
+        .layer(middleware::from_fn(common_headers))
+        .with_state(state)
+}
+
+/// Headers every response carries: browser security headers and CORS.
+async fn common_headers(request: Request, next: Next) -> Response {
+    let mut response = next.run(request).await;
+    let headers = response.headers_mut();
+    headers.insert("x-content-type-options", HeaderValue::from_static("nosniff"));
+    headers.insert("cross-origin-resource-policy", HeaderValue::from_static("cross-origin"));
+    headers.insert(header::ACCESS_CONTROL_ALLOW_ORIGIN, HeaderValue::from_static("*"));
+    headers.insert(header::ACCESS_CONTROL_EXPOSE_HEADERS, HeaderValue::from_static(ds::EXPOSED_HEADERS));
+    response
+}
+
+/// A plain-text error response with a short reason.
+pub(crate) fn text_error(status: StatusCode, reason: &str) -> Response {
+    (status, [(header::CONTENT_TYPE, "text/plain; charset=utf-8")], format!("{reason}\n")).into_response()
+}

@@ -1,0 +1,169 @@
+//! Live reads over Server-Sent Events: a `data` event per chunk, each followed at once by a
+//! `control` event with the offset to resume from.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::body::Body;
+use axum::http::{HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use base64::Engine as _;
+use bytes::Bytes;
+use tokio::time::Instant;
+
+use super::AppState;
+use super::ds::{next_cursor, render_body};
+use crate::model::content_type::sse_needs_base64;
+use crate::model::Offset;
+use crate::service::{ReadChunk, Stream};
+
+/// How often an idle connection gets a control event, so proxies and clients see it is alive.
+const KEEPALIVE: Duration = Duration::from_secs(15);
+
+pub fn respond(app: &AppState, stream: Arc<Stream>, start: Offset, client_cursor: Option<u64>) -> Response {
+    let base64 = sse_needs_base64(&stream.content_type);
+    let service = app.service.clone();
+    let deadline = Instant::now() + app.config.sse_max_duration;
+    let keepalive = KEEPALIVE.min(app.config.long_poll_timeout.max(Duration::from_millis(100)));
+
+    let events = async_stream::stream! {
+        let mut at = start;
+        let mut cursor = client_cursor;
+        loop {
+            let chunk = match service.read_at(&stream, at).await {
+                Ok(chunk) => chunk,
+                Err(e) => {
+                    tracing::warn!(stream = %stream.name, error = %e, "SSE read failed");
+                    break;
+                }
+            };
+            let fresh = next_cursor(cursor);
+            cursor = Some(fresh);
+            if !chunk.records.is_empty() {
+                let mut event = data_event(&render_body(stream.json, &chunk.records), base64);
+                event.extend_from_slice(&control_event(&chunk, fresh));
+                at = chunk.next;
+                yield Ok::<Bytes, std::io::Error>(Bytes::from(event));
+                if chunk.closed || !chunk.up_to_date {
+                    if chunk.closed { break; }
+                    continue;
+                }
+            } else {
+                yield Ok(Bytes::from(control_event(&chunk, fresh)));
+                if chunk.closed {
+                    break;
+                }
+            }
+            // Caught up: wait for the tail to move, with a keep-alive control event meanwhile.
+            loop {
+                if Instant::now() >= deadline {
+                    return;
+                }
+                let wait = keepalive.min(deadline - Instant::now());
+                let seen = service.wait_beyond(&stream, at, wait).await;
+                if seen.removed {
+                    return;
+                }
+                if seen.tail.seq > at.seq || seen.closed {
+                    break;
+                }
+                let idle = ReadChunk { start: at, records: Vec::new(), next: at, up_to_date: true, closed: false };
+                let fresh = next_cursor(cursor);
+                cursor = Some(fresh);
+                yield Ok(Bytes::from(control_event(&idle, fresh)));
+            }
+        }
+    };
+
+    let mut response = (StatusCode::OK, Body::from_stream(events)).into_response();
+    let headers = response.headers_mut();
+    headers.insert(header::CONTENT_TYPE, HeaderValue::from_static("text/event-stream"));
+    headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+    if base64 {
+        headers.insert("stream-sse-data-encoding", HeaderValue::from_static("base64"));
+    }
+    response
+}
+
+/// `event: data`, one `data:` line per line of the payload. Splitting on every line break keeps
+/// payload text from ever starting a new SSE field.
+fn data_event(payload: &[u8], base64: bool) -> Vec<u8> {
+    let mut out = Vec::with_capacity(payload.len() + 32);
+    out.extend_from_slice(b"event: data\n");
+    if base64 {
+        out.extend_from_slice(b"data:");
+        out.extend_from_slice(base64::engine::general_purpose::STANDARD.encode(payload).as_bytes());
+        out.push(b'\n');
+    } else {
+        for line in split_lines(payload) {
+            out.extend_from_slice(b"data:");
+            out.extend_from_slice(line);
+            out.push(b'\n');
+        }
+    }
+    out.push(b'\n');
+    out
+}
+
+/// Splits on CRLF, CR and LF.
+fn split_lines(payload: &[u8]) -> Vec<&[u8]> {
+    let mut lines = Vec::new();
+    let mut start = 0;
+    let mut i = 0;
+    while i < payload.len() {
+        match payload[i] {
+            b'\n' => {
+                lines.push(&payload[start..i]);
+                start = i + 1;
+            }
+            b'\r' => {
+                lines.push(&payload[start..i]);
+                if payload.get(i + 1) == Some(&b'\n') {
+                    i += 1;
+                }
+                start = i + 1;
+            }
+            _ => {}
+        }
+        i += 1;
+    }
+    lines.push(&payload[start..]);
+    lines
+}
+
+fn control_event(chunk: &ReadChunk, cursor: u64) -> Vec<u8> {
+    let mut control = serde_json::Map::new();
+    control.insert("streamNextOffset".into(), chunk.next.to_string().into());
+    if chunk.closed {
+        control.insert("streamClosed".into(), true.into());
+    } else {
+        control.insert("streamCursor".into(), cursor.to_string().into());
+    }
+    if chunk.up_to_date {
+        control.insert("upToDate".into(), true.into());
+    }
+    let json = serde_json::Value::Object(control).to_string();
+    format!("event: control\ndata:{json}\n\n").into_bytes()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn payload_lines_split_on_every_line_break() {
+        let lines: Vec<&[u8]> = split_lines(b"a\r\nb\rc\nd");
+        assert_eq!(lines, vec![&b"a"[..], b"b", b"c", b"d"]);
+    }
+
+    #[test]
+    fn injected_event_text_stays_inside_data_lines() {
+        let event = data_event(b"x\nevent: control\ndata:{}", false);
+        assert_eq!(event, b"event: data\ndata:x\ndata:event: control\ndata:data:{}\n\n");
+    }
+
+    #[test]
+    fn binary_payloads_travel_as_padded_base64() {
+        assert_eq!(data_event(&[0xff, 0x00], true), b"event: data\ndata:/wA=\n\n");
+    }
+}

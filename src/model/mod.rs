@@ -1,0 +1,13 @@
+//! The stream model: pure, synchronous types and protocol rules. No I/O, no async.
+
+pub mod content_type;
+pub mod cursor;
+pub mod headers;
+pub mod json;
+pub mod offset;
+pub mod producer;
+pub mod record;
+pub mod stream;
+
+pub use offset::{Offset, ReadFrom};
+pub use record::Record;

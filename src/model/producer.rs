@@ -1,0 +1,133 @@
+//! Idempotent producers: per-(stream, producer id) epoch and sequence validation.
+//!
+//! The rules are the base protocol's §5.2.1: a new producer starts at sequence 0, a higher epoch
+//! fences older ones and must restart at 0, a repeated sequence is a duplicate that writes nothing,
+//! and a gap is refused so the client can resend what is missing.
+
+use serde::{Deserialize, Serialize};
+
+/// The producer headers of one append, already validated for syntax.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ProducerClaim {
+    pub id: String,
+    pub epoch: u64,
+    pub seq: u64,
+}
+
+/// What the server remembers about a producer after its last accepted append.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ProducerState {
+    pub epoch: u64,
+    pub last_seq: u64,
+    /// The record range `[start, next)` the last accepted append created, so that a
+    /// deduplicated retry can acknowledge exactly what the original did.
+    #[serde(default)]
+    pub records: (u64, u64),
+}
+
+/// The verdict on an append carrying producer headers.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ProducerDecision {
+    /// Write it; afterwards the producer is at (epoch, seq).
+    Accept,
+    /// Already written: acknowledge without writing.
+    Duplicate { epoch: u64, last_seq: u64 },
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum ProducerError {
+    #[error("producer epoch {received} is older than the current epoch {current}")]
+    StaleEpoch { current: u64, received: u64 },
+    #[error("a new producer epoch must start at sequence 0")]
+    EpochBumpNotAtZero,
+    #[error("producer sequence gap: expected {expected}, received {received}")]
+    SequenceGap { expected: u64, received: u64 },
+}
+
+/// Decides an append against the producer's stored state (`None` for a producer never seen).
+pub fn decide(
+    state: Option<&ProducerState>,
+    claim: &ProducerClaim,
+) -> Result<ProducerDecision, ProducerError> {
+    let Some(state) = state else {
+        return if claim.seq == 0 {
+            Ok(ProducerDecision::Accept)
+        } else {
+            Err(ProducerError::SequenceGap { expected: 0, received: claim.seq })
+        };
+    };
+    if claim.epoch < state.epoch {
+        return Err(ProducerError::StaleEpoch { current: state.epoch, received: claim.epoch });
+    }
+    if claim.epoch > state.epoch {
+        return if claim.seq == 0 {
+            Ok(ProducerDecision::Accept)
+        } else {
+            Err(ProducerError::EpochBumpNotAtZero)
+        };
+    }
+    if claim.seq <= state.last_seq {
+        Ok(ProducerDecision::Duplicate { epoch: state.epoch, last_seq: state.last_seq })
+    } else if claim.seq == state.last_seq + 1 {
+        Ok(ProducerDecision::Accept)
+    } else {
+        Err(ProducerError::SequenceGap { expected: state.last_seq + 1, received: claim.seq })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn claim(epoch: u64, seq: u64) -> ProducerClaim {
+        ProducerClaim { id: "p".into(), epoch, seq }
+    }
+
+    fn at(epoch: u64, last_seq: u64) -> ProducerState {
+        ProducerState { epoch, last_seq, records: (0, 0) }
+    }
+
+    #[test]
+    fn a_new_producer_must_start_at_sequence_zero_in_any_epoch() {
+        assert_eq!(decide(None, &claim(7, 0)), Ok(ProducerDecision::Accept));
+        assert_eq!(
+            decide(None, &claim(0, 3)),
+            Err(ProducerError::SequenceGap { expected: 0, received: 3 })
+        );
+    }
+
+    #[test]
+    fn an_older_epoch_is_fenced() {
+        assert_eq!(
+            decide(Some(&at(2, 5)), &claim(1, 6)),
+            Err(ProducerError::StaleEpoch { current: 2, received: 1 })
+        );
+    }
+
+    #[test]
+    fn a_newer_epoch_restarts_at_zero() {
+        assert_eq!(decide(Some(&at(2, 5)), &claim(3, 0)), Ok(ProducerDecision::Accept));
+        assert_eq!(decide(Some(&at(2, 5)), &claim(3, 1)), Err(ProducerError::EpochBumpNotAtZero));
+    }
+
+    #[test]
+    fn a_repeated_sequence_is_a_duplicate_reporting_the_highest_accepted() {
+        assert_eq!(
+            decide(Some(&at(1, 5)), &claim(1, 3)),
+            Ok(ProducerDecision::Duplicate { epoch: 1, last_seq: 5 })
+        );
+        assert_eq!(
+            decide(Some(&at(1, 5)), &claim(1, 5)),
+            Ok(ProducerDecision::Duplicate { epoch: 1, last_seq: 5 })
+        );
+    }
+
+    #[test]
+    fn the_next_sequence_is_accepted_and_a_gap_is_refused() {
+        assert_eq!(decide(Some(&at(1, 5)), &claim(1, 6)), Ok(ProducerDecision::Accept));
+        assert_eq!(
+            decide(Some(&at(1, 5)), &claim(1, 8)),
+            Err(ProducerError::SequenceGap { expected: 6, received: 8 })
+        );
+    }
+}

@@ -1,0 +1,81 @@
+//! Starting and stopping a server from resolved settings.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::net::TcpListener;
+
+use crate::config::{Settings, StorageSettings, SyncArg};
+use crate::http::{AppState, HttpConfig, router};
+use crate::service::{ServiceConfig, StreamService};
+use crate::storage::{FjallEngine, MemoryEngine, SharedEngine, SyncMode};
+
+/// How often expired streams are swept away (reads also check expiry on access).
+const SWEEP_INTERVAL: Duration = Duration::from_millis(250);
+
+pub async fn serve(settings: Settings) -> anyhow::Result<()> {
+    let engine: SharedEngine = match &settings.storage {
+        StorageSettings::Memory => {
+            tracing::warn!("--memory: streams are kept in memory only and are lost when the server stops");
+            Arc::new(MemoryEngine::new())
+        }
+        StorageSettings::Disk { dir, sync } => {
+            let mode = match sync {
+                SyncArg::Fsync => SyncMode::Fsync,
+                SyncArg::None => {
+                    tracing::warn!("--sync none: acknowledged appends may be lost if the machine crashes");
+                    SyncMode::None
+                }
+            };
+            let engine = FjallEngine::open(dir, mode)
+                .map_err(|e| anyhow::anyhow!("cannot open data directory {}: {e}", dir.display()))?;
+            Arc::new(engine)
+        }
+    };
+    let service = StreamService::open(engine, ServiceConfig::default())
+        .map_err(|e| anyhow::anyhow!("cannot recover streams: {e}"))?;
+
+    let sweeper = service.clone();
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(SWEEP_INTERVAL);
+        loop {
+            tick.tick().await;
+            sweeper.sweep_expired().await;
+        }
+    });
+
+    let state = AppState {
+        service,
+        config: Arc::new(HttpConfig {
+            long_poll_timeout: settings.long_poll_timeout,
+            max_body_bytes: settings.max_body_bytes,
+            sse_max_duration: settings.sse_max_duration,
+        }),
+    };
+    let listener = TcpListener::bind(settings.listen)
+        .await
+        .map_err(|e| anyhow::anyhow!("cannot listen on {}: {e}", settings.listen))?;
+    tracing::info!(listen = %listener.local_addr()?, storage = ?settings.storage, "runnel is serving");
+    axum::serve(listener, router(state))
+        .with_graceful_shutdown(shutdown_signal())
+        .await?;
+    tracing::info!("runnel stopped");
+    Ok(())
+}
+
+async fn shutdown_signal() {
+    let interrupt = tokio::signal::ctrl_c();
+    #[cfg(unix)]
+    {
+        let mut terminate = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(signal) => signal,
+            Err(_) => return interrupt.await.unwrap_or(()),
+        };
+        tokio::select! {
+            _ = interrupt => {}
+            _ = terminate.recv() => {}
+        }
+    }
+    #[cfg(not(unix))]
+    interrupt.await.unwrap_or(());
+}

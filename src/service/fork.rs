@@ -1,0 +1,112 @@
+//! Forks: a new stream that shares its source's history up to a fork offset.
+//!
+//! The fork reads its source below the fork offset and its own records above it. A sub-offset
+//! takes part of the append unit that follows the fork offset: bytes of it on a byte stream,
+//! messages of it on a JSON stream. That part is copied into the fork as its first records.
+
+use std::sync::Arc;
+
+use super::{StreamError, StreamResult, StreamService};
+use crate::model::{Offset, Record};
+use crate::service::Stream;
+
+#[derive(Clone, Debug)]
+pub struct ForkRequest {
+    pub source: String,
+    pub offset: Option<Offset>,
+    pub sub_offset: u64,
+}
+
+/// A fork request resolved against its source.
+pub(super) struct ForkPlan {
+    pub source: Arc<Stream>,
+    pub anchor: Offset,
+    pub sub_offset: u64,
+    /// Records of the unit after `anchor` that the fork inherits by copy.
+    pub prefix: Vec<Record>,
+    pub ttl_secs: Option<u64>,
+    pub expires_at_ms: Option<i64>,
+}
+
+impl ForkPlan {
+    /// Where the fork's own appends continue.
+    pub fn tail(&self) -> Offset {
+        self.prefix.last().map_or(self.anchor, Record::next_offset)
+    }
+}
+
+impl StreamService {
+    pub(super) async fn plan_fork(&self, request: &ForkRequest) -> StreamResult<ForkPlan> {
+        let source = self.find(&request.source, false).await.map_err(|e| match e {
+            StreamError::NotFound => StreamError::ForkSourceNotFound,
+            StreamError::Gone => StreamError::ForkSourceGone,
+            other => other,
+        })?;
+        let anchor = match request.offset {
+            Some(offset) => self.boundary(&source, offset).await.map_err(|e| match e {
+                StreamError::BadOffset(reason) => StreamError::BadRequest(format!("Stream-Fork-Offset: {reason}")),
+                other => other,
+            })?,
+            None => source.durable().tail,
+        };
+        let prefix = if request.sub_offset == 0 {
+            Vec::new()
+        } else {
+            self.sub_offset_prefix(&source, anchor, request.sub_offset).await?
+        };
+        let (ttl_secs, expires_at_ms) = {
+            let state = source.lock();
+            (state.meta.ttl_secs, state.meta.expires_at_ms)
+        };
+        Ok(ForkPlan { source, anchor, sub_offset: request.sub_offset, prefix, ttl_secs, expires_at_ms })
+    }
+
+    /// The first `sub_offset` messages (JSON) or bytes (otherwise) of the unit at `anchor`.
+    async fn sub_offset_prefix(
+        &self,
+        source: &Arc<Stream>,
+        anchor: Offset,
+        sub_offset: u64,
+    ) -> StreamResult<Vec<Record>> {
+        let too_far = || StreamError::BadRequest("Stream-Fork-Sub-Offset is past the next append unit".into());
+        let tail = source.durable().tail;
+        let wanted = usize::try_from(sub_offset).map_err(|_| too_far())?;
+        let (until, max_bytes) = if source.json {
+            (anchor.seq.saturating_add(sub_offset).min(tail.seq), usize::MAX)
+        } else {
+            (tail.seq, wanted)
+        };
+        let mut unit = self.collect(source, anchor.seq, until, max_bytes).await?;
+        if let Some(end) = unit.iter().skip(1).position(|r| r.starts_unit) {
+            unit.truncate(end + 1);
+        }
+        if source.json {
+            if unit.len() < wanted {
+                return Err(too_far());
+            }
+            unit.truncate(wanted);
+        } else {
+            let mut remaining = sub_offset;
+            let mut kept = Vec::with_capacity(unit.len());
+            for mut record in unit {
+                if remaining == 0 {
+                    break;
+                }
+                let len = record.body.len() as u64;
+                if len > remaining {
+                    record.body = record.body.slice(..usize::try_from(remaining).map_err(|_| too_far())?);
+                }
+                remaining -= record.body.len() as u64;
+                kept.push(record);
+            }
+            if remaining > 0 {
+                return Err(too_far());
+            }
+            unit = kept;
+        }
+        if let Some(first) = unit.first_mut() {
+            first.starts_unit = true;
+        }
+        Ok(unit)
+    }
+}

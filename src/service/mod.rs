@@ -1,0 +1,475 @@
+//! The stream service: every stream operation, whichever face asked for it.
+//!
+//! It owns the registry of streams by name, serialises writes per stream (a lock held only to
+//! validate and sequence, never across I/O), submits them to the storage engine, and publishes
+//! the durable tail that readers wait on.
+
+mod append;
+mod error;
+mod fork;
+mod read;
+mod stream;
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use bytes::Bytes;
+use tokio::sync::Semaphore;
+
+use crate::model::json::{self, EmptyArray};
+use crate::model::record::lay_out;
+use crate::model::stream::{ForkOrigin, RequestedConfig, RequestedFork, StreamMeta};
+use crate::model::{Offset, Record, content_type};
+use crate::storage::{Change, SharedEngine, StorageError, StreamId};
+
+pub use append::{AppendAck, AppendRequest};
+pub use error::{StreamError, StreamResult};
+pub use fork::ForkRequest;
+pub use read::ReadChunk;
+pub use stream::{CacheLimits, Durable, Stream};
+
+use stream::State;
+
+/// Tunables of the service.
+#[derive(Clone, Copy, Debug)]
+pub struct ServiceConfig {
+    /// The most body bytes one read response carries (at least one record is always returned).
+    pub max_read_bytes: usize,
+    pub cache: CacheLimits,
+    /// Appends submitted to storage but not yet durable, across all streams.
+    pub max_inflight_commits: usize,
+}
+
+impl Default for ServiceConfig {
+    fn default() -> Self {
+        ServiceConfig {
+            max_read_bytes: 1 << 20,
+            cache: CacheLimits { bytes: 1 << 20, records: 4096 },
+            max_inflight_commits: 8192,
+        }
+    }
+}
+
+pub struct StreamService {
+    engine: SharedEngine,
+    registry: Mutex<HashMap<String, Arc<Stream>>>,
+    next_id: AtomicU64,
+    commit_permits: Semaphore,
+    config: ServiceConfig,
+}
+
+/// A create request, with header syntax already checked by the face.
+#[derive(Clone, Debug, Default)]
+pub struct CreateRequest {
+    pub name: String,
+    pub content_type: Option<String>,
+    pub ttl_secs: Option<u64>,
+    pub expires_at_ms: Option<i64>,
+    pub closed: bool,
+    pub body: Bytes,
+    pub fork: Option<ForkRequest>,
+}
+
+/// A stream's metadata as faces report it.
+#[derive(Clone, Debug)]
+pub struct StreamInfo {
+    pub content_type: String,
+    pub tail: Offset,
+    pub closed: bool,
+    pub ttl_secs: Option<u64>,
+    pub expires_at_ms: Option<i64>,
+}
+
+pub fn now_ms() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+        .unwrap_or(0)
+}
+
+impl StreamService {
+    /// Rebuilds every stream from what the engine holds.
+    pub fn open(engine: SharedEngine, config: ServiceConfig) -> Result<Arc<Self>, StorageError> {
+        let recovered = engine.recover()?;
+        let service = Arc::new(StreamService {
+            engine,
+            registry: Mutex::new(HashMap::new()),
+            next_id: AtomicU64::new(recovered.next_id),
+            commit_permits: Semaphore::new(config.max_inflight_commits),
+            config,
+        });
+        let now = now_ms();
+        let mut pending: HashMap<StreamId, _> =
+            recovered.streams.into_iter().map(|s| (s.id, s)).collect();
+        let mut built: HashMap<StreamId, Arc<Stream>> = HashMap::new();
+        let ids: Vec<StreamId> = pending.keys().copied().collect();
+        for id in ids {
+            service.rebuild(id, &mut pending, &mut built, now);
+        }
+        let mut registry = service.lock_registry();
+        for stream in built.values() {
+            registry.insert(stream.name.clone(), stream.clone());
+        }
+        drop(registry);
+        Ok(service)
+    }
+
+    /// Builds stream `id` after its fork source, so the source handle exists to point at.
+    fn rebuild(
+        &self,
+        id: StreamId,
+        pending: &mut HashMap<StreamId, crate::storage::RecoveredStream>,
+        built: &mut HashMap<StreamId, Arc<Stream>>,
+        now: i64,
+    ) -> Option<Arc<Stream>> {
+        if let Some(stream) = built.get(&id) {
+            return Some(stream.clone());
+        }
+        let recovered = pending.remove(&id)?;
+        let source = match &recovered.meta.fork {
+            Some(origin) => Some(self.rebuild(origin.source_id, pending, built, now)?),
+            None => None,
+        };
+        if let Some(source) = &source {
+            source.lock().forks += 1;
+        }
+        let durable = Durable {
+            tail: recovered.meta.tail,
+            closed: recovered.meta.closed,
+            ready: true,
+            removed: false,
+        };
+        let stream = Arc::new(Stream::new(
+            id,
+            recovered.meta,
+            recovered.producers.into_iter().collect(),
+            source,
+            durable,
+            now,
+        ));
+        built.insert(id, stream.clone());
+        Some(stream)
+    }
+
+    fn lock_registry(&self) -> std::sync::MutexGuard<'_, HashMap<String, Arc<Stream>>> {
+        self.registry.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// Finds a stream clients may use. `renew` slides its TTL window (reads and appends do,
+    /// HEAD does not).
+    pub async fn find(&self, name: &str, renew: bool) -> StreamResult<Arc<Stream>> {
+        loop {
+            let stream = self.lock_registry().get(name).cloned().ok_or(StreamError::NotFound)?;
+            if !stream.wait_ready().await {
+                continue; // its creation failed; look again
+            }
+            let now = now_ms();
+            let expired = {
+                let mut state = stream.lock();
+                if state.removed {
+                    continue;
+                }
+                if state.meta.soft_deleted {
+                    return Err(StreamError::Gone);
+                }
+                let expired = state.meta.is_expired(now, state.last_access_ms);
+                if renew && !expired {
+                    state.last_access_ms = now;
+                }
+                expired
+            };
+            if expired {
+                return Err(match self.remove(&stream).await? {
+                    Removal::Hard => StreamError::NotFound,
+                    Removal::Soft => StreamError::Gone,
+                });
+            }
+            return Ok(stream);
+        }
+    }
+
+    pub async fn head(&self, name: &str) -> StreamResult<(Arc<Stream>, StreamInfo)> {
+        let stream = self.find(name, false).await?;
+        let info = self.info(&stream);
+        Ok((stream, info))
+    }
+
+    fn info(&self, stream: &Stream) -> StreamInfo {
+        let durable = stream.durable();
+        let state = stream.lock();
+        StreamInfo {
+            content_type: stream.content_type.clone(),
+            tail: durable.tail,
+            closed: durable.closed,
+            ttl_secs: state.meta.ttl_secs,
+            expires_at_ms: state.meta.expires_at_ms,
+        }
+    }
+
+    /// Creates a stream, or confirms an identical one exists. Returns whether it was created.
+    pub async fn create(&self, request: CreateRequest) -> StreamResult<(StreamInfo, bool)> {
+        let plan = match &request.fork {
+            Some(fork) => Some(self.plan_fork(fork).await?),
+            None => None,
+        };
+        let content_type = match (&request.content_type, &plan) {
+            (Some(given), Some(plan)) if !content_type::same_media_type(given, &plan.source.content_type) => {
+                return Err(StreamError::Conflict("fork content type differs from the source's"));
+            }
+            (Some(given), _) if content_type::is_well_formed(given) => given.clone(),
+            (_, Some(plan)) => plan.source.content_type.clone(),
+            _ => content_type::DEFAULT_CONTENT_TYPE.to_string(),
+        };
+        let (ttl_secs, expires_at_ms) = match (&plan, request.ttl_secs, request.expires_at_ms) {
+            (Some(plan), None, None) => (plan.ttl_secs, plan.expires_at_ms),
+            (_, ttl, expires) => (ttl, expires),
+        };
+        let requested = RequestedConfig {
+            content_type,
+            ttl_secs,
+            expires_at_ms,
+            closed: request.closed,
+            fork: request.fork.as_ref().map(|f| RequestedFork {
+                source_name: f.source.clone(),
+                offset: f.offset,
+                sub_offset: f.sub_offset,
+            }),
+        };
+        let bodies = if content_type::is_json(&requested.content_type) {
+            if request.body.is_empty() {
+                Vec::new()
+            } else {
+                json::messages(&request.body, EmptyArray::Allowed)
+                    .map_err(|e| StreamError::BadRequest(e.to_string()))?
+            }
+        } else if request.body.is_empty() {
+            Vec::new()
+        } else {
+            vec![request.body.clone()]
+        };
+
+        loop {
+            let existing = self.lock_registry().get(&request.name).cloned();
+            if let Some(existing) = existing {
+                match self.confirm_existing(&existing, &requested).await {
+                    Err(StreamError::NotFound) => continue, // removed meanwhile: create anew
+                    other => return other.map(|info| (info, false)),
+                }
+            }
+            let created = self.insert_new(&request.name, &requested, plan.as_ref(), &bodies)?;
+            let Some((stream, commit)) = created else { continue };
+            return match commit.await {
+                Ok(()) => {
+                    stream.publish(|d| d.ready = true);
+                    Ok((self.info(&stream), true))
+                }
+                Err(e) => {
+                    self.forget(&stream);
+                    stream.lock().removed = true;
+                    stream.publish(|d| d.removed = true);
+                    self.release_source(&stream).await;
+                    Err(e.into())
+                }
+            };
+        }
+    }
+
+    async fn confirm_existing(
+        &self,
+        existing: &Arc<Stream>,
+        requested: &RequestedConfig,
+    ) -> StreamResult<StreamInfo> {
+        if !existing.wait_ready().await {
+            return Err(StreamError::NotFound);
+        }
+        let (soft_deleted, expired, mismatch) = {
+            let state = existing.lock();
+            if state.removed {
+                return Err(StreamError::NotFound);
+            }
+            (
+                state.meta.soft_deleted,
+                state.meta.is_expired(now_ms(), state.last_access_ms),
+                state.meta.mismatch(requested),
+            )
+        };
+        if soft_deleted {
+            return Err(StreamError::Conflict("stream was deleted and is still referenced by forks"));
+        }
+        if expired {
+            return match self.remove(existing).await? {
+                Removal::Hard => Err(StreamError::NotFound),
+                Removal::Soft => Err(StreamError::Conflict(
+                    "stream expired and is still referenced by forks",
+                )),
+            };
+        }
+        match mismatch {
+            Some(reason) => Err(StreamError::Conflict(reason)),
+            None => Ok(self.info(existing)),
+        }
+    }
+
+    /// Registers a new stream and submits its creation. `None` when the name was taken meanwhile.
+    #[allow(clippy::type_complexity)]
+    fn insert_new(
+        &self,
+        name: &str,
+        requested: &RequestedConfig,
+        plan: Option<&fork::ForkPlan>,
+        bodies: &[Bytes],
+    ) -> StreamResult<
+        Option<(Arc<Stream>, futures::future::BoxFuture<'static, Result<(), StorageError>>)>,
+    > {
+        let mut registry = self.lock_registry();
+        if registry.contains_key(name) {
+            return Ok(None);
+        }
+        let now = now_ms();
+        let (start, mut records) = match plan {
+            Some(plan) => (plan.tail(), plan.prefix.clone()),
+            None => (Offset::START, Vec::new()),
+        };
+        records.extend(lay_out(start, now, bodies.to_vec()));
+        let tail = records.last().map_or(start, Record::next_offset);
+        let meta = StreamMeta {
+            name: name.to_string(),
+            content_type: requested.content_type.clone(),
+            ttl_secs: requested.ttl_secs,
+            expires_at_ms: requested.expires_at_ms,
+            closed: requested.closed,
+            closed_by: None,
+            tail,
+            last_timestamp_ms: now,
+            last_stream_seq: None,
+            fork: plan.map(|p| ForkOrigin {
+                source_id: p.source.id,
+                source_name: p.source.name.clone(),
+                offset: p.anchor,
+                sub_offset: p.sub_offset,
+            }),
+            soft_deleted: false,
+            created_ms: now,
+        };
+        if let Some(plan) = plan {
+            let mut source = plan.source.lock();
+            if source.removed || source.meta.soft_deleted {
+                return Err(StreamError::ForkSourceGone);
+            }
+            source.forks += 1;
+        }
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let durable = Durable { tail, closed: requested.closed, ready: false, removed: false };
+        let stream = Arc::new(Stream::new(
+            id,
+            meta.clone(),
+            HashMap::new(),
+            plan.map(|p| p.source.clone()),
+            durable,
+            now,
+        ));
+        stream.lock().remember(&records, self.config.cache);
+        let mut changes = vec![Change::PutStream(id, meta)];
+        if !records.is_empty() {
+            changes.push(Change::PutRecords(id, records));
+        }
+        let commit = self.engine.commit(changes);
+        registry.insert(name.to_string(), stream.clone());
+        Ok(Some((stream, commit)))
+    }
+
+    /// Drops the registry entry of `stream`, if the name still maps to it.
+    fn forget(&self, stream: &Arc<Stream>) {
+        let mut registry = self.lock_registry();
+        if registry.get(&stream.name).is_some_and(|s| Arc::ptr_eq(s, stream)) {
+            registry.remove(&stream.name);
+        }
+    }
+
+    pub async fn delete(&self, name: &str) -> StreamResult<()> {
+        let stream = self.find(name, false).await?;
+        self.remove(&stream).await.map(|_| ())
+    }
+
+    /// Deletes a stream: softly while forks still read through it, otherwise for good (and then
+    /// its source may follow, if it was only kept for this fork).
+    fn remove<'a>(
+        &'a self,
+        stream: &'a Arc<Stream>,
+    ) -> futures::future::BoxFuture<'a, StreamResult<Removal>> {
+        Box::pin(async move {
+            let (removal, commit) = {
+                let mut state: std::sync::MutexGuard<'_, State> = stream.lock();
+                if state.removed {
+                    return Ok(Removal::Hard);
+                }
+                if state.forks > 0 {
+                    if state.meta.soft_deleted {
+                        return Ok(Removal::Soft);
+                    }
+                    state.meta.soft_deleted = true;
+                    let commit = self.engine.commit(vec![Change::PutStream(stream.id, state.meta.clone())]);
+                    (Removal::Soft, commit)
+                } else {
+                    state.removed = true;
+                    (Removal::Hard, self.engine.commit(vec![Change::RemoveStream(stream.id)]))
+                }
+            };
+            if removal == Removal::Hard {
+                self.forget(stream);
+            }
+            commit.await?;
+            if removal == Removal::Hard {
+                stream.publish(|d| d.removed = true);
+                self.release_source(stream).await;
+            }
+            Ok(removal)
+        })
+    }
+
+    /// A fork is gone: its source loses a reference, and goes too if it was soft-deleted.
+    async fn release_source(&self, fork: &Stream) {
+        let Some(source) = &fork.source else { return };
+        let cascade = {
+            let mut state = source.lock();
+            state.forks = state.forks.saturating_sub(1);
+            state.forks == 0 && state.meta.soft_deleted && !state.removed
+        };
+        if cascade {
+            if let Err(e) = self.remove(source).await {
+                tracing::warn!(stream = %source.name, error = %e, "removing a released fork source failed");
+            }
+        }
+    }
+
+    /// Removes every stream whose TTL or expiry time has passed, and soft-deleted streams that no
+    /// fork reads through any more.
+    pub async fn sweep_expired(&self) {
+        let now = now_ms();
+        let candidates: Vec<Arc<Stream>> = self
+            .lock_registry()
+            .values()
+            .filter(|s| {
+                let state = s.lock();
+                let expired = !state.meta.soft_deleted && state.meta.is_expired(now, state.last_access_ms);
+                // A soft-deleted stream without forks is left over from an interrupted cascade.
+                let orphaned = state.meta.soft_deleted && state.forks == 0;
+                !state.removed && (expired || orphaned)
+            })
+            .cloned()
+            .collect();
+        for stream in candidates {
+            if let Err(e) = self.remove(&stream).await {
+                tracing::warn!(stream = %stream.name, error = %e, "expiring a stream failed");
+            }
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Removal {
+    Soft,
+    Hard,
+}

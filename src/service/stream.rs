@@ -1,0 +1,174 @@
+//! One live stream: its mutable state behind a short-held lock, the durable tail readers watch,
+//! and the hot cache of its most recent records.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use tokio::sync::watch;
+
+use crate::model::producer::ProducerState;
+use crate::model::stream::StreamMeta;
+use crate::model::{Offset, Record};
+use crate::storage::{SharedEngine, StorageError, StreamId};
+
+/// What readers may see: only data that is durable.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Durable {
+    pub tail: Offset,
+    pub closed: bool,
+    /// The stream's creation is durable.
+    pub ready: bool,
+    /// The stream is gone (deleted, expired, or its creation failed).
+    pub removed: bool,
+}
+
+pub struct Stream {
+    pub id: StreamId,
+    pub name: String,
+    /// The content type as created; it never changes.
+    pub content_type: String,
+    pub json: bool,
+    /// The stream this one was forked from: reads below the fork offset go there.
+    pub source: Option<Arc<Stream>>,
+    pub(super) state: Mutex<State>,
+    durable: watch::Sender<Durable>,
+}
+
+/// The writer-side view, which runs ahead of the durable one while commits are in flight.
+pub(super) struct State {
+    pub meta: StreamMeta,
+    pub producers: HashMap<String, ProducerState>,
+    /// The most recent records, contiguous up to the writer-side tail.
+    pub recent: VecDeque<Record>,
+    pub recent_bytes: usize,
+    /// Number of forks that read through this stream.
+    pub forks: u32,
+    pub last_access_ms: i64,
+    pub removed: bool,
+}
+
+/// Bounds of the per-stream hot cache.
+#[derive(Clone, Copy, Debug)]
+pub struct CacheLimits {
+    pub bytes: usize,
+    pub records: usize,
+}
+
+impl Stream {
+    pub(super) fn new(
+        id: StreamId,
+        meta: StreamMeta,
+        producers: HashMap<String, ProducerState>,
+        source: Option<Arc<Stream>>,
+        durable: Durable,
+        now_ms: i64,
+    ) -> Stream {
+        Stream {
+            id,
+            name: meta.name.clone(),
+            json: crate::model::content_type::is_json(&meta.content_type),
+            content_type: meta.content_type.clone(),
+            source,
+            state: Mutex::new(State {
+                meta,
+                producers,
+                recent: VecDeque::new(),
+                recent_bytes: 0,
+                forks: 0,
+                last_access_ms: now_ms,
+                removed: false,
+            }),
+            durable: watch::Sender::new(durable),
+        }
+    }
+
+    pub(super) fn lock(&self) -> MutexGuard<'_, State> {
+        // Every critical section leaves State consistent before it can panic, so a poisoned lock
+        // is still safe to use.
+        self.state.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    pub fn durable(&self) -> Durable {
+        *self.durable.borrow()
+    }
+
+    pub fn subscribe(&self) -> watch::Receiver<Durable> {
+        self.durable.subscribe()
+    }
+
+    /// Makes a committed change visible and wakes the readers waiting on this stream.
+    pub(super) fn publish(&self, change: impl FnOnce(&mut Durable)) {
+        self.durable.send_if_modified(|durable| {
+            let before = *durable;
+            change(durable);
+            *durable != before
+        });
+    }
+
+    /// Marks everything up to `tail` durable (commits complete in order, so later wins).
+    pub(super) fn publish_tail(&self, tail: Offset, closed: bool) {
+        self.publish(|d| {
+            d.tail = d.tail.max(tail);
+            d.closed |= closed;
+        });
+    }
+
+    /// Waits until the stream's creation is durable; false if it never will be.
+    pub(super) async fn wait_ready(&self) -> bool {
+        let mut rx = self.subscribe();
+        match rx.wait_for(|d| d.ready || d.removed).await {
+            Ok(d) => !d.removed,
+            Err(_) => false,
+        }
+    }
+
+    /// This stream's own records with `from <= seq < until`, from the hot cache when it has them.
+    pub(super) async fn read_own(
+        &self,
+        engine: &SharedEngine,
+        from: u64,
+        until: u64,
+        max_bytes: usize,
+    ) -> Result<Vec<Record>, StorageError> {
+        if let Some(records) = self.lock().cached(from, until, max_bytes) {
+            return Ok(records);
+        }
+        engine.read(self.id, from, until, max_bytes).await
+    }
+}
+
+impl State {
+    /// Records from the cache, or `None` when it does not reach back to `from`.
+    fn cached(&self, from: u64, until: u64, max_bytes: usize) -> Option<Vec<Record>> {
+        let first = self.recent.front()?.seq;
+        if from < first {
+            return None;
+        }
+        let mut out = Vec::new();
+        let mut total = 0usize;
+        let skip = usize::try_from(from - first).ok()?;
+        for record in self.recent.iter().skip(skip).take_while(|r| r.seq < until) {
+            if !out.is_empty() && total >= max_bytes {
+                break;
+            }
+            total += record.body.len();
+            out.push(record.clone());
+        }
+        Some(out)
+    }
+
+    /// Adds newly appended records to the hot cache, evicting the oldest beyond the limits.
+    pub fn remember(&mut self, records: &[Record], limits: CacheLimits) {
+        for record in records {
+            self.recent_bytes += record.body.len();
+            self.recent.push_back(record.clone());
+        }
+        while self.recent.len() > 1
+            && (self.recent_bytes > limits.bytes || self.recent.len() > limits.records)
+        {
+            if let Some(old) = self.recent.pop_front() {
+                self.recent_bytes -= old.body.len();
+            }
+        }
+    }
+}

@@ -1,0 +1,250 @@
+//! The embedded on-disk engine, on fjall, with group commit.
+//!
+//! Every batch goes through one writer thread. It takes whatever has queued since its last sync,
+//! writes it all, syncs the journal once, and only then acknowledges each batch in the group.
+//! Under load, many concurrent appends share one fsync.
+
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, mpsc};
+
+use bytes::Bytes;
+use fjall::{Database, Keyspace, KeyspaceCreateOptions, PersistMode};
+use futures::future::BoxFuture;
+use futures::FutureExt;
+use tokio::sync::oneshot;
+
+use super::codec::{self, decode_record, encode_record};
+use super::{Change, Engine, Recovered, RecoveredStream, StorageError, StreamId};
+use crate::model::Record;
+
+/// Whether an acknowledged batch is synced to stable storage first.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SyncMode {
+    /// fsync before acknowledging: an acknowledged write survives power loss.
+    Fsync,
+    /// Acknowledge once written to the OS: survives a process crash, not a power loss.
+    None,
+}
+
+/// The most batches one sync may cover; bounds the latency of the first batch in a group.
+const MAX_GROUP: usize = 4096;
+
+#[derive(Clone)]
+struct Keyspaces {
+    db: Database,
+    streams: Keyspace,
+    records: Keyspace,
+    producers: Keyspace,
+    system: Keyspace,
+}
+
+pub struct FjallEngine {
+    keyspaces: Keyspaces,
+    queue: mpsc::Sender<Submission>,
+    failed: Arc<AtomicBool>,
+}
+
+struct Submission {
+    changes: Vec<Change>,
+    done: oneshot::Sender<Result<(), StorageError>>,
+}
+
+const NEXT_ID_KEY: &[u8] = b"next_id";
+
+fn io(e: impl std::fmt::Display) -> StorageError {
+    StorageError::Io(e.to_string())
+}
+
+impl FjallEngine {
+    pub fn open(dir: &Path, sync: SyncMode) -> Result<Self, StorageError> {
+        std::fs::create_dir_all(dir).map_err(io)?;
+        let db = Database::builder(dir).open().map_err(io)?;
+        let open = |name: &str| db.keyspace(name, KeyspaceCreateOptions::default).map_err(io);
+        let keyspaces = Keyspaces {
+            streams: open("streams")?,
+            records: open("records")?,
+            producers: open("producers")?,
+            system: open("system")?,
+            db,
+        };
+        let (queue, incoming) = mpsc::channel();
+        let failed = Arc::new(AtomicBool::new(false));
+        let writer = Writer { keyspaces: keyspaces.clone(), sync, failed: failed.clone() };
+        std::thread::Builder::new()
+            .name("runnel-writer".into())
+            .spawn(move || writer.run(incoming))
+            .map_err(io)?;
+        Ok(FjallEngine { keyspaces, queue, failed })
+    }
+
+    fn read_sync(
+        records: &Keyspace,
+        id: StreamId,
+        from: u64,
+        until: u64,
+        max_bytes: usize,
+    ) -> Result<Vec<Record>, StorageError> {
+        let mut out = Vec::new();
+        let mut total = 0usize;
+        if until <= from {
+            return Ok(out);
+        }
+        for guard in records.range(codec::record_key(id, from)..codec::record_key(id, until)) {
+            if !out.is_empty() && total >= max_bytes {
+                break;
+            }
+            let (key, value) = guard.into_inner().map_err(io)?;
+            let (_, seq) = codec::split_key(&key)?;
+            let seq = u64::from_be_bytes(
+                seq.try_into().map_err(|_| StorageError::Corrupt("record key length".into()))?,
+            );
+            let record = decode_record(seq, Bytes::copy_from_slice(&value))?;
+            total += record.body.len();
+            out.push(record);
+        }
+        Ok(out)
+    }
+}
+
+impl Engine for FjallEngine {
+    fn commit(&self, changes: Vec<Change>) -> BoxFuture<'static, Result<(), StorageError>> {
+        let (done, result) = oneshot::channel();
+        if self.failed.load(Ordering::Acquire) || self.queue.send(Submission { changes, done }).is_err() {
+            return futures::future::ready(Err(StorageError::Failed)).boxed();
+        }
+        async move { result.await.unwrap_or(Err(StorageError::Failed)) }.boxed()
+    }
+
+    fn read(
+        &self,
+        id: StreamId,
+        from: u64,
+        until: u64,
+        max_bytes: usize,
+    ) -> BoxFuture<'static, Result<Vec<Record>, StorageError>> {
+        let records = self.keyspaces.records.clone();
+        async move {
+            tokio::task::spawn_blocking(move || Self::read_sync(&records, id, from, until, max_bytes))
+                .await
+                .map_err(io)?
+        }
+        .boxed()
+    }
+
+    fn recover(&self) -> Result<Recovered, StorageError> {
+        let ks = &self.keyspaces;
+        let mut streams = Vec::new();
+        for guard in ks.streams.iter() {
+            let (key, value) = guard.into_inner().map_err(io)?;
+            let (id, _) = codec::split_key(&key)?;
+            let meta = serde_json::from_slice(&value)
+                .map_err(|e| StorageError::Corrupt(format!("metadata of stream {id}: {e}")))?;
+            let mut producers = Vec::new();
+            for guard in ks.producers.prefix(codec::stream_key(id)) {
+                let (key, value) = guard.into_inner().map_err(io)?;
+                let (_, name) = codec::split_key(&key)?;
+                let name = String::from_utf8(name.to_vec())
+                    .map_err(|_| StorageError::Corrupt(format!("producer id in stream {id}")))?;
+                let state = serde_json::from_slice(&value)
+                    .map_err(|e| StorageError::Corrupt(format!("producer {name} of stream {id}: {e}")))?;
+                producers.push((name, state));
+            }
+            streams.push(RecoveredStream { id, meta, producers });
+        }
+        let next_id = match ks.system.get(NEXT_ID_KEY).map_err(io)? {
+            Some(v) => u64::from_be_bytes(
+                v.as_ref().try_into().map_err(|_| StorageError::Corrupt("next_id".into()))?,
+            ),
+            None => 0,
+        };
+        let next_id = streams.iter().map(|s| s.id + 1).fold(next_id, u64::max);
+        Ok(Recovered { streams, next_id })
+    }
+}
+
+struct Writer {
+    keyspaces: Keyspaces,
+    sync: SyncMode,
+    failed: Arc<AtomicBool>,
+}
+
+impl Writer {
+    fn run(self, incoming: mpsc::Receiver<Submission>) {
+        let mut next_id = self.stored_next_id();
+        while let Ok(first) = incoming.recv() {
+            let mut group = vec![first];
+            while group.len() < MAX_GROUP {
+                match incoming.try_recv() {
+                    Ok(more) => group.push(more),
+                    Err(_) => break,
+                }
+            }
+            let result = if self.failed.load(Ordering::Acquire) {
+                Err(StorageError::Failed)
+            } else {
+                self.write_group(&group, &mut next_id)
+            };
+            if let Err(e) = &result {
+                tracing::error!(error = %e, "storage write failed; refusing further writes");
+                self.failed.store(true, Ordering::Release);
+            }
+            for submission in group {
+                let _ = submission.done.send(result.clone());
+            }
+        }
+    }
+
+    fn stored_next_id(&self) -> u64 {
+        self.keyspaces
+            .system
+            .get(NEXT_ID_KEY)
+            .ok()
+            .flatten()
+            .and_then(|v| v.as_ref().try_into().ok().map(u64::from_be_bytes))
+            .unwrap_or(0)
+    }
+
+    /// Writes every submission of the group, then syncs once.
+    fn write_group(&self, group: &[Submission], next_id: &mut u64) -> Result<(), StorageError> {
+        let ks = &self.keyspaces;
+        let mut batch = ks.db.batch();
+        for change in group.iter().flat_map(|s| &s.changes) {
+            match change {
+                Change::PutStream(id, meta) => {
+                    let value = serde_json::to_vec(meta).map_err(io)?;
+                    batch.insert(&ks.streams, codec::stream_key(*id), value);
+                    if *id >= *next_id {
+                        *next_id = id + 1;
+                        batch.insert(&ks.system, NEXT_ID_KEY, next_id.to_be_bytes());
+                    }
+                }
+                Change::PutRecords(id, records) => {
+                    for record in records {
+                        batch.insert(&ks.records, codec::record_key(*id, record.seq), encode_record(record));
+                    }
+                }
+                Change::PutProducer(id, name, state) => {
+                    let value = serde_json::to_vec(state).map_err(io)?;
+                    batch.insert(&ks.producers, codec::producer_key(*id, name), value);
+                }
+                Change::RemoveStream(id) => {
+                    // Range scans see only committed data, so commit what came before first:
+                    // records added earlier in this group are then found and removed too.
+                    std::mem::replace(&mut batch, ks.db.batch()).commit().map_err(io)?;
+                    batch.remove(&ks.streams, codec::stream_key(*id));
+                    for keyspace in [&ks.records, &ks.producers] {
+                        for guard in keyspace.prefix(codec::stream_key(*id)) {
+                            batch.remove(keyspace, guard.key().map_err(io)?);
+                        }
+                    }
+                }
+            }
+        }
+        let durability = match self.sync {
+            SyncMode::Fsync => Some(PersistMode::SyncAll),
+            SyncMode::None => None,
+        };
+        batch.durability(durability).commit().map_err(io)
+    }
+}

@@ -1,0 +1,103 @@
+//! An engine that keeps everything in memory: for tests and `--memory`. Nothing survives a restart.
+
+use std::collections::BTreeMap;
+use std::sync::Mutex;
+
+use futures::future::{self, BoxFuture};
+
+use super::{Change, Engine, Recovered, RecoveredStream, StorageError, StreamId, within_budget};
+use crate::model::Record;
+use crate::model::producer::ProducerState;
+use crate::model::stream::StreamMeta;
+
+#[derive(Default)]
+pub struct MemoryEngine {
+    state: Mutex<State>,
+}
+
+#[derive(Default)]
+struct State {
+    streams: BTreeMap<StreamId, StreamMeta>,
+    records: BTreeMap<(StreamId, u64), Record>,
+    producers: BTreeMap<(StreamId, String), ProducerState>,
+    next_id: StreamId,
+}
+
+impl MemoryEngine {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        // A panic while holding this lock leaves plain maps behind, still consistent per change.
+        self.state.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+}
+
+impl Engine for MemoryEngine {
+    fn commit(&self, changes: Vec<Change>) -> BoxFuture<'static, Result<(), StorageError>> {
+        let mut state = self.lock();
+        for change in changes {
+            match change {
+                Change::PutStream(id, meta) => {
+                    state.next_id = state.next_id.max(id + 1);
+                    state.streams.insert(id, meta);
+                }
+                Change::PutRecords(id, records) => {
+                    for record in records {
+                        state.records.insert((id, record.seq), record);
+                    }
+                }
+                Change::PutProducer(id, producer, value) => {
+                    state.producers.insert((id, producer), value);
+                }
+                Change::RemoveStream(id) => {
+                    state.streams.remove(&id);
+                    state.records.retain(|(stream, _), _| *stream != id);
+                    state.producers.retain(|(stream, _), _| *stream != id);
+                }
+            }
+        }
+        Box::pin(future::ready(Ok(())))
+    }
+
+    fn read(
+        &self,
+        id: StreamId,
+        from: u64,
+        until: u64,
+        max_bytes: usize,
+    ) -> BoxFuture<'static, Result<Vec<Record>, StorageError>> {
+        let state = self.lock();
+        let mut records = Vec::new();
+        let mut total = 0usize;
+        for record in state.records.range((id, from)..(id, until.max(from))).map(|(_, r)| r) {
+            if !records.is_empty() && total >= max_bytes {
+                break;
+            }
+            total += record.body.len();
+            records.push(record.clone());
+        }
+        within_budget(&mut records, max_bytes);
+        Box::pin(future::ready(Ok(records)))
+    }
+
+    fn recover(&self) -> Result<Recovered, StorageError> {
+        let state = self.lock();
+        let streams = state
+            .streams
+            .iter()
+            .map(|(&id, meta)| RecoveredStream {
+                id,
+                meta: meta.clone(),
+                producers: state
+                    .producers
+                    .range((id, String::new())..)
+                    .take_while(|((stream, _), _)| *stream == id)
+                    .map(|((_, name), value)| (name.clone(), value.clone()))
+                    .collect(),
+            })
+            .collect();
+        Ok(Recovered { streams, next_id: state.next_id })
+    }
+}

@@ -1,0 +1,261 @@
+//! The durable log. An engine stores stream metadata, records and producer states, and applies
+//! batches of changes atomically and in submission order.
+//!
+//! Two engines implement [`Engine`]: [`FjallEngine`] on disk (the default) and [`MemoryEngine`]
+//! for tests and `--memory`. Both pass the same contract tests at the bottom of this file.
+
+mod codec;
+mod fjall_engine;
+mod memory;
+
+use std::sync::Arc;
+
+use futures::future::BoxFuture;
+
+use crate::model::Record;
+use crate::model::producer::ProducerState;
+use crate::model::stream::StreamMeta;
+
+pub use fjall_engine::{FjallEngine, SyncMode};
+pub use memory::MemoryEngine;
+
+/// Internal stream identifier: small, never reused, independent of the stream's name.
+pub type StreamId = u64;
+
+/// One change in a commit batch.
+#[derive(Clone, Debug)]
+pub enum Change {
+    /// Create or replace the stream's metadata.
+    PutStream(StreamId, StreamMeta),
+    /// Add records (their `seq` values are the keys).
+    PutRecords(StreamId, Vec<Record>),
+    PutProducer(StreamId, String, ProducerState),
+    /// Remove the stream with its records and producers.
+    RemoveStream(StreamId),
+}
+
+#[derive(Clone, Debug, thiserror::Error)]
+pub enum StorageError {
+    #[error("storage I/O failed: {0}")]
+    Io(String),
+    #[error("stored data is corrupt: {0}")]
+    Corrupt(String),
+    #[error("storage is unavailable after an earlier write failure")]
+    Failed,
+}
+
+/// What an engine holds after a restart.
+#[derive(Debug, Default)]
+pub struct Recovered {
+    pub streams: Vec<RecoveredStream>,
+    /// The smallest id never used by any stream.
+    pub next_id: StreamId,
+}
+
+#[derive(Debug)]
+pub struct RecoveredStream {
+    pub id: StreamId,
+    pub meta: StreamMeta,
+    pub producers: Vec<(String, ProducerState)>,
+}
+
+/// A storage engine. Implementations are internally synchronised.
+pub trait Engine: Send + Sync + 'static {
+    /// Submits a batch. Batches become durable in the order `commit` is called, each one
+    /// all-or-nothing; the returned future resolves once this batch is durable (or failed).
+    /// Enqueueing happens before `commit` returns, so callers may hold a lock across the call
+    /// to fix the order, and await the future after releasing it.
+    fn commit(&self, changes: Vec<Change>) -> BoxFuture<'static, Result<(), StorageError>>;
+
+    /// Records of one stream with `from <= seq < until`, in order, stopping after the first record
+    /// that reaches `max_bytes` of bodies (so at least one record when any is in range).
+    fn read(
+        &self,
+        id: StreamId,
+        from: u64,
+        until: u64,
+        max_bytes: usize,
+    ) -> BoxFuture<'static, Result<Vec<Record>, StorageError>>;
+
+    /// Everything stored, for rebuilding in-memory state at start.
+    fn recover(&self) -> Result<Recovered, StorageError>;
+}
+
+pub type SharedEngine = Arc<dyn Engine>;
+
+/// Stops adding records once their bodies reach `max_bytes`; always keeps the first.
+pub(crate) fn within_budget(records: &mut Vec<Record>, max_bytes: usize) {
+    let mut total = 0usize;
+    let mut keep = records.len();
+    for (i, record) in records.iter().enumerate() {
+        if i > 0 && total >= max_bytes {
+            keep = i;
+            break;
+        }
+        total += record.body.len();
+    }
+    records.truncate(keep);
+}
+
+#[cfg(test)]
+mod contract {
+    //! The tests every engine must pass.
+
+    use super::*;
+    use crate::model::Offset;
+    use crate::model::record::lay_out;
+    use bytes::Bytes;
+
+    fn meta(name: &str, tail: Offset) -> StreamMeta {
+        StreamMeta {
+            name: name.into(),
+            content_type: "text/plain".into(),
+            ttl_secs: Some(30),
+            expires_at_ms: None,
+            closed: false,
+            closed_by: None,
+            tail,
+            last_timestamp_ms: 7,
+            last_stream_seq: Some("a".into()),
+            fork: None,
+            soft_deleted: false,
+            created_ms: 1,
+        }
+    }
+
+    fn bodies(texts: &[&str]) -> Vec<Bytes> {
+        texts.iter().map(|t| Bytes::copy_from_slice(t.as_bytes())).collect()
+    }
+
+    pub async fn committed_records_read_back_in_order(engine: &dyn Engine) {
+        let records = lay_out(Offset::START, 7, bodies(&["ab", "cde", "f"]));
+        let tail = records.last().unwrap().next_offset();
+        engine
+            .commit(vec![Change::PutStream(1, meta("s", tail)), Change::PutRecords(1, records.clone())])
+            .await
+            .unwrap();
+        assert_eq!(engine.read(1, 0, 3, usize::MAX).await.unwrap(), records);
+        assert_eq!(engine.read(1, 1, 2, usize::MAX).await.unwrap(), records[1..2]);
+        assert_eq!(engine.read(1, 0, 3, 1).await.unwrap(), records[..1]);
+        assert_eq!(engine.read(1, 0, 3, 5).await.unwrap(), records[..2]);
+        assert!(engine.read(2, 0, 3, usize::MAX).await.unwrap().is_empty());
+    }
+
+    pub async fn recovery_returns_metadata_producers_and_next_id(engine: &dyn Engine) {
+        let producer = ProducerState { epoch: 2, last_seq: 9, records: (3, 4) };
+        engine
+            .commit(vec![
+                Change::PutStream(4, meta("a", Offset::START)),
+                Change::PutStream(9, meta("b", Offset::START)),
+                Change::PutProducer(4, "p1".into(), producer.clone()),
+            ])
+            .await
+            .unwrap();
+        let recovered = engine.recover().unwrap();
+        assert_eq!(recovered.next_id, 10);
+        let a = recovered.streams.iter().find(|s| s.id == 4).unwrap();
+        assert_eq!(a.meta, meta("a", Offset::START));
+        assert_eq!(a.producers, vec![("p1".to_string(), producer)]);
+    }
+
+    pub async fn removing_a_stream_removes_everything_but_keeps_ids_unused(engine: &dyn Engine) {
+        let records = lay_out(Offset::START, 1, bodies(&["x"]));
+        engine
+            .commit(vec![
+                Change::PutStream(3, meta("gone", Offset::new(1, 1))),
+                Change::PutRecords(3, records),
+                Change::PutProducer(3, "p".into(), ProducerState { epoch: 0, last_seq: 0, records: (0, 1) }),
+            ])
+            .await
+            .unwrap();
+        engine.commit(vec![Change::RemoveStream(3)]).await.unwrap();
+        assert!(engine.read(3, 0, 10, usize::MAX).await.unwrap().is_empty());
+        let recovered = engine.recover().unwrap();
+        assert!(recovered.streams.is_empty());
+        assert_eq!(recovered.next_id, 4);
+    }
+
+    pub async fn records_written_and_removed_in_one_batch_leave_nothing(engine: &dyn Engine) {
+        let records = lay_out(Offset::START, 1, bodies(&["x", "y"]));
+        engine
+            .commit(vec![
+                Change::PutStream(5, meta("brief", Offset::new(2, 2))),
+                Change::PutRecords(5, records),
+                Change::RemoveStream(5),
+            ])
+            .await
+            .unwrap();
+        assert!(engine.read(5, 0, 10, usize::MAX).await.unwrap().is_empty());
+        assert!(engine.recover().unwrap().streams.is_empty());
+    }
+
+    pub async fn record_headers_and_unit_flags_survive(engine: &dyn Engine) {
+        let mut records = lay_out(Offset::START, 42, bodies(&["", "body"]));
+        records[1].headers = vec![(Bytes::from("k"), Bytes::from("v")), (Bytes::new(), Bytes::from("x"))];
+        engine
+            .commit(vec![Change::PutStream(6, meta("h", Offset::new(2, 4))), Change::PutRecords(6, records.clone())])
+            .await
+            .unwrap();
+        assert_eq!(engine.read(6, 0, 2, usize::MAX).await.unwrap(), records);
+    }
+
+    macro_rules! engine_contract {
+        ($module:ident, $make:expr) => {
+            mod $module {
+                use super::*;
+
+                #[tokio::test]
+                async fn committed_records_read_back_in_order() {
+                    let (engine, _dir) = $make;
+                    super::committed_records_read_back_in_order(&engine).await;
+                }
+
+                #[tokio::test]
+                async fn recovery_returns_metadata_producers_and_next_id() {
+                    let (engine, _dir) = $make;
+                    super::recovery_returns_metadata_producers_and_next_id(&engine).await;
+                }
+
+                #[tokio::test]
+                async fn removing_a_stream_removes_everything_but_keeps_ids_unused() {
+                    let (engine, _dir) = $make;
+                    super::removing_a_stream_removes_everything_but_keeps_ids_unused(&engine).await;
+                }
+
+                #[tokio::test]
+                async fn records_written_and_removed_in_one_batch_leave_nothing() {
+                    let (engine, _dir) = $make;
+                    super::records_written_and_removed_in_one_batch_leave_nothing(&engine).await;
+                }
+
+                #[tokio::test]
+                async fn record_headers_and_unit_flags_survive() {
+                    let (engine, _dir) = $make;
+                    super::record_headers_and_unit_flags_survive(&engine).await;
+                }
+            }
+        };
+    }
+
+    engine_contract!(memory_engine, (MemoryEngine::new(), ()));
+    engine_contract!(fjall_engine, {
+        let dir = tempfile::tempdir().unwrap();
+        (FjallEngine::open(dir.path(), SyncMode::Fsync).unwrap(), dir)
+    });
+
+    #[tokio::test]
+    async fn fjall_engine_recovers_after_reopen() {
+        let dir = tempfile::tempdir().unwrap();
+        let records = lay_out(Offset::START, 3, bodies(&["persist", "me"]));
+        {
+            let engine = FjallEngine::open(dir.path(), SyncMode::Fsync).unwrap();
+            engine
+                .commit(vec![Change::PutStream(1, meta("p", Offset::new(2, 9))), Change::PutRecords(1, records.clone())])
+                .await
+                .unwrap();
+        }
+        let engine = FjallEngine::open(dir.path(), SyncMode::Fsync).unwrap();
+        assert_eq!(engine.recover().unwrap().streams[0].meta.tail, Offset::new(2, 9));
+        assert_eq!(engine.read(1, 0, 2, usize::MAX).await.unwrap(), records);
+    }
+}
