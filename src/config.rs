@@ -98,9 +98,15 @@ pub struct Settings {
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
     #[error("cannot read config file {path}: {source}")]
-    Read { path: PathBuf, source: std::io::Error },
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
     #[error("invalid config file {path}: {source}")]
-    Parse { path: PathBuf, source: Box<toml::de::Error> },
+    Parse {
+        path: PathBuf,
+        source: Box<toml::de::Error>,
+    },
     #[error("{0}")]
     Invalid(String),
 }
@@ -121,19 +127,29 @@ impl ServeArgs {
             StorageSettings::Memory
         } else {
             StorageSettings::Disk {
-                dir: self.data_dir.or(file.data_dir).unwrap_or_else(|| PathBuf::from(DEFAULT_DATA_DIR)),
+                dir: self
+                    .data_dir
+                    .or(file.data_dir)
+                    .unwrap_or_else(|| PathBuf::from(DEFAULT_DATA_DIR)),
                 sync: self.sync.or(file.sync).unwrap_or(SyncArg::Fsync),
             }
         };
-        let max_body_bytes = self.max_body_bytes.or(file.max_body_bytes).unwrap_or(DEFAULT_MAX_BODY_BYTES);
+        let max_body_bytes = self
+            .max_body_bytes
+            .or(file.max_body_bytes)
+            .unwrap_or(DEFAULT_MAX_BODY_BYTES);
         if max_body_bytes == 0 {
-            return Err(ConfigError::Invalid("max_body_bytes must be at least 1".into()));
+            return Err(ConfigError::Invalid(
+                "max_body_bytes must be at least 1".into(),
+            ));
         }
         Ok(Settings {
             listen,
             storage,
             long_poll_timeout: Duration::from_millis(
-                self.long_poll_timeout_ms.or(file.long_poll_timeout_ms).unwrap_or(DEFAULT_LONG_POLL_TIMEOUT_MS),
+                self.long_poll_timeout_ms
+                    .or(file.long_poll_timeout_ms)
+                    .unwrap_or(DEFAULT_LONG_POLL_TIMEOUT_MS),
             ),
             max_body_bytes,
             sse_max_duration: Duration::from_secs(
@@ -147,9 +163,14 @@ impl ServeArgs {
 }
 
 fn load_file(path: &Path) -> Result<FileConfig, ConfigError> {
-    let text = std::fs::read_to_string(path)
-        .map_err(|source| ConfigError::Read { path: path.to_owned(), source })?;
-    toml::from_str(&text).map_err(|source| ConfigError::Parse { path: path.to_owned(), source: Box::new(source) })
+    let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+        path: path.to_owned(),
+        source,
+    })?;
+    toml::from_str(&text).map_err(|source| ConfigError::Parse {
+        path: path.to_owned(),
+        source: Box::new(source),
+    })
 }
 
 #[cfg(test)]
@@ -168,7 +189,10 @@ mod tests {
         assert_eq!(settings.listen.to_string(), DEFAULT_LISTEN);
         assert_eq!(
             settings.storage,
-            StorageSettings::Disk { dir: PathBuf::from(DEFAULT_DATA_DIR), sync: SyncArg::Fsync }
+            StorageSettings::Disk {
+                dir: PathBuf::from(DEFAULT_DATA_DIR),
+                sync: SyncArg::Fsync
+            }
         );
         assert_eq!(settings.long_poll_timeout, Duration::from_secs(30));
     }
@@ -176,21 +200,38 @@ mod tests {
     #[test]
     fn flags_win_over_the_file_and_the_file_over_defaults() {
         let f = file("listen = \"127.0.0.1:9000\"\nlong_poll_timeout_ms = 500\nsync = \"none\"\n");
-        let args = ServeArgs { config: Some(f.path().into()), long_poll_timeout_ms: Some(700), ..Default::default() };
+        let args = ServeArgs {
+            config: Some(f.path().into()),
+            long_poll_timeout_ms: Some(700),
+            ..Default::default()
+        };
         let settings = args.resolve().unwrap();
         assert_eq!(settings.listen.to_string(), "127.0.0.1:9000");
         assert_eq!(settings.long_poll_timeout, Duration::from_millis(700));
-        assert!(matches!(settings.storage, StorageSettings::Disk { sync: SyncArg::None, .. }));
+        assert!(matches!(
+            settings.storage,
+            StorageSettings::Disk {
+                sync: SyncArg::None,
+                ..
+            }
+        ));
     }
 
     #[test]
     fn unknown_or_malformed_file_keys_are_errors() {
         let f = file("listne = \"x\"\n");
         assert!(matches!(
-            ServeArgs { config: Some(f.path().into()), ..Default::default() }.resolve(),
+            ServeArgs {
+                config: Some(f.path().into()),
+                ..Default::default()
+            }
+            .resolve(),
             Err(ConfigError::Parse { .. })
         ));
-        let missing = ServeArgs { config: Some("/nonexistent/runnel.toml".into()), ..Default::default() };
+        let missing = ServeArgs {
+            config: Some("/nonexistent/runnel.toml".into()),
+            ..Default::default()
+        };
         assert!(matches!(missing.resolve(), Err(ConfigError::Read { .. })));
     }
 }

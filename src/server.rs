@@ -16,19 +16,24 @@ const SWEEP_INTERVAL: Duration = Duration::from_millis(250);
 pub async fn serve(settings: Settings) -> anyhow::Result<()> {
     let engine: SharedEngine = match &settings.storage {
         StorageSettings::Memory => {
-            tracing::warn!("--memory: streams are kept in memory only and are lost when the server stops");
+            tracing::warn!(
+                "--memory: streams are kept in memory only and are lost when the server stops"
+            );
             Arc::new(MemoryEngine::new())
         }
         StorageSettings::Disk { dir, sync } => {
             let mode = match sync {
                 SyncArg::Fsync => SyncMode::Fsync,
                 SyncArg::None => {
-                    tracing::warn!("--sync none: acknowledged appends may be lost if the machine crashes");
+                    tracing::warn!(
+                        "--sync none: acknowledged appends may be lost if the machine crashes"
+                    );
                     SyncMode::None
                 }
             };
-            let engine = FjallEngine::open(dir, mode)
-                .map_err(|e| anyhow::anyhow!("cannot open data directory {}: {e}", dir.display()))?;
+            let engine = FjallEngine::open(dir, mode).map_err(|e| {
+                anyhow::anyhow!("cannot open data directory {}: {e}", dir.display())
+            })?;
             Arc::new(engine)
         }
     };
@@ -67,10 +72,11 @@ async fn shutdown_signal() {
     let interrupt = tokio::signal::ctrl_c();
     #[cfg(unix)]
     {
-        let mut terminate = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(signal) => signal,
-            Err(_) => return interrupt.await.unwrap_or(()),
-        };
+        let mut terminate =
+            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+                Ok(signal) => signal,
+                Err(_) => return interrupt.await.unwrap_or(()),
+            };
         tokio::select! {
             _ = interrupt => {}
             _ = terminate.recv() => {}

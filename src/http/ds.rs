@@ -13,7 +13,9 @@ use super::{AppState, sse, text_error};
 use crate::model::headers::{self as hv, HeaderError};
 use crate::model::producer::ProducerError;
 use crate::model::{Offset, ReadFrom, Record, cursor, json};
-use crate::service::{AppendAck, AppendRequest, CreateRequest, ForkRequest, ReadChunk, StreamError, StreamInfo};
+use crate::service::{
+    AppendAck, AppendRequest, CreateRequest, ForkRequest, ReadChunk, StreamError, StreamInfo,
+};
 
 /// The URL prefix of base-protocol streams; fork sources are named by paths under it.
 const STREAM_PREFIX: &str = "/v1/stream/";
@@ -98,12 +100,18 @@ fn stream_error(error: StreamError) -> Response {
         | StreamError::ForkSourceGone => (StatusCode::CONFLICT, vec![]),
         StreamError::Closed { tail } => (
             StatusCode::CONFLICT,
-            vec![("stream-closed", "true".into()), ("stream-next-offset", tail.to_string())],
+            vec![
+                ("stream-closed", "true".into()),
+                ("stream-next-offset", tail.to_string()),
+            ],
         ),
-        StreamError::Producer(ProducerError::StaleEpoch { current, .. }) => {
-            (StatusCode::FORBIDDEN, vec![("producer-epoch", current.to_string())])
+        StreamError::Producer(ProducerError::StaleEpoch { current, .. }) => (
+            StatusCode::FORBIDDEN,
+            vec![("producer-epoch", current.to_string())],
+        ),
+        StreamError::Producer(ProducerError::EpochBumpNotAtZero) => {
+            (StatusCode::BAD_REQUEST, vec![])
         }
-        StreamError::Producer(ProducerError::EpochBumpNotAtZero) => (StatusCode::BAD_REQUEST, vec![]),
         StreamError::Producer(ProducerError::SequenceGap { expected, received }) => (
             StatusCode::CONFLICT,
             vec![
@@ -113,7 +121,10 @@ fn stream_error(error: StreamError) -> Response {
         ),
         StreamError::Storage(e) => {
             tracing::error!(error = %e, "storage failure");
-            (StatusCode::SERVICE_UNAVAILABLE, vec![("retry-after", "1".into())])
+            (
+                StatusCode::SERVICE_UNAVAILABLE,
+                vec![("retry-after", "1".into())],
+            )
         }
     };
     let mut response = text_error(status, &reason);
@@ -125,7 +136,9 @@ fn stream_error(error: StreamError) -> Response {
 
 fn set(response: &mut Response, name: &'static str, value: &str) {
     if let Ok(value) = HeaderValue::from_str(value) {
-        response.headers_mut().insert(HeaderName::from_static(name), value);
+        response
+            .headers_mut()
+            .insert(HeaderName::from_static(name), value);
     }
 }
 
@@ -143,15 +156,29 @@ fn empty(status: StatusCode) -> Response {
 fn preflight() -> Response {
     let mut response = empty(StatusCode::NO_CONTENT);
     let headers = response.headers_mut();
-    headers.insert(header::ACCESS_CONTROL_ALLOW_METHODS, HeaderValue::from_static(ALLOWED_METHODS));
-    headers.insert(header::ACCESS_CONTROL_ALLOW_HEADERS, HeaderValue::from_static(ALLOWED_HEADERS));
-    headers.insert(header::ACCESS_CONTROL_MAX_AGE, HeaderValue::from_static("86400"));
+    headers.insert(
+        header::ACCESS_CONTROL_ALLOW_METHODS,
+        HeaderValue::from_static(ALLOWED_METHODS),
+    );
+    headers.insert(
+        header::ACCESS_CONTROL_ALLOW_HEADERS,
+        HeaderValue::from_static(ALLOWED_HEADERS),
+    );
+    headers.insert(
+        header::ACCESS_CONTROL_MAX_AGE,
+        HeaderValue::from_static("86400"),
+    );
     response
 }
 
 fn method_not_allowed() -> Response {
-    let mut response = text_error(StatusCode::METHOD_NOT_ALLOWED, "method not allowed on a stream");
-    response.headers_mut().insert(header::ALLOW, HeaderValue::from_static(ALLOWED_METHODS));
+    let mut response = text_error(
+        StatusCode::METHOD_NOT_ALLOWED,
+        "method not allowed on a stream",
+    );
+    response
+        .headers_mut()
+        .insert(header::ALLOW, HeaderValue::from_static(ALLOWED_METHODS));
     response
 }
 
@@ -169,22 +196,40 @@ fn fork_source_name(value: &str) -> Result<String, Rejection> {
     let encoded = path
         .strip_prefix(STREAM_PREFIX)
         .filter(|rest| !rest.is_empty())
-        .ok_or_else(|| Rejection::bad_request(format!("Stream-Forked-From must name a stream under {STREAM_PREFIX}")))?;
+        .ok_or_else(|| {
+            Rejection::bad_request(format!(
+                "Stream-Forked-From must name a stream under {STREAM_PREFIX}"
+            ))
+        })?;
     percent_encoding::percent_decode_str(encoded)
         .decode_utf8()
         .map(|name| name.into_owned())
         .map_err(|_| Rejection::bad_request("Stream-Forked-From is not valid UTF-8 once decoded"))
 }
 
-async fn create(app: &AppState, name: String, uri: &Uri, headers: &HeaderMap, body: Body) -> Handled {
-    let ttl_secs = request::header(headers, "stream-ttl")?.map(hv::parse_ttl).transpose()?;
-    let expires_at_ms = request::header(headers, "stream-expires-at")?.map(hv::parse_expires_at).transpose()?;
+async fn create(
+    app: &AppState,
+    name: String,
+    uri: &Uri,
+    headers: &HeaderMap,
+    body: Body,
+) -> Handled {
+    let ttl_secs = request::header(headers, "stream-ttl")?
+        .map(hv::parse_ttl)
+        .transpose()?;
+    let expires_at_ms = request::header(headers, "stream-expires-at")?
+        .map(hv::parse_expires_at)
+        .transpose()?;
     if ttl_secs.is_some() && expires_at_ms.is_some() {
-        return Err(Rejection::bad_request("send Stream-TTL or Stream-Expires-At, not both").into());
+        return Err(
+            Rejection::bad_request("send Stream-TTL or Stream-Expires-At, not both").into(),
+        );
     }
     let forked_from = request::header(headers, "stream-forked-from")?;
     let fork_offset = request::header(headers, "stream-fork-offset")?;
-    let sub_offset = request::header(headers, "stream-fork-sub-offset")?.map(hv::parse_sub_offset).transpose()?;
+    let sub_offset = request::header(headers, "stream-fork-sub-offset")?
+        .map(hv::parse_sub_offset)
+        .transpose()?;
     let fork = match forked_from {
         None if fork_offset.is_some() || sub_offset.is_some() => {
             return Err(Rejection::bad_request("fork headers require Stream-Forked-From").into());
@@ -195,14 +240,23 @@ async fn create(app: &AppState, name: String, uri: &Uri, headers: &HeaderMap, bo
                 .map(|o| match ReadFrom::parse(o) {
                     Ok(ReadFrom::At(offset)) => Ok(offset),
                     Ok(ReadFrom::Start) => Ok(Offset::START),
-                    _ => Err(Rejection::bad_request("Stream-Fork-Offset must be an offset from this server")),
+                    _ => Err(Rejection::bad_request(
+                        "Stream-Fork-Offset must be an offset from this server",
+                    )),
                 })
                 .transpose()?;
             let sub_offset = sub_offset.unwrap_or(0);
             if sub_offset > 0 && offset.is_none() {
-                return Err(Rejection::bad_request("Stream-Fork-Sub-Offset requires Stream-Fork-Offset").into());
+                return Err(Rejection::bad_request(
+                    "Stream-Fork-Sub-Offset requires Stream-Fork-Offset",
+                )
+                .into());
             }
-            Some(ForkRequest { source: fork_source_name(source)?, offset, sub_offset })
+            Some(ForkRequest {
+                source: fork_source_name(source)?,
+                offset,
+                sub_offset,
+            })
         }
     };
     let request = CreateRequest {
@@ -215,11 +269,19 @@ async fn create(app: &AppState, name: String, uri: &Uri, headers: &HeaderMap, bo
         fork,
     };
     let (info, created) = app.service.create(request).await?;
-    let mut response = empty(if created { StatusCode::CREATED } else { StatusCode::OK });
+    let mut response = empty(if created {
+        StatusCode::CREATED
+    } else {
+        StatusCode::OK
+    });
     describe(&mut response, &info);
     if created {
         let host = request::header(headers, "host")?.unwrap_or("localhost");
-        set(&mut response, "location", &format!("http://{host}{}", uri.path()));
+        set(
+            &mut response,
+            "location",
+            &format!("http://{host}{}", uri.path()),
+        );
     }
     Ok(response)
 }
@@ -246,7 +308,10 @@ async fn append(app: &AppState, name: &str, headers: &HeaderMap, body: Body) -> 
     let content_type = request::header(headers, "content-type")?.map(str::to_owned);
     let body = request::body(headers, body, app.config.max_body_bytes).await?;
     if body.is_empty() && !close {
-        return Err(Rejection::bad_request("an append needs a body (or Stream-Closed: true to close)").into());
+        return Err(Rejection::bad_request(
+            "an append needs a body (or Stream-Closed: true to close)",
+        )
+        .into());
     }
     if !body.is_empty() && content_type.is_none() {
         return Err(Rejection::bad_request("an append with a body needs a Content-Type").into());
@@ -310,7 +375,9 @@ async fn read(app: &AppState, name: &str, query: Option<&str>, headers: &HeaderM
         None => Live::No,
         Some("long-poll") => Live::LongPoll,
         Some("sse") => Live::Sse,
-        Some(other) => return Err(Rejection::bad_request(format!("unknown live mode {other:?}")).into()),
+        Some(other) => {
+            return Err(Rejection::bad_request(format!("unknown live mode {other:?}")).into());
+        }
     };
     if !matches!(live, Live::No) && offset.is_none() {
         return Err(Rejection::bad_request("live reads need an offset").into());
@@ -324,12 +391,22 @@ async fn read(app: &AppState, name: &str, query: Option<&str>, headers: &HeaderM
         Live::No => {
             let chunk = app.service.read_at(&stream, start).await?;
             let at_now = from == ReadFrom::Now;
-            Ok(catch_up(&stream, &chunk, at_now, request::header(headers, "if-none-match")?))
+            Ok(catch_up(
+                &stream,
+                &chunk,
+                at_now,
+                request::header(headers, "if-none-match")?,
+            ))
         }
     }
 }
 
-fn catch_up(stream: &crate::service::Stream, chunk: &ReadChunk, at_now: bool, if_none_match: Option<&str>) -> Response {
+fn catch_up(
+    stream: &crate::service::Stream,
+    chunk: &ReadChunk,
+    at_now: bool,
+    if_none_match: Option<&str>,
+) -> Response {
     let etag = format!(
         "\"{}:{}:{}{}\"",
         stream.id,
@@ -337,13 +414,15 @@ fn catch_up(stream: &crate::service::Stream, chunk: &ReadChunk, at_now: bool, if
         chunk.next,
         if chunk.closed { ":c" } else { "" }
     );
-    let mut response = if !at_now && if_none_match.is_some_and(|tags| tags.split(',').any(|t| t.trim() == etag)) {
-        empty(StatusCode::NOT_MODIFIED)
-    } else {
-        let mut response = (StatusCode::OK, render_body(stream.json, &chunk.records)).into_response();
-        set(&mut response, "content-type", &stream.content_type);
-        response
-    };
+    let mut response =
+        if !at_now && if_none_match.is_some_and(|tags| tags.split(',').any(|t| t.trim() == etag)) {
+            empty(StatusCode::NOT_MODIFIED)
+        } else {
+            let mut response =
+                (StatusCode::OK, render_body(stream.json, &chunk.records)).into_response();
+            set(&mut response, "content-type", &stream.content_type);
+            response
+        };
     set_tail(&mut response, chunk.next, chunk.closed);
     if chunk.up_to_date {
         set(&mut response, "stream-up-to-date", "true");
@@ -352,7 +431,15 @@ fn catch_up(stream: &crate::service::Stream, chunk: &ReadChunk, at_now: bool, if
         set(&mut response, "cache-control", "no-store");
     } else {
         set(&mut response, "etag", &etag);
-        set(&mut response, "cache-control", if chunk.up_to_date { "no-cache" } else { CACHE_HISTORIC });
+        set(
+            &mut response,
+            "cache-control",
+            if chunk.up_to_date {
+                "no-cache"
+            } else {
+                CACHE_HISTORIC
+            },
+        );
     }
     response
 }
@@ -376,7 +463,11 @@ pub(super) fn render_body(json_mode: bool, records: &[Record]) -> Bytes {
 }
 
 pub(super) fn next_cursor(client: Option<u64>) -> u64 {
-    cursor::next_cursor(crate::service::now_ms(), client, rand::random_range(1..=180))
+    cursor::next_cursor(
+        crate::service::now_ms(),
+        client,
+        rand::random_range(1..=180),
+    )
 }
 
 async fn long_poll(
@@ -397,7 +488,8 @@ async fn long_poll(
     let mut response = if chunk.records.is_empty() {
         empty(StatusCode::NO_CONTENT)
     } else {
-        let mut response = (StatusCode::OK, render_body(stream.json, &chunk.records)).into_response();
+        let mut response =
+            (StatusCode::OK, render_body(stream.json, &chunk.records)).into_response();
         set(&mut response, "content-type", &stream.content_type);
         set(&mut response, "cache-control", CACHE_HISTORIC);
         response
@@ -407,7 +499,11 @@ async fn long_poll(
         set(&mut response, "stream-up-to-date", "true");
     }
     if !chunk.closed {
-        set(&mut response, "stream-cursor", &next_cursor(client_cursor).to_string());
+        set(
+            &mut response,
+            "stream-cursor",
+            &next_cursor(client_cursor).to_string(),
+        );
     }
     if response.status() == StatusCode::NO_CONTENT {
         set(&mut response, "cache-control", "no-store");

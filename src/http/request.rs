@@ -13,16 +13,23 @@ pub struct Rejection {
 
 impl Rejection {
     pub fn bad_request(reason: impl Into<String>) -> Self {
-        Rejection { status: StatusCode::BAD_REQUEST, reason: reason.into() }
+        Rejection {
+            status: StatusCode::BAD_REQUEST,
+            reason: reason.into(),
+        }
     }
 }
 
 /// The value of a header sent at most once, as visible ASCII text.
 pub fn header<'a>(headers: &'a HeaderMap, name: &str) -> Result<Option<&'a str>, Rejection> {
     let mut values = headers.get_all(name).iter();
-    let Some(value) = values.next() else { return Ok(None) };
+    let Some(value) = values.next() else {
+        return Ok(None);
+    };
     if values.next().is_some() {
-        return Err(Rejection::bad_request(format!("{name} must be sent at most once")));
+        return Err(Rejection::bad_request(format!(
+            "{name} must be sent at most once"
+        )));
     }
     value
         .to_str()
@@ -44,10 +51,16 @@ impl Query {
     }
 
     pub fn get(&self, name: &str) -> Result<Option<&str>, Rejection> {
-        let mut values = self.pairs.iter().filter(|(k, _)| k == name).map(|(_, v)| v.as_str());
+        let mut values = self
+            .pairs
+            .iter()
+            .filter(|(k, _)| k == name)
+            .map(|(_, v)| v.as_str());
         let first = values.next();
         if values.next().is_some() {
-            return Err(Rejection::bad_request(format!("query parameter {name} must appear at most once")));
+            return Err(Rejection::bad_request(format!(
+                "query parameter {name} must appear at most once"
+            )));
         }
         Ok(first)
     }
@@ -60,7 +73,10 @@ pub async fn body(headers: &HeaderMap, body: Body, limit: usize) -> Result<Bytes
         reason: format!("request body exceeds the limit of {limit} bytes"),
     };
     let declared = header(headers, "content-length")?
-        .map(|v| v.parse::<u64>().map_err(|_| Rejection::bad_request("Content-Length must be an integer")))
+        .map(|v| {
+            v.parse::<u64>()
+                .map_err(|_| Rejection::bad_request("Content-Length must be an integer"))
+        })
         .transpose()?;
     if declared.is_some_and(|len| len > limit as u64) {
         return Err(too_large());
@@ -68,6 +84,10 @@ pub async fn body(headers: &HeaderMap, body: Body, limit: usize) -> Result<Bytes
     axum::body::to_bytes(body, limit).await.map_err(|e| {
         let over_limit = std::iter::successors(Some(&e as &dyn std::error::Error), |e| e.source())
             .any(|e| e.is::<http_body_util::LengthLimitError>());
-        if over_limit { too_large() } else { Rejection::bad_request(format!("could not read the request body: {e}")) }
+        if over_limit {
+            too_large()
+        } else {
+            Rejection::bad_request(format!("could not read the request body: {e}"))
+        }
     })
 }

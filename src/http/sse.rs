@@ -13,14 +13,19 @@ use tokio::time::Instant;
 
 use super::AppState;
 use super::ds::{next_cursor, render_body};
-use crate::model::content_type::sse_needs_base64;
 use crate::model::Offset;
+use crate::model::content_type::sse_needs_base64;
 use crate::service::{ReadChunk, Stream};
 
 /// How often an idle connection gets a control event, so proxies and clients see it is alive.
 const KEEPALIVE: Duration = Duration::from_secs(15);
 
-pub fn respond(app: &AppState, stream: Arc<Stream>, start: Offset, client_cursor: Option<u64>) -> Response {
+pub fn respond(
+    app: &AppState,
+    stream: Arc<Stream>,
+    start: Offset,
+    client_cursor: Option<u64>,
+) -> Response {
     let base64 = sse_needs_base64(&stream.content_type);
     let service = app.service.clone();
     let deadline = Instant::now() + app.config.sse_max_duration;
@@ -77,10 +82,16 @@ pub fn respond(app: &AppState, stream: Arc<Stream>, start: Offset, client_cursor
 
     let mut response = (StatusCode::OK, Body::from_stream(events)).into_response();
     let headers = response.headers_mut();
-    headers.insert(header::CONTENT_TYPE, HeaderValue::from_static("text/event-stream"));
+    headers.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/event-stream"),
+    );
     headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
     if base64 {
-        headers.insert("stream-sse-data-encoding", HeaderValue::from_static("base64"));
+        headers.insert(
+            "stream-sse-data-encoding",
+            HeaderValue::from_static("base64"),
+        );
     }
     response
 }
@@ -92,7 +103,11 @@ fn data_event(payload: &[u8], base64: bool) -> Vec<u8> {
     out.extend_from_slice(b"event: data\n");
     if base64 {
         out.extend_from_slice(b"data:");
-        out.extend_from_slice(base64::engine::general_purpose::STANDARD.encode(payload).as_bytes());
+        out.extend_from_slice(
+            base64::engine::general_purpose::STANDARD
+                .encode(payload)
+                .as_bytes(),
+        );
         out.push(b'\n');
     } else {
         for line in split_lines(payload) {
@@ -159,11 +174,17 @@ mod tests {
     #[test]
     fn injected_event_text_stays_inside_data_lines() {
         let event = data_event(b"x\nevent: control\ndata:{}", false);
-        assert_eq!(event, b"event: data\ndata:x\ndata:event: control\ndata:data:{}\n\n");
+        assert_eq!(
+            event,
+            b"event: data\ndata:x\ndata:event: control\ndata:data:{}\n\n"
+        );
     }
 
     #[test]
     fn binary_payloads_travel_as_padded_base64() {
-        assert_eq!(data_event(&[0xff, 0x00], true), b"event: data\ndata:/wA=\n\n");
+        assert_eq!(
+            data_event(&[0xff, 0x00], true),
+            b"event: data\ndata:/wA=\n\n"
+        );
     }
 }

@@ -31,8 +31,9 @@ pub fn parse_ttl(value: &str) -> Result<u64, HeaderError> {
 
 /// `Stream-Expires-At`: an RFC 3339 timestamp, returned as milliseconds since the epoch.
 pub fn parse_expires_at(value: &str) -> Result<i64, HeaderError> {
-    let instant = time::OffsetDateTime::parse(value, &time::format_description::well_known::Rfc3339)
-        .map_err(|_| invalid("Stream-Expires-At must be an RFC 3339 timestamp"))?;
+    let instant =
+        time::OffsetDateTime::parse(value, &time::format_description::well_known::Rfc3339)
+            .map_err(|_| invalid("Stream-Expires-At must be an RFC 3339 timestamp"))?;
     i64::try_from(instant.unix_timestamp_nanos() / 1_000_000)
         .map_err(|_| invalid("Stream-Expires-At is out of range"))
 }
@@ -42,7 +43,10 @@ pub fn format_timestamp(ms: i64) -> String {
     let nanos = i128::from(ms) * 1_000_000;
     time::OffsetDateTime::from_unix_timestamp_nanos(nanos)
         .ok()
-        .and_then(|t| t.format(&time::format_description::well_known::Rfc3339).ok())
+        .and_then(|t| {
+            t.format(&time::format_description::well_known::Rfc3339)
+                .ok()
+        })
         .unwrap_or_default()
 }
 
@@ -137,15 +141,23 @@ mod tests {
         assert!(parse_producer(None, Some("0"), None).is_err());
         assert!(parse_producer(Some("p"), Some("0"), None).is_err());
         assert!(parse_producer(Some(""), Some("0"), Some("0")).is_err());
-        let claim = parse_producer(Some("p"), Some("1"), Some("2")).unwrap().unwrap();
+        let claim = parse_producer(Some("p"), Some("1"), Some("2"))
+            .unwrap()
+            .unwrap();
         assert_eq!((claim.epoch, claim.seq), (1, 2));
     }
 
     #[test]
     fn producer_numbers_are_plain_digits_up_to_2_pow_53_minus_1() {
         for bad in ["1abc", "0xyz", "1e3", "-1", "", "9007199254740992"] {
-            assert!(parse_producer(Some("p"), Some(bad), Some("0")).is_err(), "{bad:?}");
-            assert!(parse_producer(Some("p"), Some("0"), Some(bad)).is_err(), "{bad:?}");
+            assert!(
+                parse_producer(Some("p"), Some(bad), Some("0")).is_err(),
+                "{bad:?}"
+            );
+            assert!(
+                parse_producer(Some("p"), Some("0"), Some(bad)).is_err(),
+                "{bad:?}"
+            );
         }
         assert!(parse_producer(Some("p"), Some("9007199254740991"), Some("00")).is_ok());
     }

@@ -85,14 +85,18 @@ mod tests {
 
     #[test]
     fn key_order_and_number_text_survive_normalisation() {
-        assert_eq!(texts(r#"{"z":1,"a":1.50,"n":12345678901234567890}"#), [
-            r#"{"z":1,"a":1.50,"n":12345678901234567890}"#
-        ]);
+        assert_eq!(
+            texts(r#"{"z":1,"a":1.50,"n":12345678901234567890}"#),
+            [r#"{"z":1,"a":1.50,"n":12345678901234567890}"#]
+        );
     }
 
     #[test]
     fn empty_array_is_rejected_on_append_and_allowed_on_create() {
-        assert_eq!(messages(b"[]", EmptyArray::Rejected), Err(JsonError::EmptyArray));
+        assert_eq!(
+            messages(b"[]", EmptyArray::Rejected),
+            Err(JsonError::EmptyArray)
+        );
         assert_eq!(messages(b" [ ] ", EmptyArray::Allowed), Ok(vec![]));
     }
 

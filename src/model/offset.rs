@@ -13,7 +13,17 @@ const FIELD_MAX: u64 = 9_999_999_999_999_999;
 
 /// A position in a stream: the boundary before record `seq`, at byte `pos`.
 #[derive(
-    Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize, serde::Deserialize,
+    Clone,
+    Copy,
+    Debug,
+    Default,
+    PartialEq,
+    Eq,
+    PartialOrd,
+    Ord,
+    Hash,
+    serde::Serialize,
+    serde::Deserialize,
 )]
 pub struct Offset {
     pub seq: u64,
@@ -83,7 +93,9 @@ impl ReadFrom {
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum OffsetError {
-    #[error("malformed offset: expected -1, now, or a token of the form 0000000000000000_0000000000000000")]
+    #[error(
+        "malformed offset: expected -1, now, or a token of the form 0000000000000000_0000000000000000"
+    )]
     Malformed,
 }
 
@@ -94,7 +106,10 @@ mod tests {
 
     #[test]
     fn start_offset_renders_as_all_zeros() {
-        assert_eq!(Offset::START.to_string(), "0000000000000000_0000000000000000");
+        assert_eq!(
+            Offset::START.to_string(),
+            "0000000000000000_0000000000000000"
+        );
     }
 
     #[test]
@@ -106,10 +121,20 @@ mod tests {
     #[test]
     fn malformed_tokens_are_rejected() {
         for bad in [
-            "", "0", "0_0", "-2", "NOW", "0000000000000000-0000000000000000",
-            "0000000000000000_000000000000000", "0000000000000000_00000000000000000",
-            "000000000000000a_0000000000000000", "0000000000000000_0000000000000000 ",
-            "../0000000000000_0000000000000000", "0,1", "0 1", "+000000000000000_0000000000000000",
+            "",
+            "0",
+            "0_0",
+            "-2",
+            "NOW",
+            "0000000000000000-0000000000000000",
+            "0000000000000000_000000000000000",
+            "0000000000000000_00000000000000000",
+            "000000000000000a_0000000000000000",
+            "0000000000000000_0000000000000000 ",
+            "../0000000000000_0000000000000000",
+            "0,1",
+            "0 1",
+            "+000000000000000_0000000000000000",
         ] {
             assert_eq!(ReadFrom::parse(bad), Err(OffsetError::Malformed), "{bad:?}");
         }

@@ -53,11 +53,17 @@ pub fn decide(
         return if claim.seq == 0 {
             Ok(ProducerDecision::Accept)
         } else {
-            Err(ProducerError::SequenceGap { expected: 0, received: claim.seq })
+            Err(ProducerError::SequenceGap {
+                expected: 0,
+                received: claim.seq,
+            })
         };
     };
     if claim.epoch < state.epoch {
-        return Err(ProducerError::StaleEpoch { current: state.epoch, received: claim.epoch });
+        return Err(ProducerError::StaleEpoch {
+            current: state.epoch,
+            received: claim.epoch,
+        });
     }
     if claim.epoch > state.epoch {
         return if claim.seq == 0 {
@@ -67,11 +73,17 @@ pub fn decide(
         };
     }
     if claim.seq <= state.last_seq {
-        Ok(ProducerDecision::Duplicate { epoch: state.epoch, last_seq: state.last_seq })
+        Ok(ProducerDecision::Duplicate {
+            epoch: state.epoch,
+            last_seq: state.last_seq,
+        })
     } else if claim.seq == state.last_seq + 1 {
         Ok(ProducerDecision::Accept)
     } else {
-        Err(ProducerError::SequenceGap { expected: state.last_seq + 1, received: claim.seq })
+        Err(ProducerError::SequenceGap {
+            expected: state.last_seq + 1,
+            received: claim.seq,
+        })
     }
 }
 
@@ -80,11 +92,19 @@ mod tests {
     use super::*;
 
     fn claim(epoch: u64, seq: u64) -> ProducerClaim {
-        ProducerClaim { id: "p".into(), epoch, seq }
+        ProducerClaim {
+            id: "p".into(),
+            epoch,
+            seq,
+        }
     }
 
     fn at(epoch: u64, last_seq: u64) -> ProducerState {
-        ProducerState { epoch, last_seq, records: (0, 0) }
+        ProducerState {
+            epoch,
+            last_seq,
+            records: (0, 0),
+        }
     }
 
     #[test]
@@ -92,7 +112,10 @@ mod tests {
         assert_eq!(decide(None, &claim(7, 0)), Ok(ProducerDecision::Accept));
         assert_eq!(
             decide(None, &claim(0, 3)),
-            Err(ProducerError::SequenceGap { expected: 0, received: 3 })
+            Err(ProducerError::SequenceGap {
+                expected: 0,
+                received: 3
+            })
         );
     }
 
@@ -100,34 +123,55 @@ mod tests {
     fn an_older_epoch_is_fenced() {
         assert_eq!(
             decide(Some(&at(2, 5)), &claim(1, 6)),
-            Err(ProducerError::StaleEpoch { current: 2, received: 1 })
+            Err(ProducerError::StaleEpoch {
+                current: 2,
+                received: 1
+            })
         );
     }
 
     #[test]
     fn a_newer_epoch_restarts_at_zero() {
-        assert_eq!(decide(Some(&at(2, 5)), &claim(3, 0)), Ok(ProducerDecision::Accept));
-        assert_eq!(decide(Some(&at(2, 5)), &claim(3, 1)), Err(ProducerError::EpochBumpNotAtZero));
+        assert_eq!(
+            decide(Some(&at(2, 5)), &claim(3, 0)),
+            Ok(ProducerDecision::Accept)
+        );
+        assert_eq!(
+            decide(Some(&at(2, 5)), &claim(3, 1)),
+            Err(ProducerError::EpochBumpNotAtZero)
+        );
     }
 
     #[test]
     fn a_repeated_sequence_is_a_duplicate_reporting_the_highest_accepted() {
         assert_eq!(
             decide(Some(&at(1, 5)), &claim(1, 3)),
-            Ok(ProducerDecision::Duplicate { epoch: 1, last_seq: 5 })
+            Ok(ProducerDecision::Duplicate {
+                epoch: 1,
+                last_seq: 5
+            })
         );
         assert_eq!(
             decide(Some(&at(1, 5)), &claim(1, 5)),
-            Ok(ProducerDecision::Duplicate { epoch: 1, last_seq: 5 })
+            Ok(ProducerDecision::Duplicate {
+                epoch: 1,
+                last_seq: 5
+            })
         );
     }
 
     #[test]
     fn the_next_sequence_is_accepted_and_a_gap_is_refused() {
-        assert_eq!(decide(Some(&at(1, 5)), &claim(1, 6)), Ok(ProducerDecision::Accept));
+        assert_eq!(
+            decide(Some(&at(1, 5)), &claim(1, 6)),
+            Ok(ProducerDecision::Accept)
+        );
         assert_eq!(
             decide(Some(&at(1, 5)), &claim(1, 8)),
-            Err(ProducerError::SequenceGap { expected: 6, received: 8 })
+            Err(ProducerError::SequenceGap {
+                expected: 6,
+                received: 8
+            })
         );
     }
 }

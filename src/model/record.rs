@@ -60,7 +60,11 @@ mod tests {
 
     #[test]
     fn a_unit_is_laid_out_contiguously_after_the_tail() {
-        let records = lay_out(Offset::new(3, 10), 5, vec![Bytes::from("ab"), Bytes::from("cde")]);
+        let records = lay_out(
+            Offset::new(3, 10),
+            5,
+            vec![Bytes::from("ab"), Bytes::from("cde")],
+        );
         assert_eq!(records[0].offset(), Offset::new(3, 10));
         assert_eq!(records[1].offset(), Offset::new(4, 12));
         assert_eq!(records[1].next_offset(), Offset::new(5, 15));

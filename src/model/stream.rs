@@ -96,9 +96,13 @@ impl StreamMeta {
 
     /// When the stream expires, given when it was last accessed (for the sliding TTL).
     pub fn expiry_deadline_ms(&self, last_access_ms: i64) -> Option<i64> {
-        let by_ttl = self
-            .ttl_secs
-            .map(|ttl| last_access_ms.saturating_add(i64::try_from(ttl).unwrap_or(i64::MAX / 1000).saturating_mul(1000)));
+        let by_ttl = self.ttl_secs.map(|ttl| {
+            last_access_ms.saturating_add(
+                i64::try_from(ttl)
+                    .unwrap_or(i64::MAX / 1000)
+                    .saturating_mul(1000),
+            )
+        });
         match (by_ttl, self.expires_at_ms) {
             (Some(a), Some(b)) => Some(a.min(b)),
             (a, b) => a.or(b),
@@ -145,23 +149,64 @@ mod tests {
     #[test]
     fn a_repeated_create_matches_on_media_type_ttl_expiry_and_closed_state() {
         assert_eq!(meta().mismatch(&requested()), None);
-        assert!(meta().mismatch(&RequestedConfig { ttl_secs: Some(7200), ..requested() }).is_some());
-        assert!(meta().mismatch(&RequestedConfig { closed: true, ..requested() }).is_some());
-        assert!(meta().mismatch(&RequestedConfig { content_type: "text/html".into(), ..requested() }).is_some());
+        assert!(
+            meta()
+                .mismatch(&RequestedConfig {
+                    ttl_secs: Some(7200),
+                    ..requested()
+                })
+                .is_some()
+        );
+        assert!(
+            meta()
+                .mismatch(&RequestedConfig {
+                    closed: true,
+                    ..requested()
+                })
+                .is_some()
+        );
+        assert!(
+            meta()
+                .mismatch(&RequestedConfig {
+                    content_type: "text/html".into(),
+                    ..requested()
+                })
+                .is_some()
+        );
     }
 
     #[test]
     fn a_repeated_fork_compares_its_offset_only_when_named() {
-        let fork = ForkOrigin { source_id: 1, source_name: "src".into(), offset: Offset::new(1, 5), sub_offset: 0 };
-        let existing = StreamMeta { fork: Some(fork), ..meta() };
+        let fork = ForkOrigin {
+            source_id: 1,
+            source_name: "src".into(),
+            offset: Offset::new(1, 5),
+            sub_offset: 0,
+        };
+        let existing = StreamMeta {
+            fork: Some(fork),
+            ..meta()
+        };
         let want = |offset, sub_offset| RequestedConfig {
-            fork: Some(RequestedFork { source_name: "src".into(), offset, sub_offset }),
+            fork: Some(RequestedFork {
+                source_name: "src".into(),
+                offset,
+                sub_offset,
+            }),
             ..requested()
         };
         assert_eq!(existing.mismatch(&want(None, 0)), None);
         assert_eq!(existing.mismatch(&want(Some(Offset::new(1, 5)), 0)), None);
-        assert!(existing.mismatch(&want(Some(Offset::new(0, 0)), 0)).is_some());
-        assert!(existing.mismatch(&want(Some(Offset::new(1, 5)), 2)).is_some());
+        assert!(
+            existing
+                .mismatch(&want(Some(Offset::new(0, 0)), 0))
+                .is_some()
+        );
+        assert!(
+            existing
+                .mismatch(&want(Some(Offset::new(1, 5)), 2))
+                .is_some()
+        );
         assert!(existing.mismatch(&requested()).is_some());
     }
 
@@ -170,7 +215,11 @@ mod tests {
         let m = meta();
         assert!(!m.is_expired(59_999, 0));
         assert!(m.is_expired(60_000, 0));
-        let absolute = StreamMeta { ttl_secs: None, expires_at_ms: Some(1_000), ..meta() };
+        let absolute = StreamMeta {
+            ttl_secs: None,
+            expires_at_ms: Some(1_000),
+            ..meta()
+        };
         assert!(!absolute.is_expired(999, 0));
         assert!(absolute.is_expired(1_000, 900));
     }

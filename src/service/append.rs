@@ -40,8 +40,14 @@ pub struct AppendAck {
 /// What the stream lock decided: write something, or acknowledge without writing once the
 /// record `wait_for_seq` is durable.
 enum Plan {
-    Write { ack: AppendAck, commit: futures::future::BoxFuture<'static, Result<(), crate::storage::StorageError>> },
-    Acknowledge { ack: AppendAck, wait_for_seq: u64 },
+    Write {
+        ack: AppendAck,
+        commit: futures::future::BoxFuture<'static, Result<(), crate::storage::StorageError>>,
+    },
+    Acknowledge {
+        ack: AppendAck,
+        wait_for_seq: u64,
+    },
 }
 
 impl StreamService {
@@ -75,7 +81,10 @@ impl StreamService {
                 if durable.removed {
                     return Err(StreamError::NotFound);
                 }
-                Ok(AppendAck { tail: ack.tail.max(durable.tail), ..ack })
+                Ok(AppendAck {
+                    tail: ack.tail.max(durable.tail),
+                    ..ack
+                })
             }
         }
     }
@@ -98,10 +107,13 @@ impl StreamService {
 
         if state.meta.closed {
             let closing_retry = match (&request.producer, &state.meta.closed_by) {
-                (Some(claim), Some(by)) => claim.id == by.id && claim.epoch == by.epoch && claim.seq == by.seq,
+                (Some(claim), Some(by)) => {
+                    claim.id == by.id && claim.epoch == by.epoch && claim.seq == by.seq
+                }
                 _ => false,
             };
-            let plain_close_retry = request.body.is_empty() && request.close && request.producer.is_none();
+            let plain_close_retry =
+                request.body.is_empty() && request.close && request.producer.is_none();
             if !(closing_retry || plain_close_retry) {
                 return Err(StreamError::Closed { tail });
             }
@@ -117,7 +129,10 @@ impl StreamService {
                 duplicate: true,
                 records,
             };
-            return Ok(Plan::Acknowledge { ack, wait_for_seq: tail.seq });
+            return Ok(Plan::Acknowledge {
+                ack,
+                wait_for_seq: tail.seq,
+            });
         }
 
         if !request.body.is_empty() {
@@ -127,26 +142,34 @@ impl StreamService {
             }
         }
 
-        if let Some(claim) = &request.producer {
-            if let ProducerDecision::Duplicate { epoch, last_seq } =
+        if let Some(claim) = &request.producer
+            && let ProducerDecision::Duplicate { epoch, last_seq } =
                 producer::decide(state.producers.get(&claim.id), claim)?
-            {
-                let records = state.producers.get(&claim.id).map_or((tail.seq, tail.seq), |p| p.records);
-                let ack = AppendAck {
-                    tail,
-                    closed: state.meta.closed,
-                    producer: Some((epoch, last_seq)),
-                    duplicate: true,
-                    records,
-                };
-                return Ok(Plan::Acknowledge { ack, wait_for_seq: records.1 });
-            }
+        {
+            let records = state
+                .producers
+                .get(&claim.id)
+                .map_or((tail.seq, tail.seq), |p| p.records);
+            let ack = AppendAck {
+                tail,
+                closed: state.meta.closed,
+                producer: Some((epoch, last_seq)),
+                duplicate: true,
+                records,
+            };
+            return Ok(Plan::Acknowledge {
+                ack,
+                wait_for_seq: records.1,
+            });
         }
 
-        if let (Some(received), Some(last)) = (&request.stream_seq, &state.meta.last_stream_seq) {
-            if received.as_bytes() <= last.as_bytes() {
-                return Err(StreamError::StreamSeqRegression { last: last.clone(), received: received.clone() });
-            }
+        if let (Some(received), Some(last)) = (&request.stream_seq, &state.meta.last_stream_seq)
+            && received.as_bytes() <= last.as_bytes()
+        {
+            return Err(StreamError::StreamSeqRegression {
+                last: last.clone(),
+                received: received.clone(),
+            });
         }
 
         let bodies = bodies.map_err(StreamError::BadRequest)?;
@@ -172,8 +195,16 @@ impl StreamService {
         let mut changes = Vec::with_capacity(3);
         changes.push(Change::PutStream(stream.id, meta.clone()));
         if let Some(claim) = &request.producer {
-            let producer = ProducerState { epoch: claim.epoch, last_seq: claim.seq, records: range };
-            changes.push(Change::PutProducer(stream.id, claim.id.clone(), producer.clone()));
+            let producer = ProducerState {
+                epoch: claim.epoch,
+                last_seq: claim.seq,
+                records: range,
+            };
+            changes.push(Change::PutProducer(
+                stream.id,
+                claim.id.clone(),
+                producer.clone(),
+            ));
             state.producers.insert(claim.id.clone(), producer);
         }
         state.remember(&records, self.config.cache);

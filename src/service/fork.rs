@@ -37,14 +37,19 @@ impl ForkPlan {
 
 impl StreamService {
     pub(super) async fn plan_fork(&self, request: &ForkRequest) -> StreamResult<ForkPlan> {
-        let source = self.find(&request.source, false).await.map_err(|e| match e {
-            StreamError::NotFound => StreamError::ForkSourceNotFound,
-            StreamError::Gone => StreamError::ForkSourceGone,
-            other => other,
-        })?;
+        let source = self
+            .find(&request.source, false)
+            .await
+            .map_err(|e| match e {
+                StreamError::NotFound => StreamError::ForkSourceNotFound,
+                StreamError::Gone => StreamError::ForkSourceGone,
+                other => other,
+            })?;
         let anchor = match request.offset {
             Some(offset) => self.boundary(&source, offset).await.map_err(|e| match e {
-                StreamError::BadOffset(reason) => StreamError::BadRequest(format!("Stream-Fork-Offset: {reason}")),
+                StreamError::BadOffset(reason) => {
+                    StreamError::BadRequest(format!("Stream-Fork-Offset: {reason}"))
+                }
                 other => other,
             })?,
             None => source.durable().tail,
@@ -52,13 +57,21 @@ impl StreamService {
         let prefix = if request.sub_offset == 0 {
             Vec::new()
         } else {
-            self.sub_offset_prefix(&source, anchor, request.sub_offset).await?
+            self.sub_offset_prefix(&source, anchor, request.sub_offset)
+                .await?
         };
         let (ttl_secs, expires_at_ms) = {
             let state = source.lock();
             (state.meta.ttl_secs, state.meta.expires_at_ms)
         };
-        Ok(ForkPlan { source, anchor, sub_offset: request.sub_offset, prefix, ttl_secs, expires_at_ms })
+        Ok(ForkPlan {
+            source,
+            anchor,
+            sub_offset: request.sub_offset,
+            prefix,
+            ttl_secs,
+            expires_at_ms,
+        })
     }
 
     /// The first `sub_offset` messages (JSON) or bytes (otherwise) of the unit at `anchor`.
@@ -68,11 +81,16 @@ impl StreamService {
         anchor: Offset,
         sub_offset: u64,
     ) -> StreamResult<Vec<Record>> {
-        let too_far = || StreamError::BadRequest("Stream-Fork-Sub-Offset is past the next append unit".into());
+        let too_far = || {
+            StreamError::BadRequest("Stream-Fork-Sub-Offset is past the next append unit".into())
+        };
         let tail = source.durable().tail;
         let wanted = usize::try_from(sub_offset).map_err(|_| too_far())?;
         let (until, max_bytes) = if source.json {
-            (anchor.seq.saturating_add(sub_offset).min(tail.seq), usize::MAX)
+            (
+                anchor.seq.saturating_add(sub_offset).min(tail.seq),
+                usize::MAX,
+            )
         } else {
             (tail.seq, wanted)
         };
@@ -94,7 +112,9 @@ impl StreamService {
                 }
                 let len = record.body.len() as u64;
                 if len > remaining {
-                    record.body = record.body.slice(..usize::try_from(remaining).map_err(|_| too_far())?);
+                    record.body = record
+                        .body
+                        .slice(..usize::try_from(remaining).map_err(|_| too_far())?);
                 }
                 remaining -= record.body.len() as u64;
                 kept.push(record);

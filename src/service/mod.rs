@@ -46,7 +46,10 @@ impl Default for ServiceConfig {
     fn default() -> Self {
         ServiceConfig {
             max_read_bytes: 1 << 20,
-            cache: CacheLimits { bytes: 1 << 20, records: 4096 },
+            cache: CacheLimits {
+                bytes: 1 << 20,
+                records: 4096,
+            },
             max_inflight_commits: 8192,
         }
     }
@@ -154,14 +157,20 @@ impl StreamService {
     }
 
     fn lock_registry(&self) -> std::sync::MutexGuard<'_, HashMap<String, Arc<Stream>>> {
-        self.registry.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+        self.registry
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
     /// Finds a stream clients may use. `renew` slides its TTL window (reads and appends do,
     /// HEAD does not).
     pub async fn find(&self, name: &str, renew: bool) -> StreamResult<Arc<Stream>> {
         loop {
-            let stream = self.lock_registry().get(name).cloned().ok_or(StreamError::NotFound)?;
+            let stream = self
+                .lock_registry()
+                .get(name)
+                .cloned()
+                .ok_or(StreamError::NotFound)?;
             if !stream.wait_ready().await {
                 continue; // its creation failed; look again
             }
@@ -215,8 +224,12 @@ impl StreamService {
             None => None,
         };
         let content_type = match (&request.content_type, &plan) {
-            (Some(given), Some(plan)) if !content_type::same_media_type(given, &plan.source.content_type) => {
-                return Err(StreamError::Conflict("fork content type differs from the source's"));
+            (Some(given), Some(plan))
+                if !content_type::same_media_type(given, &plan.source.content_type) =>
+            {
+                return Err(StreamError::Conflict(
+                    "fork content type differs from the source's",
+                ));
             }
             (Some(given), _) if content_type::is_well_formed(given) => given.clone(),
             (_, Some(plan)) => plan.source.content_type.clone(),
@@ -259,7 +272,9 @@ impl StreamService {
                 }
             }
             let created = self.insert_new(&request.name, &requested, plan.as_ref(), &bodies)?;
-            let Some((stream, commit)) = created else { continue };
+            let Some((stream, commit)) = created else {
+                continue;
+            };
             return match commit.await {
                 Ok(()) => {
                     stream.publish(|d| d.ready = true);
@@ -296,7 +311,9 @@ impl StreamService {
             )
         };
         if soft_deleted {
-            return Err(StreamError::Conflict("stream was deleted and is still referenced by forks"));
+            return Err(StreamError::Conflict(
+                "stream was deleted and is still referenced by forks",
+            ));
         }
         if expired {
             return match self.remove(existing).await? {
@@ -321,7 +338,10 @@ impl StreamService {
         plan: Option<&fork::ForkPlan>,
         bodies: &[Bytes],
     ) -> StreamResult<
-        Option<(Arc<Stream>, futures::future::BoxFuture<'static, Result<(), StorageError>>)>,
+        Option<(
+            Arc<Stream>,
+            futures::future::BoxFuture<'static, Result<(), StorageError>>,
+        )>,
     > {
         let mut registry = self.lock_registry();
         if registry.contains_key(name) {
@@ -361,7 +381,12 @@ impl StreamService {
             source.forks += 1;
         }
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
-        let durable = Durable { tail, closed: requested.closed, ready: false, removed: false };
+        let durable = Durable {
+            tail,
+            closed: requested.closed,
+            ready: false,
+            removed: false,
+        };
         let stream = Arc::new(Stream::new(
             id,
             meta.clone(),
@@ -383,7 +408,10 @@ impl StreamService {
     /// Drops the registry entry of `stream`, if the name still maps to it.
     fn forget(&self, stream: &Arc<Stream>) {
         let mut registry = self.lock_registry();
-        if registry.get(&stream.name).is_some_and(|s| Arc::ptr_eq(s, stream)) {
+        if registry
+            .get(&stream.name)
+            .is_some_and(|s| Arc::ptr_eq(s, stream))
+        {
             registry.remove(&stream.name);
         }
     }
@@ -410,11 +438,16 @@ impl StreamService {
                         return Ok(Removal::Soft);
                     }
                     state.meta.soft_deleted = true;
-                    let commit = self.engine.commit(vec![Change::PutStream(stream.id, state.meta.clone())]);
+                    let commit = self
+                        .engine
+                        .commit(vec![Change::PutStream(stream.id, state.meta.clone())]);
                     (Removal::Soft, commit)
                 } else {
                     state.removed = true;
-                    (Removal::Hard, self.engine.commit(vec![Change::RemoveStream(stream.id)]))
+                    (
+                        Removal::Hard,
+                        self.engine.commit(vec![Change::RemoveStream(stream.id)]),
+                    )
                 }
             };
             if removal == Removal::Hard {
@@ -437,10 +470,8 @@ impl StreamService {
             state.forks = state.forks.saturating_sub(1);
             state.forks == 0 && state.meta.soft_deleted && !state.removed
         };
-        if cascade {
-            if let Err(e) = self.remove(source).await {
-                tracing::warn!(stream = %source.name, error = %e, "removing a released fork source failed");
-            }
+        if cascade && let Err(e) = self.remove(source).await {
+            tracing::warn!(stream = %source.name, error = %e, "removing a released fork source failed");
         }
     }
 
@@ -453,7 +484,8 @@ impl StreamService {
             .values()
             .filter(|s| {
                 let state = s.lock();
-                let expired = !state.meta.soft_deleted && state.meta.is_expired(now, state.last_access_ms);
+                let expired =
+                    !state.meta.soft_deleted && state.meta.is_expired(now, state.last_access_ms);
                 // A soft-deleted stream without forks is left over from an interrupted cascade.
                 let orphaned = state.meta.soft_deleted && state.forks == 0;
                 !state.removed && (expired || orphaned)

@@ -31,10 +31,16 @@ impl StreamService {
     }
 
     /// Checks that `offset` is a record boundary of `stream` at or before its durable tail.
-    pub(super) async fn boundary(&self, stream: &Arc<Stream>, offset: Offset) -> StreamResult<Offset> {
+    pub(super) async fn boundary(
+        &self,
+        stream: &Arc<Stream>,
+        offset: Offset,
+    ) -> StreamResult<Offset> {
         let tail = stream.durable().tail;
         if offset.seq > tail.seq || (offset.seq == tail.seq && offset.pos > tail.pos) {
-            return Err(StreamError::BadOffset("offset is beyond the tail of the stream"));
+            return Err(StreamError::BadOffset(
+                "offset is beyond the tail of the stream",
+            ));
         }
         let actual = if offset.seq == tail.seq {
             tail
@@ -45,7 +51,9 @@ impl StreamService {
         if actual == offset {
             Ok(offset)
         } else {
-            Err(StreamError::BadOffset("offset does not name a position in this stream"))
+            Err(StreamError::BadOffset(
+                "offset does not name a position in this stream",
+            ))
         }
     }
 
@@ -53,11 +61,22 @@ impl StreamService {
     pub async fn read_at(&self, stream: &Arc<Stream>, start: Offset) -> StreamResult<ReadChunk> {
         let durable = stream.durable();
         let records = self
-            .collect(stream, start.seq, durable.tail.seq, self.config.max_read_bytes)
+            .collect(
+                stream,
+                start.seq,
+                durable.tail.seq,
+                self.config.max_read_bytes,
+            )
             .await?;
         let next = records.last().map_or(start, Record::next_offset).max(start);
         let up_to_date = next.seq >= durable.tail.seq;
-        Ok(ReadChunk { start, records, next, up_to_date, closed: up_to_date && durable.closed })
+        Ok(ReadChunk {
+            start,
+            records,
+            next,
+            up_to_date,
+            closed: up_to_date && durable.closed,
+        })
     }
 
     /// Records `from <= seq < until` of `stream`, following its fork chain into sources.
@@ -73,7 +92,9 @@ impl StreamService {
         let mut budget = max_bytes;
         while seq < until {
             let (owner, owner_until) = owner_of(stream, seq, until);
-            let records = owner.read_own(&self.engine, seq, owner_until, budget).await?;
+            let records = owner
+                .read_own(&self.engine, seq, owner_until, budget)
+                .await?;
             let Some(last) = records.last() else { break };
             seq = last.seq + 1;
             let bytes: usize = records.iter().map(|r| r.body.len()).sum();

@@ -85,7 +85,9 @@ impl Stream {
     pub(super) fn lock(&self) -> MutexGuard<'_, State> {
         // Every critical section leaves State consistent before it can panic, so a poisoned lock
         // is still safe to use.
-        self.state.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+        self.state
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
     pub fn durable(&self) -> Durable {

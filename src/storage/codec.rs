@@ -41,10 +41,18 @@ pub fn split_key(key: &[u8]) -> Result<(StreamId, &[u8]), StorageError> {
 /// Layout: version, flags, pos (8), timestamp (8), header count (4), then per header name length
 /// (4), name, value length (4), value; then the body to the end.
 pub fn encode_record(record: &Record) -> Vec<u8> {
-    let header_bytes: usize = record.headers.iter().map(|(n, v)| 8 + n.len() + v.len()).sum();
+    let header_bytes: usize = record
+        .headers
+        .iter()
+        .map(|(n, v)| 8 + n.len() + v.len())
+        .sum();
     let mut out = Vec::with_capacity(22 + header_bytes + record.body.len());
     out.push(RECORD_VERSION);
-    out.push(if record.starts_unit { FLAG_STARTS_UNIT } else { 0 });
+    out.push(if record.starts_unit {
+        FLAG_STARTS_UNIT
+    } else {
+        0
+    });
     out.extend_from_slice(&record.pos.to_be_bytes());
     out.extend_from_slice(&record.timestamp_ms.to_be_bytes());
     out.extend_from_slice(&(record.headers.len() as u32).to_be_bytes());
@@ -60,9 +68,14 @@ pub fn encode_record(record: &Record) -> Vec<u8> {
 
 pub fn decode_record(seq: u64, value: Bytes) -> Result<Record, StorageError> {
     let corrupt = || StorageError::Corrupt(format!("record {seq} is truncated or malformed"));
-    let mut reader = Reader { data: &value, at: 0 };
+    let mut reader = Reader {
+        data: &value,
+        at: 0,
+    };
     if reader.take(1).ok_or_else(corrupt)? != [RECORD_VERSION] {
-        return Err(StorageError::Corrupt(format!("record {seq} has an unknown version")));
+        return Err(StorageError::Corrupt(format!(
+            "record {seq} has an unknown version"
+        )));
     }
     let flags = reader.take(1).ok_or_else(corrupt)?[0];
     let pos = reader.u64().ok_or_else(corrupt)?;
@@ -75,7 +88,14 @@ pub fn decode_record(seq: u64, value: Bytes) -> Result<Record, StorageError> {
         headers.push((name, header_value));
     }
     let body = value.slice(reader.at..);
-    Ok(Record { seq, pos, timestamp_ms, starts_unit: flags & FLAG_STARTS_UNIT != 0, headers, body })
+    Ok(Record {
+        seq,
+        pos,
+        timestamp_ms,
+        starts_unit: flags & FLAG_STARTS_UNIT != 0,
+        headers,
+        body,
+    })
 }
 
 struct Reader<'a> {

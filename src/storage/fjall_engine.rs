@@ -10,8 +10,8 @@ use std::sync::{Arc, mpsc};
 
 use bytes::Bytes;
 use fjall::{Database, Keyspace, KeyspaceCreateOptions, PersistMode};
-use futures::future::BoxFuture;
 use futures::FutureExt;
+use futures::future::BoxFuture;
 use tokio::sync::oneshot;
 
 use super::codec::{self, decode_record, encode_record};
@@ -60,7 +60,10 @@ impl FjallEngine {
     pub fn open(dir: &Path, sync: SyncMode) -> Result<Self, StorageError> {
         std::fs::create_dir_all(dir).map_err(io)?;
         let db = Database::builder(dir).open().map_err(io)?;
-        let open = |name: &str| db.keyspace(name, KeyspaceCreateOptions::default).map_err(io);
+        let open = |name: &str| {
+            db.keyspace(name, KeyspaceCreateOptions::default)
+                .map_err(io)
+        };
         let keyspaces = Keyspaces {
             streams: open("streams")?,
             records: open("records")?,
@@ -70,12 +73,20 @@ impl FjallEngine {
         };
         let (queue, incoming) = mpsc::channel();
         let failed = Arc::new(AtomicBool::new(false));
-        let writer = Writer { keyspaces: keyspaces.clone(), sync, failed: failed.clone() };
+        let writer = Writer {
+            keyspaces: keyspaces.clone(),
+            sync,
+            failed: failed.clone(),
+        };
         std::thread::Builder::new()
             .name("runnel-writer".into())
             .spawn(move || writer.run(incoming))
             .map_err(io)?;
-        Ok(FjallEngine { keyspaces, queue, failed })
+        Ok(FjallEngine {
+            keyspaces,
+            queue,
+            failed,
+        })
     }
 
     fn read_sync(
@@ -97,7 +108,8 @@ impl FjallEngine {
             let (key, value) = guard.into_inner().map_err(io)?;
             let (_, seq) = codec::split_key(&key)?;
             let seq = u64::from_be_bytes(
-                seq.try_into().map_err(|_| StorageError::Corrupt("record key length".into()))?,
+                seq.try_into()
+                    .map_err(|_| StorageError::Corrupt("record key length".into()))?,
             );
             let record = decode_record(seq, Bytes::copy_from_slice(&value))?;
             total += record.body.len();
@@ -110,7 +122,9 @@ impl FjallEngine {
 impl Engine for FjallEngine {
     fn commit(&self, changes: Vec<Change>) -> BoxFuture<'static, Result<(), StorageError>> {
         let (done, result) = oneshot::channel();
-        if self.failed.load(Ordering::Acquire) || self.queue.send(Submission { changes, done }).is_err() {
+        if self.failed.load(Ordering::Acquire)
+            || self.queue.send(Submission { changes, done }).is_err()
+        {
             return futures::future::ready(Err(StorageError::Failed)).boxed();
         }
         async move { result.await.unwrap_or(Err(StorageError::Failed)) }.boxed()
@@ -125,9 +139,11 @@ impl Engine for FjallEngine {
     ) -> BoxFuture<'static, Result<Vec<Record>, StorageError>> {
         let records = self.keyspaces.records.clone();
         async move {
-            tokio::task::spawn_blocking(move || Self::read_sync(&records, id, from, until, max_bytes))
-                .await
-                .map_err(io)?
+            tokio::task::spawn_blocking(move || {
+                Self::read_sync(&records, id, from, until, max_bytes)
+            })
+            .await
+            .map_err(io)?
         }
         .boxed()
     }
@@ -146,15 +162,22 @@ impl Engine for FjallEngine {
                 let (_, name) = codec::split_key(&key)?;
                 let name = String::from_utf8(name.to_vec())
                     .map_err(|_| StorageError::Corrupt(format!("producer id in stream {id}")))?;
-                let state = serde_json::from_slice(&value)
-                    .map_err(|e| StorageError::Corrupt(format!("producer {name} of stream {id}: {e}")))?;
+                let state = serde_json::from_slice(&value).map_err(|e| {
+                    StorageError::Corrupt(format!("producer {name} of stream {id}: {e}"))
+                })?;
                 producers.push((name, state));
             }
-            streams.push(RecoveredStream { id, meta, producers });
+            streams.push(RecoveredStream {
+                id,
+                meta,
+                producers,
+            });
         }
         let next_id = match ks.system.get(NEXT_ID_KEY).map_err(io)? {
             Some(v) => u64::from_be_bytes(
-                v.as_ref().try_into().map_err(|_| StorageError::Corrupt("next_id".into()))?,
+                v.as_ref()
+                    .try_into()
+                    .map_err(|_| StorageError::Corrupt("next_id".into()))?,
             ),
             None => 0,
         };
@@ -221,7 +244,11 @@ impl Writer {
                 }
                 Change::PutRecords(id, records) => {
                     for record in records {
-                        batch.insert(&ks.records, codec::record_key(*id, record.seq), encode_record(record));
+                        batch.insert(
+                            &ks.records,
+                            codec::record_key(*id, record.seq),
+                            encode_record(record),
+                        );
                     }
                 }
                 Change::PutProducer(id, name, state) => {
@@ -231,7 +258,9 @@ impl Writer {
                 Change::RemoveStream(id) => {
                     // Range scans see only committed data, so commit what came before first:
                     // records added earlier in this group are then found and removed too.
-                    std::mem::replace(&mut batch, ks.db.batch()).commit().map_err(io)?;
+                    std::mem::replace(&mut batch, ks.db.batch())
+                        .commit()
+                        .map_err(io)?;
                     batch.remove(&ks.streams, codec::stream_key(*id));
                     for keyspace in [&ks.records, &ks.producers] {
                         for guard in keyspace.prefix(codec::stream_key(*id)) {

@@ -30,7 +30,9 @@ impl MemoryEngine {
 
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {
         // A panic while holding this lock leaves plain maps behind, still consistent per change.
-        self.state.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+        self.state
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 }
 
@@ -71,7 +73,11 @@ impl Engine for MemoryEngine {
         let state = self.lock();
         let mut records = Vec::new();
         let mut total = 0usize;
-        for record in state.records.range((id, from)..(id, until.max(from))).map(|(_, r)| r) {
+        for record in state
+            .records
+            .range((id, from)..(id, until.max(from)))
+            .map(|(_, r)| r)
+        {
             if !records.is_empty() && total >= max_bytes {
                 break;
             }
@@ -98,6 +104,9 @@ impl Engine for MemoryEngine {
                     .collect(),
             })
             .collect();
-        Ok(Recovered { streams, next_id: state.next_id })
+        Ok(Recovered {
+            streams,
+            next_id: state.next_id,
+        })
     }
 }

@@ -124,25 +124,38 @@ mod contract {
     }
 
     fn bodies(texts: &[&str]) -> Vec<Bytes> {
-        texts.iter().map(|t| Bytes::copy_from_slice(t.as_bytes())).collect()
+        texts
+            .iter()
+            .map(|t| Bytes::copy_from_slice(t.as_bytes()))
+            .collect()
     }
 
     pub async fn committed_records_read_back_in_order(engine: &dyn Engine) {
         let records = lay_out(Offset::START, 7, bodies(&["ab", "cde", "f"]));
         let tail = records.last().unwrap().next_offset();
         engine
-            .commit(vec![Change::PutStream(1, meta("s", tail)), Change::PutRecords(1, records.clone())])
+            .commit(vec![
+                Change::PutStream(1, meta("s", tail)),
+                Change::PutRecords(1, records.clone()),
+            ])
             .await
             .unwrap();
         assert_eq!(engine.read(1, 0, 3, usize::MAX).await.unwrap(), records);
-        assert_eq!(engine.read(1, 1, 2, usize::MAX).await.unwrap(), records[1..2]);
+        assert_eq!(
+            engine.read(1, 1, 2, usize::MAX).await.unwrap(),
+            records[1..2]
+        );
         assert_eq!(engine.read(1, 0, 3, 1).await.unwrap(), records[..1]);
         assert_eq!(engine.read(1, 0, 3, 5).await.unwrap(), records[..2]);
         assert!(engine.read(2, 0, 3, usize::MAX).await.unwrap().is_empty());
     }
 
     pub async fn recovery_returns_metadata_producers_and_next_id(engine: &dyn Engine) {
-        let producer = ProducerState { epoch: 2, last_seq: 9, records: (3, 4) };
+        let producer = ProducerState {
+            epoch: 2,
+            last_seq: 9,
+            records: (3, 4),
+        };
         engine
             .commit(vec![
                 Change::PutStream(4, meta("a", Offset::START)),
@@ -164,7 +177,15 @@ mod contract {
             .commit(vec![
                 Change::PutStream(3, meta("gone", Offset::new(1, 1))),
                 Change::PutRecords(3, records),
-                Change::PutProducer(3, "p".into(), ProducerState { epoch: 0, last_seq: 0, records: (0, 1) }),
+                Change::PutProducer(
+                    3,
+                    "p".into(),
+                    ProducerState {
+                        epoch: 0,
+                        last_seq: 0,
+                        records: (0, 1),
+                    },
+                ),
             ])
             .await
             .unwrap();
@@ -191,9 +212,15 @@ mod contract {
 
     pub async fn record_headers_and_unit_flags_survive(engine: &dyn Engine) {
         let mut records = lay_out(Offset::START, 42, bodies(&["", "body"]));
-        records[1].headers = vec![(Bytes::from("k"), Bytes::from("v")), (Bytes::new(), Bytes::from("x"))];
+        records[1].headers = vec![
+            (Bytes::from("k"), Bytes::from("v")),
+            (Bytes::new(), Bytes::from("x")),
+        ];
         engine
-            .commit(vec![Change::PutStream(6, meta("h", Offset::new(2, 4))), Change::PutRecords(6, records.clone())])
+            .commit(vec![
+                Change::PutStream(6, meta("h", Offset::new(2, 4))),
+                Change::PutRecords(6, records.clone()),
+            ])
             .await
             .unwrap();
         assert_eq!(engine.read(6, 0, 2, usize::MAX).await.unwrap(), records);
@@ -250,12 +277,18 @@ mod contract {
         {
             let engine = FjallEngine::open(dir.path(), SyncMode::Fsync).unwrap();
             engine
-                .commit(vec![Change::PutStream(1, meta("p", Offset::new(2, 9))), Change::PutRecords(1, records.clone())])
+                .commit(vec![
+                    Change::PutStream(1, meta("p", Offset::new(2, 9))),
+                    Change::PutRecords(1, records.clone()),
+                ])
                 .await
                 .unwrap();
         }
         let engine = FjallEngine::open(dir.path(), SyncMode::Fsync).unwrap();
-        assert_eq!(engine.recover().unwrap().streams[0].meta.tail, Offset::new(2, 9));
+        assert_eq!(
+            engine.recover().unwrap().streams[0].meta.tail,
+            Offset::new(2, 9)
+        );
         assert_eq!(engine.read(1, 0, 2, usize::MAX).await.unwrap(), records);
     }
 }
