@@ -60,7 +60,10 @@ pub async fn serve(settings: Settings) -> anyhow::Result<()> {
     let listener = TcpListener::bind(settings.listen)
         .await
         .map_err(|e| anyhow::anyhow!("cannot listen on {}: {e}", settings.listen))?;
-    tracing::info!(listen = %listener.local_addr()?, storage = ?settings.storage, "runnel is serving");
+    let local = listener.local_addr()?;
+    tracing::info!(listen = %local, storage = ?settings.storage, "runnel is serving");
+    // The one line on stdout: scripts and tests read the bound address here (`--listen …:0`).
+    println!("runnel listening on {local}");
     axum::serve(listener, router(state))
         .with_graceful_shutdown(shutdown_signal())
         .await?;

@@ -1,0 +1,80 @@
+//! A real Runnel server process on a loopback port, for integration tests.
+
+#![allow(dead_code)] // each test crate uses its own part of this module
+
+use std::io::{BufRead, BufReader};
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+pub struct Server {
+    child: Child,
+    pub base: String,
+}
+
+impl Server {
+    /// Starts `runnel serve` with the given extra flags on a port the OS picks, and waits until
+    /// it reports the address it listens on.
+    pub fn start(args: &[&str]) -> Server {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_runnel"))
+            .arg("serve")
+            .args(["--listen", "127.0.0.1:0", "--long-poll-timeout-ms", "500"])
+            .args(args)
+            .env("RUST_LOG", "warn")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("spawn runnel");
+        let stdout = child.stdout.take().expect("stdout");
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let mut line = String::new();
+            let _ = BufReader::new(stdout).read_line(&mut line);
+            let _ = tx.send(line);
+        });
+        let line = rx
+            .recv_timeout(Duration::from_secs(20))
+            .expect("server did not start in 20 s");
+        let addr = line
+            .trim()
+            .strip_prefix("runnel listening on ")
+            .unwrap_or_else(|| panic!("unexpected first line from server: {line:?}"))
+            .to_string();
+        Server {
+            child,
+            base: format!("http://{addr}"),
+        }
+    }
+
+    pub fn on_disk(dir: &Path) -> Server {
+        Server::start(&["--data-dir", dir.to_str().expect("utf-8 path")])
+    }
+
+    pub fn url(&self, path: &str) -> String {
+        format!("{}{path}", self.base)
+    }
+
+    /// Ends the process with SIGKILL: no shutdown code runs.
+    pub fn kill(mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+pub fn client() -> reqwest::Client {
+    reqwest::Client::builder()
+        .timeout(Duration::from_secs(20))
+        .build()
+        .expect("client")
+}
+
+pub fn header<'a>(response: &'a reqwest::Response, name: &str) -> Option<&'a str> {
+    response.headers().get(name).and_then(|v| v.to_str().ok())
+}

@@ -1,0 +1,336 @@
+//! Acknowledged means durable: appends, offsets, producer state, TTL, expiry and the closed flag
+//! all survive the server being killed with SIGKILL in the middle of a write load.
+
+mod common;
+
+use std::collections::HashMap;
+
+use common::{Server, client, header};
+
+const WRITERS: usize = 8;
+
+/// One acknowledged append: its body and the offset the server returned after it.
+#[derive(Clone, Debug)]
+struct Ack {
+    body: String,
+    next_offset: String,
+    seq: u64,
+}
+
+async fn create(
+    http: &reqwest::Client,
+    server: &Server,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: &str,
+) {
+    let mut request = http.put(server.url(path)).body(body.to_string());
+    for (name, value) in headers {
+        request = request.header(*name, *value);
+    }
+    let response = request.send().await.unwrap();
+    assert_eq!(response.status(), 201, "create {path}");
+}
+
+/// Appends with producer headers until the server disappears; returns what was acknowledged.
+async fn write_until_killed(
+    http: reqwest::Client,
+    url: String,
+    json: bool,
+    writer: usize,
+) -> Vec<Ack> {
+    let mut acks = Vec::new();
+    for seq in 0u64.. {
+        let body = if json {
+            format!("{{\"w\":{writer},\"n\":{seq}}}")
+        } else {
+            format!("w{writer}-n{seq};")
+        };
+        let sent = http
+            .post(&url)
+            .header(
+                "content-type",
+                if json {
+                    "application/json"
+                } else {
+                    "text/plain"
+                },
+            )
+            .header("producer-id", format!("writer-{writer}"))
+            .header("producer-epoch", "0")
+            .header("producer-seq", seq.to_string())
+            .body(body.clone())
+            .send()
+            .await;
+        match sent {
+            Ok(response) if response.status() == 200 => acks.push(Ack {
+                body,
+                next_offset: header(&response, "stream-next-offset").unwrap().to_string(),
+                seq,
+            }),
+            Ok(response) => panic!("unexpected status {} before the kill", response.status()),
+            Err(_) => break, // the server is gone
+        }
+    }
+    acks
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn every_acknowledged_write_survives_sigkill() {
+    let dir = tempfile::tempdir().unwrap();
+    let http = client();
+    let server = Server::on_disk(dir.path());
+
+    create(
+        &http,
+        &server,
+        "/v1/stream/bytes",
+        &[("content-type", "text/plain"), ("stream-ttl", "3600")],
+        "",
+    )
+    .await;
+    create(
+        &http,
+        &server,
+        "/v1/stream/events",
+        &[
+            ("content-type", "application/json"),
+            ("stream-expires-at", "2099-01-01T00:00:00Z"),
+        ],
+        "",
+    )
+    .await;
+    create(
+        &http,
+        &server,
+        "/v1/stream/sealed",
+        &[("content-type", "text/plain"), ("stream-closed", "true")],
+        "final",
+    )
+    .await;
+
+    let mut tasks = Vec::new();
+    for writer in 0..WRITERS {
+        let (path, json) = if writer % 2 == 0 {
+            ("/v1/stream/bytes", false)
+        } else {
+            ("/v1/stream/events", true)
+        };
+        tasks.push((
+            writer,
+            path,
+            tokio::spawn(write_until_killed(
+                http.clone(),
+                server.url(path),
+                json,
+                writer,
+            )),
+        ));
+    }
+    // Kill once every writer has had some appends acknowledged, while all of them are mid-flight.
+    wait_for_appends(&http, &server, 40 * WRITERS as u64).await;
+    server.kill();
+
+    let mut acked: HashMap<&str, Vec<(usize, Vec<Ack>)>> = HashMap::new();
+    for (writer, path, task) in tasks {
+        acked
+            .entry(path)
+            .or_default()
+            .push((writer, task.await.unwrap()));
+    }
+
+    let server = Server::on_disk(dir.path());
+    for (path, writers) in &acked {
+        let json = path.ends_with("events");
+        let content = read_all(&http, &server, path).await;
+        let messages = split_messages(&content, json);
+        for (writer, acks) in writers {
+            assert!(!acks.is_empty(), "writer {writer} got nothing acknowledged");
+            // In order, exactly once, every acknowledged body of this writer.
+            let mine: Vec<&String> = messages
+                .iter()
+                .filter(|m| belongs_to(m, *writer, json))
+                .collect();
+            assert!(
+                mine.len() >= acks.len(),
+                "writer {writer}: {} stored < {} acked",
+                mine.len(),
+                acks.len()
+            );
+            for (stored, ack) in mine.iter().zip(acks) {
+                assert_eq!(**stored, ack.body, "writer {writer} in order");
+            }
+            // At its original offset: reading from the offset before an ack starts with its body.
+            for pair in acks.windows(2) {
+                let response = http
+                    .get(server.url(&format!("{path}?offset={}", pair[0].next_offset)))
+                    .send()
+                    .await
+                    .unwrap();
+                let rest = response.text().await.unwrap();
+                assert!(!rest.is_empty());
+                let first = split_messages(&rest, json)
+                    .into_iter()
+                    .find(|m| belongs_to(m, *writer, json));
+                assert_eq!(
+                    first.as_deref(),
+                    Some(pair[1].body.as_str()),
+                    "offset {} of writer {writer}",
+                    pair[0].next_offset
+                );
+            }
+            // Producer state survived: the last acknowledged seq is a duplicate, the one after a gap
+            // would be refused, and continuing from wherever the writer really got to is accepted.
+            let last = acks.last().unwrap();
+            let retry = append_as(&http, &server, path, *writer, last.seq, json, "retry").await;
+            assert_eq!(
+                retry.status(),
+                204,
+                "retry of acknowledged seq {} is a duplicate",
+                last.seq
+            );
+            let stored_last = (mine.len() - 1) as u64;
+            let gap = append_as(&http, &server, path, *writer, stored_last + 2, json, "gap").await;
+            assert_eq!(gap.status(), 409);
+            assert_eq!(
+                header(&gap, "producer-expected-seq"),
+                Some((stored_last + 1).to_string().as_str())
+            );
+        }
+        // Nothing half-written: every stored message is one whole message some writer sent.
+        for message in &messages {
+            assert!(
+                (0..WRITERS).any(|w| belongs_to(message, w, json)),
+                "unexpected content {message:?}"
+            );
+        }
+    }
+
+    let bytes = http
+        .head(server.url("/v1/stream/bytes"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(header(&bytes, "stream-ttl"), Some("3600"));
+    let events = http
+        .head(server.url("/v1/stream/events"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(
+        header(&events, "stream-expires-at"),
+        Some("2099-01-01T00:00:00Z")
+    );
+    let sealed = http
+        .get(server.url("/v1/stream/sealed?offset=-1"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(header(&sealed, "stream-closed"), Some("true"));
+    assert_eq!(sealed.text().await.unwrap(), "final");
+}
+
+async fn wait_for_appends(http: &reqwest::Client, server: &Server, at_least: u64) {
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(30);
+    loop {
+        let mut total = 0;
+        for path in ["/v1/stream/bytes", "/v1/stream/events"] {
+            let response = http.head(server.url(path)).send().await.unwrap();
+            let offset = header(&response, "stream-next-offset").unwrap();
+            total += offset[..16].parse::<u64>().unwrap();
+        }
+        if total >= at_least {
+            return;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "writers made no progress"
+        );
+        tokio::task::yield_now().await;
+    }
+}
+
+async fn append_as(
+    http: &reqwest::Client,
+    server: &Server,
+    path: &str,
+    writer: usize,
+    seq: u64,
+    json: bool,
+    body: &str,
+) -> reqwest::Response {
+    let body = if json {
+        format!("{{\"probe\":\"{body}\"}}")
+    } else {
+        body.to_string()
+    };
+    http.post(server.url(path))
+        .header(
+            "content-type",
+            if json {
+                "application/json"
+            } else {
+                "text/plain"
+            },
+        )
+        .header("producer-id", format!("writer-{writer}"))
+        .header("producer-epoch", "0")
+        .header("producer-seq", seq.to_string())
+        .body(body)
+        .send()
+        .await
+        .unwrap()
+}
+
+async fn read_all(http: &reqwest::Client, server: &Server, path: &str) -> String {
+    let mut content = String::new();
+    let mut offset = "-1".to_string();
+    let json = path.ends_with("events");
+    loop {
+        let response = http
+            .get(server.url(&format!("{path}?offset={offset}")))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status(), 200);
+        let done = header(&response, "stream-up-to-date") == Some("true");
+        offset = header(&response, "stream-next-offset").unwrap().to_string();
+        let text = response.text().await.unwrap();
+        if json {
+            // Join the arrays of successive chunks into one.
+            let inner = text.trim_start_matches('[').trim_end_matches(']');
+            if !inner.is_empty() {
+                if !content.is_empty() {
+                    content.push(',');
+                }
+                content.push_str(inner);
+            }
+        } else {
+            content.push_str(&text);
+        }
+        if done {
+            return if json {
+                format!("[{content}]")
+            } else {
+                content
+            };
+        }
+    }
+}
+
+fn split_messages(content: &str, json: bool) -> Vec<String> {
+    if json {
+        let values: Vec<serde_json::Value> = serde_json::from_str(content).unwrap();
+        values.iter().map(|v| v.to_string()).collect()
+    } else {
+        content.split_inclusive(';').map(str::to_string).collect()
+    }
+}
+
+fn belongs_to(message: &str, writer: usize, json: bool) -> bool {
+    if json {
+        message.starts_with(&format!("{{\"w\":{writer},"))
+    } else {
+        message.starts_with(&format!("w{writer}-")) && message.ends_with(';')
+    }
+}
