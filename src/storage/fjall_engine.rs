@@ -5,7 +5,7 @@
 //! Under load, many concurrent appends share one fsync.
 
 use std::path::Path;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, mpsc};
 
 use bytes::Bytes;
@@ -43,6 +43,14 @@ pub struct FjallEngine {
     keyspaces: Keyspaces,
     queue: mpsc::Sender<Submission>,
     failed: Arc<AtomicBool>,
+    stats: Arc<CommitStats>,
+}
+
+/// Counters of the group commit: how many batches were written in how many synced groups.
+#[derive(Debug, Default)]
+pub struct CommitStats {
+    pub batches: AtomicU64,
+    pub groups: AtomicU64,
 }
 
 struct Submission {
@@ -73,10 +81,12 @@ impl FjallEngine {
         };
         let (queue, incoming) = mpsc::channel();
         let failed = Arc::new(AtomicBool::new(false));
+        let stats = Arc::new(CommitStats::default());
         let writer = Writer {
             keyspaces: keyspaces.clone(),
             sync,
             failed: failed.clone(),
+            stats: stats.clone(),
         };
         std::thread::Builder::new()
             .name("runnel-writer".into())
@@ -86,7 +96,12 @@ impl FjallEngine {
             keyspaces,
             queue,
             failed,
+            stats,
         })
+    }
+
+    pub fn stats(&self) -> &CommitStats {
+        &self.stats
     }
 
     fn read_sync(
@@ -190,6 +205,7 @@ struct Writer {
     keyspaces: Keyspaces,
     sync: SyncMode,
     failed: Arc<AtomicBool>,
+    stats: Arc<CommitStats>,
 }
 
 impl Writer {
@@ -208,6 +224,10 @@ impl Writer {
             } else {
                 self.write_group(&group, &mut next_id)
             };
+            self.stats.groups.fetch_add(1, Ordering::Relaxed);
+            self.stats
+                .batches
+                .fetch_add(group.len() as u64, Ordering::Relaxed);
             if let Err(e) = &result {
                 tracing::error!(error = %e, "storage write failed; refusing further writes");
                 self.failed.store(true, Ordering::Release);
@@ -275,5 +295,31 @@ impl Writer {
             SyncMode::None => None,
         };
         batch.durability(durability).commit().map_err(io)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::Offset;
+    use crate::model::record::lay_out;
+
+    #[tokio::test]
+    async fn concurrent_batches_share_one_sync() {
+        let dir = tempfile::tempdir().unwrap();
+        let engine = FjallEngine::open(dir.path(), SyncMode::Fsync).unwrap();
+        let commits: Vec<_> = (0..200u64)
+            .map(|i| {
+                let records = lay_out(Offset::new(i, i), 0, vec![Bytes::from_static(b"x")]);
+                engine.commit(vec![Change::PutRecords(1, records)])
+            })
+            .collect();
+        for commit in commits {
+            commit.await.unwrap();
+        }
+        let batches = engine.stats().batches.load(Ordering::Relaxed);
+        let groups = engine.stats().groups.load(Ordering::Relaxed);
+        assert_eq!(batches, 200);
+        assert!(groups < 20, "200 queued batches took {groups} syncs");
     }
 }
