@@ -117,6 +117,10 @@ impl Stream {
 
     /// Waits until the stream's creation is durable; false if it never will be.
     pub(super) async fn wait_ready(&self) -> bool {
+        let now = self.durable();
+        if now.ready || now.removed {
+            return !now.removed;
+        }
         let mut rx = self.subscribe();
         match rx.wait_for(|d| d.ready || d.removed).await {
             Ok(d) => !d.removed,
