@@ -9,6 +9,8 @@ mod error;
 mod fork;
 mod read;
 mod stream;
+#[cfg(test)]
+mod tests;
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};

@@ -1,0 +1,206 @@
+//! Service rules that need no HTTP: durability visibility, live wake-ups, recovery of forks.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use futures::FutureExt;
+use futures::future::BoxFuture;
+use tokio::sync::Semaphore;
+
+use super::*;
+use crate::model::ReadFrom;
+use crate::storage::{Engine, MemoryEngine, Recovered};
+
+/// A memory engine whose commits complete only when the test lets them.
+struct GatedEngine {
+    inner: MemoryEngine,
+    gate: Arc<Semaphore>,
+}
+
+impl Engine for GatedEngine {
+    fn commit(&self, changes: Vec<Change>) -> BoxFuture<'static, Result<(), StorageError>> {
+        let applied = self.inner.commit(changes);
+        let gate = self.gate.clone();
+        async move {
+            gate.acquire()
+                .await
+                .map_err(|_| StorageError::Failed)?
+                .forget();
+            applied.await
+        }
+        .boxed()
+    }
+
+    fn read(
+        &self,
+        id: StreamId,
+        from: u64,
+        until: u64,
+        max: usize,
+    ) -> BoxFuture<'static, Result<Vec<Record>, StorageError>> {
+        self.inner.read(id, from, until, max)
+    }
+
+    fn recover(&self) -> Result<Recovered, StorageError> {
+        self.inner.recover()
+    }
+}
+
+fn text(body: &str) -> AppendRequest {
+    AppendRequest {
+        content_type: Some("text/plain".into()),
+        body: Bytes::copy_from_slice(body.as_bytes()),
+        ..Default::default()
+    }
+}
+
+fn create_text(name: &str) -> CreateRequest {
+    CreateRequest {
+        name: name.into(),
+        content_type: Some("text/plain".into()),
+        ..Default::default()
+    }
+}
+
+#[tokio::test]
+async fn readers_see_an_append_only_once_it_is_durable() {
+    let gate = Arc::new(Semaphore::new(1)); // lets the create through
+    let engine = Arc::new(GatedEngine {
+        inner: MemoryEngine::new(),
+        gate: gate.clone(),
+    });
+    let service = StreamService::open(engine, ServiceConfig::default()).unwrap();
+    service.create(create_text("s")).await.unwrap();
+
+    let writer = {
+        let service = service.clone();
+        tokio::spawn(async move { service.append("s", text("pending")).await })
+    };
+    let stream = service.find("s", false).await.unwrap();
+    // Wait until the append is sequenced (the writer-side tail moved), then read.
+    while stream.lock().meta.tail == Offset::START {
+        tokio::task::yield_now().await;
+    }
+    let chunk = service.read_at(&stream, Offset::START).await.unwrap();
+    assert!(
+        chunk.records.is_empty(),
+        "an append not yet durable is invisible"
+    );
+    assert!(!writer.is_finished(), "and not yet acknowledged");
+
+    let waiter = {
+        let service = service.clone();
+        let stream = stream.clone();
+        tokio::spawn(async move {
+            service
+                .wait_beyond(&stream, Offset::START, Duration::from_secs(10))
+                .await
+        })
+    };
+    gate.add_permits(1);
+    let ack = writer.await.unwrap().unwrap();
+    let seen = waiter.await.unwrap();
+    assert_eq!(
+        seen.tail, ack.tail,
+        "a waiting reader wakes at the durable tail"
+    );
+    let chunk = service.read_at(&stream, Offset::START).await.unwrap();
+    assert_eq!(chunk.records[0].body, "pending");
+}
+
+#[tokio::test]
+async fn a_wait_without_appends_times_out_at_the_same_tail() {
+    let service =
+        StreamService::open(Arc::new(MemoryEngine::new()), ServiceConfig::default()).unwrap();
+    service.create(create_text("quiet")).await.unwrap();
+    let stream = service.find("quiet", false).await.unwrap();
+    let seen = service
+        .wait_beyond(&stream, Offset::START, Duration::from_millis(20))
+        .await;
+    assert_eq!(seen.tail, Offset::START);
+}
+
+#[tokio::test]
+async fn recovery_restores_forks_soft_deletes_and_producers() {
+    let engine: SharedEngine = Arc::new(MemoryEngine::new());
+    let service = StreamService::open(engine.clone(), ServiceConfig::default()).unwrap();
+    service.create(create_text("src")).await.unwrap();
+    service.create(create_text("plain")).await.unwrap();
+    let claim = crate::model::producer::ProducerClaim {
+        id: "p".into(),
+        epoch: 3,
+        seq: 0,
+    };
+    service
+        .append(
+            "plain",
+            AppendRequest {
+                producer: Some(claim.clone()),
+                ..text("once")
+            },
+        )
+        .await
+        .unwrap();
+    let ack = service.append("src", text("hello")).await.unwrap();
+    let fork = CreateRequest {
+        fork: Some(ForkRequest {
+            source: "src".into(),
+            offset: Some(ack.tail),
+            sub_offset: 0,
+        }),
+        ..create_text("fork")
+    };
+    service.create(fork).await.unwrap();
+    service.delete("src").await.unwrap();
+    assert!(matches!(
+        service.find("src", false).await,
+        Err(StreamError::Gone)
+    ));
+
+    let reopened = StreamService::open(engine, ServiceConfig::default()).unwrap();
+    assert!(
+        matches!(reopened.find("src", false).await, Err(StreamError::Gone)),
+        "still soft-deleted"
+    );
+    let fork = reopened.find("fork", false).await.unwrap();
+    let chunk = reopened
+        .read_at(
+            &fork,
+            reopened.resolve(&fork, ReadFrom::Start).await.unwrap(),
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        chunk.records[0].body, "hello",
+        "the fork still reads its source's history"
+    );
+    let retry = reopened
+        .append(
+            "plain",
+            AppendRequest {
+                producer: Some(claim),
+                ..text("again")
+            },
+        )
+        .await
+        .unwrap();
+    assert!(
+        retry.duplicate,
+        "producer state survives: the retry is recognised"
+    );
+    assert_eq!(
+        retry.records,
+        (0, 1),
+        "and acknowledged with the original record range"
+    );
+
+    reopened.delete("fork").await.unwrap();
+    assert!(
+        matches!(
+            reopened.find("src", false).await,
+            Err(StreamError::NotFound)
+        ),
+        "the last fork's delete cascades"
+    );
+}
