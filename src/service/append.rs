@@ -207,7 +207,7 @@ impl StreamService {
             ));
             state.producers.insert(claim.id.clone(), producer);
         }
-        state.remember(&records, self.config.cache);
+        state.recent.push(&records);
         if !records.is_empty() {
             changes.push(Change::PutRecords(stream.id, records));
         }

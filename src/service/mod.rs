@@ -5,6 +5,7 @@
 //! the durable tail that readers wait on.
 
 mod append;
+mod cache;
 mod error;
 mod fork;
 mod read;
@@ -27,10 +28,11 @@ use crate::model::{Offset, Record, content_type};
 use crate::storage::{Change, SharedEngine, StorageError, StreamId};
 
 pub use append::{AppendAck, AppendRequest};
+pub use cache::CacheLimits;
 pub use error::{StreamError, StreamResult};
 pub use fork::ForkRequest;
 pub use read::ReadChunk;
-pub use stream::{CacheLimits, Durable, Stream};
+pub use stream::{Durable, Stream};
 
 use stream::State;
 
@@ -48,10 +50,7 @@ impl Default for ServiceConfig {
     fn default() -> Self {
         ServiceConfig {
             max_read_bytes: 1 << 20,
-            cache: CacheLimits {
-                bytes: 1 << 20,
-                records: 4096,
-            },
+            cache: CacheLimits::default(),
             max_inflight_commits: 8192,
         }
     }
@@ -62,6 +61,7 @@ pub struct StreamService {
     registry: Mutex<HashMap<String, Arc<Stream>>>,
     next_id: AtomicU64,
     commit_permits: Semaphore,
+    cache_budget: Arc<cache::CacheBudget>,
     config: ServiceConfig,
 }
 
@@ -103,6 +103,7 @@ impl StreamService {
             registry: Mutex::new(HashMap::new()),
             next_id: AtomicU64::new(recovered.next_id),
             commit_permits: Semaphore::new(config.max_inflight_commits),
+            cache_budget: cache::CacheBudget::new(config.cache),
             config,
         });
         let now = now_ms();
@@ -152,10 +153,15 @@ impl StreamService {
             recovered.producers.into_iter().collect(),
             source,
             durable,
+            self.new_cache(),
             now,
         ));
         built.insert(id, stream.clone());
         Some(stream)
+    }
+
+    fn new_cache(&self) -> cache::TailCache {
+        cache::TailCache::new(self.cache_budget.clone())
     }
 
     fn lock_registry(&self) -> std::sync::MutexGuard<'_, HashMap<String, Arc<Stream>>> {
@@ -395,9 +401,10 @@ impl StreamService {
             HashMap::new(),
             plan.map(|p| p.source.clone()),
             durable,
+            self.new_cache(),
             now,
         ));
-        stream.lock().remember(&records, self.config.cache);
+        stream.lock().recent.push(&records);
         let mut changes = vec![Change::PutStream(id, meta)];
         if !records.is_empty() {
             changes.push(Change::PutRecords(id, records));

@@ -1,7 +1,7 @@
 //! One live stream: its mutable state behind a short-held lock, the durable tail readers watch,
 //! and the hot cache of its most recent records.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use tokio::sync::watch;
@@ -10,6 +10,8 @@ use crate::model::producer::ProducerState;
 use crate::model::stream::StreamMeta;
 use crate::model::{Offset, Record};
 use crate::storage::{SharedEngine, StorageError, StreamId};
+
+use super::cache::TailCache;
 
 /// What readers may see: only data that is durable.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -39,19 +41,11 @@ pub(super) struct State {
     pub meta: StreamMeta,
     pub producers: HashMap<String, ProducerState>,
     /// The most recent records, contiguous up to the writer-side tail.
-    pub recent: VecDeque<Record>,
-    pub recent_bytes: usize,
+    pub recent: TailCache,
     /// Number of forks that read through this stream.
     pub forks: u32,
     pub last_access_ms: i64,
     pub removed: bool,
-}
-
-/// Bounds of the per-stream hot cache.
-#[derive(Clone, Copy, Debug)]
-pub struct CacheLimits {
-    pub bytes: usize,
-    pub records: usize,
 }
 
 impl Stream {
@@ -61,6 +55,7 @@ impl Stream {
         producers: HashMap<String, ProducerState>,
         source: Option<Arc<Stream>>,
         durable: Durable,
+        cache: TailCache,
         now_ms: i64,
     ) -> Stream {
         Stream {
@@ -72,8 +67,7 @@ impl Stream {
             state: Mutex::new(State {
                 meta,
                 producers,
-                recent: VecDeque::new(),
-                recent_bytes: 0,
+                recent: cache,
                 forks: 0,
                 last_access_ms: now_ms,
                 removed: false,
@@ -136,45 +130,9 @@ impl Stream {
         until: u64,
         max_bytes: usize,
     ) -> Result<Vec<Record>, StorageError> {
-        if let Some(records) = self.lock().cached(from, until, max_bytes) {
+        if let Some(records) = self.lock().recent.read(from, until, max_bytes) {
             return Ok(records);
         }
         engine.read(self.id, from, until, max_bytes).await
-    }
-}
-
-impl State {
-    /// Records from the cache, or `None` when it does not reach back to `from`.
-    fn cached(&self, from: u64, until: u64, max_bytes: usize) -> Option<Vec<Record>> {
-        let first = self.recent.front()?.seq;
-        if from < first {
-            return None;
-        }
-        let mut out = Vec::new();
-        let mut total = 0usize;
-        let skip = usize::try_from(from - first).ok()?;
-        for record in self.recent.iter().skip(skip).take_while(|r| r.seq < until) {
-            if !out.is_empty() && total >= max_bytes {
-                break;
-            }
-            total += record.body.len();
-            out.push(record.clone());
-        }
-        Some(out)
-    }
-
-    /// Adds newly appended records to the hot cache, evicting the oldest beyond the limits.
-    pub fn remember(&mut self, records: &[Record], limits: CacheLimits) {
-        for record in records {
-            self.recent_bytes += record.body.len();
-            self.recent.push_back(record.clone());
-        }
-        while self.recent.len() > 1
-            && (self.recent_bytes > limits.bytes || self.recent.len() > limits.records)
-        {
-            if let Some(old) = self.recent.pop_front() {
-                self.recent_bytes -= old.body.len();
-            }
-        }
     }
 }

@@ -1,0 +1,169 @@
+//! The hot tail cache: each stream's most recent records, so live readers and fan-out are served
+//! from memory. Bodies are shared `Bytes`, never copied per reader.
+//!
+//! Each stream keeps at most `per_stream_bytes` / `per_stream_records`; all streams together stay
+//! near `total_bytes`, because a stream that appends while the total is over budget evicts its
+//! own oldest records first. A stream always keeps its newest record.
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use crate::model::Record;
+
+#[derive(Clone, Copy, Debug)]
+pub struct CacheLimits {
+    pub per_stream_bytes: usize,
+    pub per_stream_records: usize,
+    pub total_bytes: usize,
+}
+
+impl Default for CacheLimits {
+    fn default() -> Self {
+        CacheLimits {
+            per_stream_bytes: 1 << 20,
+            per_stream_records: 4096,
+            total_bytes: 256 << 20,
+        }
+    }
+}
+
+/// The memory all tail caches share.
+#[derive(Debug)]
+pub struct CacheBudget {
+    limits: CacheLimits,
+    used: AtomicUsize,
+}
+
+impl CacheBudget {
+    pub fn new(limits: CacheLimits) -> Arc<Self> {
+        Arc::new(CacheBudget {
+            limits,
+            used: AtomicUsize::new(0),
+        })
+    }
+
+    pub fn used(&self) -> usize {
+        self.used.load(Ordering::Relaxed)
+    }
+}
+
+/// One stream's cache: contiguous records ending at the stream's writer-side tail.
+pub struct TailCache {
+    budget: Arc<CacheBudget>,
+    records: VecDeque<Record>,
+    bytes: usize,
+}
+
+impl TailCache {
+    pub fn new(budget: Arc<CacheBudget>) -> Self {
+        TailCache {
+            budget,
+            records: VecDeque::new(),
+            bytes: 0,
+        }
+    }
+
+    /// Records `from <= seq < until`, up to about `max_bytes`, or `None` when the cache does not
+    /// reach back to `from`.
+    pub fn read(&self, from: u64, until: u64, max_bytes: usize) -> Option<Vec<Record>> {
+        let first = self.records.front()?.seq;
+        let skip = usize::try_from(from.checked_sub(first)?).ok()?;
+        let mut out = Vec::new();
+        let mut total = 0usize;
+        for record in self.records.iter().skip(skip).take_while(|r| r.seq < until) {
+            if !out.is_empty() && total >= max_bytes {
+                break;
+            }
+            total += record.body.len();
+            out.push(record.clone());
+        }
+        Some(out)
+    }
+
+    /// Adds newly appended records, evicting the oldest beyond the limits.
+    pub fn push(&mut self, records: &[Record]) {
+        for record in records {
+            self.bytes += record.body.len();
+            self.budget
+                .used
+                .fetch_add(record.body.len(), Ordering::Relaxed);
+            self.records.push_back(record.clone());
+        }
+        let limits = self.budget.limits;
+        while self.records.len() > 1
+            && (self.bytes > limits.per_stream_bytes
+                || self.records.len() > limits.per_stream_records
+                || self.budget.used() > limits.total_bytes)
+        {
+            self.pop_oldest();
+        }
+    }
+
+    fn pop_oldest(&mut self) {
+        if let Some(old) = self.records.pop_front() {
+            self.bytes -= old.body.len();
+            self.budget
+                .used
+                .fetch_sub(old.body.len(), Ordering::Relaxed);
+        }
+    }
+}
+
+impl Drop for TailCache {
+    fn drop(&mut self) {
+        self.budget.used.fetch_sub(self.bytes, Ordering::Relaxed);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::Offset;
+    use crate::model::record::lay_out;
+    use bytes::Bytes;
+
+    fn records(from: u64, n: u64, size: usize) -> Vec<Record> {
+        let bodies = (0..n).map(|_| Bytes::from(vec![b'x'; size])).collect();
+        lay_out(Offset::new(from, from * size as u64), 0, bodies)
+    }
+
+    #[test]
+    fn reads_are_served_only_from_where_the_cache_begins() {
+        let budget = CacheBudget::new(CacheLimits {
+            per_stream_bytes: 1000,
+            per_stream_records: 3,
+            total_bytes: 1000,
+        });
+        let mut cache = TailCache::new(budget);
+        cache.push(&records(0, 5, 1));
+        assert!(
+            cache.read(1, 5, usize::MAX).is_none(),
+            "records 0 and 1 were evicted"
+        );
+        let got = cache.read(2, 4, usize::MAX).unwrap();
+        assert_eq!(got.iter().map(|r| r.seq).collect::<Vec<_>>(), [2, 3]);
+    }
+
+    #[test]
+    fn all_caches_together_stay_within_the_total_budget() {
+        let budget = CacheBudget::new(CacheLimits {
+            per_stream_bytes: 100,
+            per_stream_records: 100,
+            total_bytes: 150,
+        });
+        let mut a = TailCache::new(budget.clone());
+        let mut b = TailCache::new(budget.clone());
+        a.push(&records(0, 10, 10));
+        b.push(&records(0, 10, 10));
+        assert!(budget.used() <= 150);
+        assert_eq!(
+            b.read(9, 10, usize::MAX).unwrap().len(),
+            1,
+            "the newest record is always kept"
+        );
+        drop(a);
+        drop(b);
+        assert_eq!(budget.used(), 0, "dropped caches return their memory");
+    }
+}
