@@ -13,14 +13,18 @@ pub struct Server {
 }
 
 impl Server {
-    /// Starts `runnel serve` with the given extra flags on a port the OS picks, and waits until
-    /// it reports the address it listens on.
+    /// Starts `runnel serve` with the given extra flags on a port the OS picks (long-poll timeout
+    /// 500 ms unless the flags say otherwise), and waits until it reports its address.
     pub fn start(args: &[&str]) -> Server {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_runnel"))
-            .arg("serve")
-            .args(["--listen", "127.0.0.1:0", "--long-poll-timeout-ms", "500"])
-            .args(args)
-            .env("RUST_LOG", "warn")
+        let mut command = Command::new(env!("CARGO_BIN_EXE_runnel"));
+        command
+            .args(["serve", "--listen", "127.0.0.1:0"])
+            .args(args);
+        if !args.contains(&"--long-poll-timeout-ms") {
+            command.args(["--long-poll-timeout-ms", "500"]);
+        }
+        let mut child = command
+            .env("RUST_LOG", "error")
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
             .spawn()
