@@ -109,6 +109,15 @@ impl StreamService {
         let now = now_ms();
         let mut pending: HashMap<StreamId, _> =
             recovered.streams.into_iter().map(|s| (s.id, s)).collect();
+        let orphans = prune_orphans(&mut pending);
+        if !orphans.is_empty() {
+            // Enqueued now (the engine's contract); it completes in the background.
+            drop(
+                service
+                    .engine
+                    .commit(orphans.into_iter().map(Change::RemoveStream).collect()),
+            );
+        }
         let mut built: HashMap<StreamId, Arc<Stream>> = HashMap::new();
         let ids: Vec<StreamId> = pending.keys().copied().collect();
         for id in ids {
@@ -484,20 +493,18 @@ impl StreamService {
         }
     }
 
-    /// Removes every stream whose TTL or expiry time has passed, and soft-deleted streams that no
-    /// fork reads through any more.
+    /// Removes every stream whose TTL or expiry time has passed.
     pub async fn sweep_expired(&self) {
         let now = now_ms();
         let candidates: Vec<Arc<Stream>> = self
             .lock_registry()
             .values()
+            .filter(|s| s.may_expire)
             .filter(|s| {
                 let state = s.lock();
-                let expired =
-                    !state.meta.soft_deleted && state.meta.is_expired(now, state.last_access_ms);
-                // A soft-deleted stream without forks is left over from an interrupted cascade.
-                let orphaned = state.meta.soft_deleted && state.forks == 0;
-                !state.removed && (expired || orphaned)
+                !state.removed
+                    && !state.meta.soft_deleted
+                    && state.meta.is_expired(now, state.last_access_ms)
             })
             .cloned()
             .collect();
@@ -505,6 +512,36 @@ impl StreamService {
             if let Err(e) = self.remove(&stream).await {
                 tracing::warn!(stream = %stream.name, error = %e, "expiring a stream failed");
             }
+        }
+    }
+}
+
+/// Takes out of `pending` the soft-deleted streams that no fork reads through any more (left by
+/// an interrupted cascade), and then any source only they kept alive. Returns their ids.
+fn prune_orphans(
+    pending: &mut HashMap<StreamId, crate::storage::RecoveredStream>,
+) -> Vec<StreamId> {
+    let mut forks: HashMap<StreamId, u32> = HashMap::new();
+    for stream in pending.values() {
+        if let Some(origin) = &stream.meta.fork {
+            *forks.entry(origin.source_id).or_default() += 1;
+        }
+    }
+    let mut removed = Vec::new();
+    loop {
+        let orphans: Vec<StreamId> = pending
+            .values()
+            .filter(|s| s.meta.soft_deleted && forks.get(&s.id).copied().unwrap_or(0) == 0)
+            .map(|s| s.id)
+            .collect();
+        if orphans.is_empty() {
+            return removed;
+        }
+        for id in orphans {
+            if let Some(origin) = pending.remove(&id).and_then(|s| s.meta.fork) {
+                forks.entry(origin.source_id).and_modify(|n| *n -= 1);
+            }
+            removed.push(id);
         }
     }
 }

@@ -30,6 +30,8 @@ pub struct Stream {
     /// The content type as created; it never changes.
     pub content_type: String,
     pub json: bool,
+    /// Created with a TTL or an expiry time (fixed at creation).
+    pub may_expire: bool,
     /// The stream this one was forked from: reads below the fork offset go there.
     pub source: Option<Arc<Stream>>,
     pub(super) state: Mutex<State>,
@@ -62,6 +64,7 @@ impl Stream {
             id,
             name: meta.name.clone(),
             json: crate::model::content_type::is_json(&meta.content_type),
+            may_expire: meta.ttl_secs.is_some() || meta.expires_at_ms.is_some(),
             content_type: meta.content_type.clone(),
             source,
             state: Mutex::new(State {

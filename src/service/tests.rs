@@ -204,3 +204,64 @@ async fn recovery_restores_forks_soft_deletes_and_producers() {
         "the last fork's delete cascades"
     );
 }
+
+#[tokio::test]
+async fn restart_removes_soft_deleted_streams_no_fork_reads_any_more() {
+    use crate::model::stream::{ForkOrigin, StreamMeta};
+    let meta = |name: &str, soft_deleted: bool, fork: Option<ForkOrigin>| StreamMeta {
+        name: name.into(),
+        content_type: "text/plain".into(),
+        ttl_secs: None,
+        expires_at_ms: None,
+        closed: false,
+        closed_by: None,
+        tail: Offset::START,
+        last_timestamp_ms: 0,
+        last_stream_seq: None,
+        fork,
+        soft_deleted,
+        created_ms: 0,
+    };
+    let origin = |source_id, source_name: &str| ForkOrigin {
+        source_id,
+        source_name: source_name.into(),
+        offset: Offset::START,
+        sub_offset: 0,
+    };
+    // A cascade interrupted by a crash: root <- middle (both soft-deleted); the last fork is gone.
+    // Beside it, a soft-deleted source that a live fork still reads.
+    let engine: SharedEngine = Arc::new(MemoryEngine::new());
+    engine
+        .commit(vec![
+            Change::PutStream(1, meta("root", true, None)),
+            Change::PutStream(2, meta("middle", true, Some(origin(1, "root")))),
+            Change::PutStream(3, meta("kept", true, None)),
+            Change::PutStream(4, meta("reader", false, Some(origin(3, "kept")))),
+        ])
+        .await
+        .unwrap();
+    let service = StreamService::open(engine.clone(), ServiceConfig::default()).unwrap();
+    for gone in ["root", "middle"] {
+        assert!(
+            matches!(service.find(gone, false).await, Err(StreamError::NotFound)),
+            "{gone}"
+        );
+    }
+    assert!(matches!(
+        service.find("kept", false).await,
+        Err(StreamError::Gone)
+    ));
+    assert!(service.find("reader", false).await.is_ok());
+    let stored: Vec<StreamId> = engine
+        .recover()
+        .unwrap()
+        .streams
+        .iter()
+        .map(|s| s.id)
+        .collect();
+    assert_eq!(
+        stored.len(),
+        2,
+        "only kept and reader remain stored: {stored:?}"
+    );
+}
