@@ -4,21 +4,18 @@ use std::time::Duration;
 
 use axum::body::Body;
 use axum::extract::{Path, RawQuery, State};
-use axum::http::{HeaderMap, HeaderName, HeaderValue, Method, StatusCode, Uri, header};
+use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, Uri, header};
 use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
 
+use super::error::{Handled, empty, set, set_tail};
 use super::request::{self, Query, Rejection};
 use super::{AppState, sse, text_error};
-use crate::model::headers::{self as hv, HeaderError};
-use crate::model::producer::ProducerError;
-use crate::model::{Offset, ReadFrom, Record, cursor, json};
+use crate::model::headers as hv;
+use crate::model::{Offset, ReadFrom, Record, attrs, cursor, json, names};
 use crate::service::{
     AppendAck, AppendRequest, CreateRequest, ForkRequest, ReadChunk, StreamError, StreamInfo,
 };
-
-/// The URL prefix of base-protocol streams; fork sources are named by paths under it.
-const STREAM_PREFIX: &str = "/v1/stream/";
 
 pub const EXPOSED_HEADERS: &str = "Stream-Next-Offset, Stream-Cursor, Stream-Up-To-Date, Stream-Closed, \
     Stream-TTL, Stream-Expires-At, Stream-SSE-Data-Encoding, Producer-Epoch, Producer-Seq, \
@@ -27,133 +24,50 @@ pub const EXPOSED_HEADERS: &str = "Stream-Next-Offset, Stream-Cursor, Stream-Up-
 const ALLOWED_METHODS: &str = "GET, POST, PUT, DELETE, HEAD, OPTIONS";
 const ALLOWED_HEADERS: &str = "Content-Type, Authorization, If-None-Match, Stream-Seq, Stream-TTL, \
     Stream-Expires-At, Stream-Closed, Stream-Forked-From, Stream-Fork-Offset, Stream-Fork-Sub-Offset, \
-    Producer-Id, Producer-Epoch, Producer-Seq, Last-Event-ID";
+    Stream-Attrs, Producer-Id, Producer-Epoch, Producer-Seq, Last-Event-ID";
 
 /// Catch-up chunks that end before the tail never change, so shared caches may keep them.
 const CACHE_HISTORIC: &str = "public, max-age=60, stale-while-revalidate=300";
 
-pub async fn handle(
-    State(app): State<super::AppState>,
-    Path(name): Path<String>,
+/// `/v1/stream/{path}`: a base-protocol stream.
+pub async fn base_stream(
+    State(app): State<AppState>,
+    Path(path): Path<String>,
     method: Method,
     uri: Uri,
     RawQuery(query): RawQuery,
     headers: HeaderMap,
     body: Body,
 ) -> Response {
+    match names::base_stream_key(&path) {
+        Ok(key) => stream_request(&app, key, method, &uri, query.as_deref(), &headers, body).await,
+        Err(e) => text_error(StatusCode::BAD_REQUEST, &e.to_string()),
+    }
+}
+
+/// Every base-protocol operation on the stream `key`, whichever surface addressed it.
+pub async fn stream_request(
+    app: &AppState,
+    key: String,
+    method: Method,
+    uri: &Uri,
+    query: Option<&str>,
+    headers: &HeaderMap,
+    body: Body,
+) -> Response {
     let result = match method {
-        Method::PUT => create(&app, name, &uri, &headers, body).await,
-        Method::POST => append(&app, &name, &headers, body).await,
-        Method::GET => read(&app, &name, query.as_deref(), &headers).await,
-        Method::HEAD => head(&app, &name).await,
-        Method::DELETE => delete(&app, &name).await,
+        Method::PUT => create(app, key, uri, headers, body).await,
+        Method::POST => append(app, &key, headers, body).await,
+        Method::GET => read(app, &key, query, headers).await,
+        Method::HEAD => head(app, &key).await,
+        Method::DELETE => delete(app, &key).await,
         Method::OPTIONS => Ok(preflight()),
         _ => Ok(method_not_allowed()),
     };
     result.unwrap_or_else(|failure| failure.into_response())
 }
 
-/// Why a request failed, on its way to becoming a response.
-enum Failure {
-    Rejected(Rejection),
-    Stream(StreamError),
-}
-
-impl From<Rejection> for Failure {
-    fn from(r: Rejection) -> Self {
-        Failure::Rejected(r)
-    }
-}
-
-impl From<StreamError> for Failure {
-    fn from(e: StreamError) -> Self {
-        Failure::Stream(e)
-    }
-}
-
-impl From<HeaderError> for Failure {
-    fn from(e: HeaderError) -> Self {
-        Failure::Rejected(Rejection::bad_request(e.0))
-    }
-}
-
-impl IntoResponse for Failure {
-    fn into_response(self) -> Response {
-        match self {
-            Failure::Rejected(r) => text_error(r.status, &r.reason),
-            Failure::Stream(e) => stream_error(e),
-        }
-    }
-}
-
-type Handled = Result<Response, Failure>;
-
-fn stream_error(error: StreamError) -> Response {
-    let reason = error.to_string();
-    let (status, extra): (StatusCode, Vec<(&str, String)>) = match error {
-        StreamError::BadRequest(_) | StreamError::BadOffset(_) => (StatusCode::BAD_REQUEST, vec![]),
-        StreamError::NotFound | StreamError::ForkSourceNotFound => (StatusCode::NOT_FOUND, vec![]),
-        StreamError::Gone => (StatusCode::GONE, vec![]),
-        StreamError::Conflict(_)
-        | StreamError::ContentTypeMismatch
-        | StreamError::StreamSeqRegression { .. }
-        | StreamError::ForkSourceGone => (StatusCode::CONFLICT, vec![]),
-        StreamError::Closed { tail } => (
-            StatusCode::CONFLICT,
-            vec![
-                ("stream-closed", "true".into()),
-                ("stream-next-offset", tail.to_string()),
-            ],
-        ),
-        StreamError::Producer(ProducerError::StaleEpoch { current, .. }) => (
-            StatusCode::FORBIDDEN,
-            vec![("producer-epoch", current.to_string())],
-        ),
-        StreamError::Producer(ProducerError::EpochBumpNotAtZero) => {
-            (StatusCode::BAD_REQUEST, vec![])
-        }
-        StreamError::Producer(ProducerError::SequenceGap { expected, received }) => (
-            StatusCode::CONFLICT,
-            vec![
-                ("producer-expected-seq", expected.to_string()),
-                ("producer-received-seq", received.to_string()),
-            ],
-        ),
-        StreamError::Storage(e) => {
-            tracing::error!(error = %e, "storage failure");
-            (
-                StatusCode::SERVICE_UNAVAILABLE,
-                vec![("retry-after", "1".into())],
-            )
-        }
-    };
-    let mut response = text_error(status, &reason);
-    for (name, value) in extra {
-        set(&mut response, name, &value);
-    }
-    response
-}
-
-fn set(response: &mut Response, name: &'static str, value: &str) {
-    if let Ok(value) = HeaderValue::from_str(value) {
-        response
-            .headers_mut()
-            .insert(HeaderName::from_static(name), value);
-    }
-}
-
-fn set_tail(response: &mut Response, tail: Offset, closed: bool) {
-    set(response, "stream-next-offset", &tail.to_string());
-    if closed {
-        set(response, "stream-closed", "true");
-    }
-}
-
-fn empty(status: StatusCode) -> Response {
-    (status, Body::empty()).into_response()
-}
-
-fn preflight() -> Response {
+pub fn preflight() -> Response {
     let mut response = empty(StatusCode::NO_CONTENT);
     let headers = response.headers_mut();
     headers.insert(
@@ -171,7 +85,7 @@ fn preflight() -> Response {
     response
 }
 
-fn method_not_allowed() -> Response {
+pub fn method_not_allowed() -> Response {
     let mut response = text_error(
         StatusCode::METHOD_NOT_ALLOWED,
         "method not allowed on a stream",
@@ -182,9 +96,9 @@ fn method_not_allowed() -> Response {
     response
 }
 
-/// Resolves `Stream-Forked-From` (a path under `/v1/stream/`, or an absolute URL to one) to a
-/// stream name.
-fn fork_source_name(value: &str) -> Result<String, Rejection> {
+/// Resolves `Stream-Forked-From` (a stream's path on this server, or an absolute URL to it) to
+/// the stream's key.
+fn fork_source_key(value: &str) -> Result<String, Rejection> {
     let path = match value.find("://") {
         Some(scheme_end) => {
             let after = &value[scheme_end + 3..];
@@ -193,18 +107,13 @@ fn fork_source_name(value: &str) -> Result<String, Rejection> {
         None => value,
     };
     let path = path.split(['?', '#']).next().unwrap_or_default();
-    let encoded = path
-        .strip_prefix(STREAM_PREFIX)
-        .filter(|rest| !rest.is_empty())
-        .ok_or_else(|| {
-            Rejection::bad_request(format!(
-                "Stream-Forked-From must name a stream under {STREAM_PREFIX}"
-            ))
-        })?;
-    percent_encoding::percent_decode_str(encoded)
+    let decoded = percent_encoding::percent_decode_str(path)
         .decode_utf8()
-        .map(|name| name.into_owned())
-        .map_err(|_| Rejection::bad_request("Stream-Forked-From is not valid UTF-8 once decoded"))
+        .map_err(|_| {
+            Rejection::bad_request("Stream-Forked-From is not valid UTF-8 once decoded")
+        })?;
+    names::stream_key_of_path(&decoded)
+        .map_err(|e| Rejection::bad_request(format!("Stream-Forked-From: {e}")))
 }
 
 async fn create(
@@ -253,7 +162,7 @@ async fn create(
                 .into());
             }
             Some(ForkRequest {
-                source: fork_source_name(source)?,
+                source: fork_source_key(source)?,
                 offset,
                 sub_offset,
             })
@@ -267,6 +176,11 @@ async fn create(
         closed: hv::is_closed_flag(request::header(headers, "stream-closed")?),
         body: request::body(headers, body, app.config.max_body_bytes).await?,
         fork,
+        attrs: request::header(headers, "stream-attrs")?
+            .map(|v| attrs::parse(v.as_bytes()))
+            .transpose()
+            .map_err(|e| Rejection::bad_request(e.to_string()))?
+            .flatten(),
     };
     let (info, created) = app.service.create(request).await?;
     let mut response = empty(if created {

@@ -1,7 +1,9 @@
 //! The HTTP faces. Handlers are thin: parse the request, call the stream service, render the
 //! response. Protocol rules live in `service/` and `model/`.
 
+mod buckets;
 mod ds;
+mod error;
 mod request;
 mod sse;
 
@@ -37,7 +39,9 @@ pub struct AppState {
 pub fn router(state: AppState) -> Router {
     Router::new()
         .route("/healthz", get(|| async { "ok\n" }))
-        .route("/v1/stream/{*path}", any(ds::handle))
+        .route("/v1/stream/{*path}", any(ds::base_stream))
+        .route("/{bucket}", any(buckets::bucket))
+        .route("/{bucket}/{stream}", any(buckets::stream))
         .fallback(|| async { (StatusCode::NOT_FOUND, "no such route\n") })
         .layer(middleware::from_fn(common_headers))
         .with_state(state)

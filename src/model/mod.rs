@@ -1,9 +1,11 @@
 //! The stream model: pure, synchronous types and protocol rules. No I/O, no async.
 
+pub mod attrs;
 pub mod content_type;
 pub mod cursor;
 pub mod headers;
 pub mod json;
+pub mod names;
 pub mod offset;
 pub mod producer;
 pub mod record;

@@ -3,6 +3,7 @@
 
 use serde::{Deserialize, Serialize};
 
+use super::attrs::Attrs;
 use super::content_type::same_media_type;
 use super::offset::Offset;
 
@@ -25,6 +26,29 @@ pub struct StreamMeta {
     pub fork: Option<ForkOrigin>,
     /// Deleted (or expired) while forks still read through it: gone for clients, data kept.
     pub soft_deleted: bool,
+    pub created_ms: i64,
+    /// Application attributes (seed 000 §5).
+    #[serde(default)]
+    pub attrs: Attrs,
+    /// The visible snapshot, if one was published (its blob is stored apart).
+    #[serde(default)]
+    pub snapshot: Option<SnapshotInfo>,
+    /// The first retained position: reads before it are gone (410).
+    #[serde(default)]
+    pub retained_from: Offset,
+}
+
+/// The visible snapshot of a stream: its offset, the blob's content type and digest.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SnapshotInfo {
+    pub offset: Offset,
+    pub content_type: String,
+    pub digest: String,
+}
+
+/// What the server keeps about a bucket.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BucketMeta {
     pub created_ms: i64,
 }
 
@@ -52,6 +76,7 @@ pub struct RequestedConfig {
     pub expires_at_ms: Option<i64>,
     pub closed: bool,
     pub fork: Option<RequestedFork>,
+    pub attrs: Attrs,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -76,6 +101,9 @@ impl StreamMeta {
         }
         if self.closed != requested.closed {
             return Some("stream exists with a different closed state");
+        }
+        if self.attrs != requested.attrs {
+            return Some("stream exists with different attributes");
         }
         match (&self.fork, &requested.fork) {
             (None, None) => None,
@@ -133,6 +161,9 @@ mod tests {
             fork: None,
             soft_deleted: false,
             created_ms: 0,
+            attrs: None,
+            snapshot: None,
+            retained_from: Offset::START,
         }
     }
 
@@ -143,6 +174,7 @@ mod tests {
             expires_at_ms: None,
             closed: false,
             fork: None,
+            attrs: None,
         }
     }
 

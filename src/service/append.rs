@@ -193,7 +193,7 @@ impl StreamService {
             });
         }
         let mut changes = Vec::with_capacity(3);
-        changes.push(Change::PutStream(stream.id, meta.clone()));
+        changes.push(Change::PutStream(stream.id, Box::new(meta.clone())));
         if let Some(claim) = &request.producer {
             let producer = ProducerState {
                 epoch: claim.epoch,

@@ -10,6 +10,8 @@ pub enum StreamError {
     BadRequest(String),
     #[error("stream not found")]
     NotFound,
+    #[error("bucket not found")]
+    BucketNotFound,
     #[error("stream has been deleted")]
     Gone,
     #[error("{0}")]

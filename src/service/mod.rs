@@ -5,6 +5,7 @@
 //! the durable tail that readers wait on.
 
 mod append;
+mod buckets;
 mod cache;
 mod error;
 mod fork;
@@ -13,7 +14,7 @@ mod stream;
 #[cfg(test)]
 mod tests;
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{SystemTime, UNIX_EPOCH};
@@ -23,11 +24,12 @@ use tokio::sync::Semaphore;
 
 use crate::model::json::{self, EmptyArray};
 use crate::model::record::lay_out;
-use crate::model::stream::{ForkOrigin, RequestedConfig, RequestedFork, StreamMeta};
-use crate::model::{Offset, Record, content_type};
+use crate::model::stream::{BucketMeta, ForkOrigin, RequestedConfig, RequestedFork, StreamMeta};
+use crate::model::{Offset, Record, content_type, names};
 use crate::storage::{Change, SharedEngine, StorageError, StreamId};
 
 pub use append::{AppendAck, AppendRequest};
+pub use buckets::{BucketInfo, Listing, StreamSummary};
 pub use cache::CacheLimits;
 pub use error::{StreamError, StreamResult};
 pub use fork::ForkRequest;
@@ -58,11 +60,18 @@ impl Default for ServiceConfig {
 
 pub struct StreamService {
     engine: SharedEngine,
-    registry: Mutex<HashMap<String, Arc<Stream>>>,
+    registry: Mutex<Registry>,
     next_id: AtomicU64,
     commit_permits: Semaphore,
     cache_budget: Arc<cache::CacheBudget>,
     config: ServiceConfig,
+}
+
+/// Every stream by key, and every bucket. One lock, so that a stream is never created in a
+/// bucket that is being deleted.
+struct Registry {
+    streams: BTreeMap<String, Arc<Stream>>,
+    buckets: BTreeMap<String, BucketMeta>,
 }
 
 /// A create request, with header syntax already checked by the face.
@@ -75,6 +84,7 @@ pub struct CreateRequest {
     pub closed: bool,
     pub body: Bytes,
     pub fork: Option<ForkRequest>,
+    pub attrs: crate::model::attrs::Attrs,
 }
 
 /// A stream's metadata as faces report it.
@@ -100,7 +110,10 @@ impl StreamService {
         let recovered = engine.recover()?;
         let service = Arc::new(StreamService {
             engine,
-            registry: Mutex::new(HashMap::new()),
+            registry: Mutex::new(Registry {
+                streams: BTreeMap::new(),
+                buckets: recovered.buckets.into_iter().collect(),
+            }),
             next_id: AtomicU64::new(recovered.next_id),
             commit_permits: Semaphore::new(config.max_inflight_commits),
             cache_budget: cache::CacheBudget::new(config.cache),
@@ -125,7 +138,7 @@ impl StreamService {
         }
         let mut registry = service.lock_registry();
         for stream in built.values() {
-            registry.insert(stream.name.clone(), stream.clone());
+            registry.streams.insert(stream.name.clone(), stream.clone());
         }
         drop(registry);
         Ok(service)
@@ -173,7 +186,7 @@ impl StreamService {
         cache::TailCache::new(self.cache_budget.clone())
     }
 
-    fn lock_registry(&self) -> std::sync::MutexGuard<'_, HashMap<String, Arc<Stream>>> {
+    fn lock_registry(&self) -> std::sync::MutexGuard<'_, Registry> {
         self.registry
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
@@ -185,6 +198,7 @@ impl StreamService {
         loop {
             let stream = self
                 .lock_registry()
+                .streams
                 .get(name)
                 .cloned()
                 .ok_or(StreamError::NotFound)?;
@@ -261,6 +275,7 @@ impl StreamService {
             ttl_secs,
             expires_at_ms,
             closed: request.closed,
+            attrs: request.attrs.clone(),
             fork: request.fork.as_ref().map(|f| RequestedFork {
                 source_name: f.source.clone(),
                 offset: f.offset,
@@ -281,7 +296,7 @@ impl StreamService {
         };
 
         loop {
-            let existing = self.lock_registry().get(&request.name).cloned();
+            let existing = self.lock_registry().streams.get(&request.name).cloned();
             if let Some(existing) = existing {
                 match self.confirm_existing(&existing, &requested).await {
                     Err(StreamError::NotFound) => continue, // removed meanwhile: create anew
@@ -361,8 +376,13 @@ impl StreamService {
         )>,
     > {
         let mut registry = self.lock_registry();
-        if registry.contains_key(name) {
+        if registry.streams.contains_key(name) {
             return Ok(None);
+        }
+        if let Some(bucket) = names::bucket_of(name)
+            && !registry.buckets.contains_key(bucket)
+        {
+            return Err(StreamError::BucketNotFound);
         }
         let now = now_ms();
         let (start, mut records) = match plan {
@@ -389,6 +409,9 @@ impl StreamService {
             }),
             soft_deleted: false,
             created_ms: now,
+            attrs: requested.attrs.clone(),
+            snapshot: None,
+            retained_from: Offset::START,
         };
         if let Some(plan) = plan {
             let mut source = plan.source.lock();
@@ -414,12 +437,12 @@ impl StreamService {
             now,
         ));
         stream.lock().recent.push(&records);
-        let mut changes = vec![Change::PutStream(id, meta)];
+        let mut changes = vec![Change::PutStream(id, Box::new(meta))];
         if !records.is_empty() {
             changes.push(Change::PutRecords(id, records));
         }
         let commit = self.engine.commit(changes);
-        registry.insert(name.to_string(), stream.clone());
+        registry.streams.insert(name.to_string(), stream.clone());
         Ok(Some((stream, commit)))
     }
 
@@ -427,10 +450,11 @@ impl StreamService {
     fn forget(&self, stream: &Arc<Stream>) {
         let mut registry = self.lock_registry();
         if registry
+            .streams
             .get(&stream.name)
             .is_some_and(|s| Arc::ptr_eq(s, stream))
         {
-            registry.remove(&stream.name);
+            registry.streams.remove(&stream.name);
         }
     }
 
@@ -456,9 +480,10 @@ impl StreamService {
                         return Ok(Removal::Soft);
                     }
                     state.meta.soft_deleted = true;
-                    let commit = self
-                        .engine
-                        .commit(vec![Change::PutStream(stream.id, state.meta.clone())]);
+                    let commit = self.engine.commit(vec![Change::PutStream(
+                        stream.id,
+                        Box::new(state.meta.clone()),
+                    )]);
                     (Removal::Soft, commit)
                 } else {
                     state.removed = true;
@@ -498,6 +523,7 @@ impl StreamService {
         let now = now_ms();
         let candidates: Vec<Arc<Stream>> = self
             .lock_registry()
+            .streams
             .values()
             .filter(|s| s.may_expire)
             .filter(|s| {

@@ -42,6 +42,13 @@ impl Engine for GatedEngine {
         self.inner.read(id, from, until, max)
     }
 
+    fn read_snapshot(
+        &self,
+        id: StreamId,
+    ) -> BoxFuture<'static, Result<Option<Bytes>, StorageError>> {
+        self.inner.read_snapshot(id)
+    }
+
     fn recover(&self) -> Result<Recovered, StorageError> {
         self.inner.recover()
     }
@@ -221,6 +228,9 @@ async fn restart_removes_soft_deleted_streams_no_fork_reads_any_more() {
         fork,
         soft_deleted,
         created_ms: 0,
+        attrs: None,
+        snapshot: None,
+        retained_from: Offset::START,
     };
     let origin = |source_id, source_name: &str| ForkOrigin {
         source_id,
@@ -233,10 +243,10 @@ async fn restart_removes_soft_deleted_streams_no_fork_reads_any_more() {
     let engine: SharedEngine = Arc::new(MemoryEngine::new());
     engine
         .commit(vec![
-            Change::PutStream(1, meta("root", true, None)),
-            Change::PutStream(2, meta("middle", true, Some(origin(1, "root")))),
-            Change::PutStream(3, meta("kept", true, None)),
-            Change::PutStream(4, meta("reader", false, Some(origin(3, "kept")))),
+            Change::PutStream(1, Box::new(meta("root", true, None))),
+            Change::PutStream(2, Box::new(meta("middle", true, Some(origin(1, "root"))))),
+            Change::PutStream(3, Box::new(meta("kept", true, None))),
+            Change::PutStream(4, Box::new(meta("reader", false, Some(origin(3, "kept"))))),
         ])
         .await
         .unwrap();

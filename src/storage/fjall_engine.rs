@@ -36,6 +36,8 @@ struct Keyspaces {
     streams: Keyspace,
     records: Keyspace,
     producers: Keyspace,
+    snapshots: Keyspace,
+    buckets: Keyspace,
     system: Keyspace,
 }
 
@@ -76,6 +78,8 @@ impl FjallEngine {
             streams: open("streams")?,
             records: open("records")?,
             producers: open("producers")?,
+            snapshots: open("snapshots")?,
+            buckets: open("buckets")?,
             system: open("system")?,
             db,
         };
@@ -163,8 +167,33 @@ impl Engine for FjallEngine {
         .boxed()
     }
 
+    fn read_snapshot(
+        &self,
+        id: StreamId,
+    ) -> BoxFuture<'static, Result<Option<Bytes>, StorageError>> {
+        let snapshots = self.keyspaces.snapshots.clone();
+        async move {
+            tokio::task::spawn_blocking(move || {
+                let blob = snapshots.get(codec::stream_key(id)).map_err(io)?;
+                Ok(blob.map(|b| Bytes::copy_from_slice(&b)))
+            })
+            .await
+            .map_err(io)?
+        }
+        .boxed()
+    }
+
     fn recover(&self) -> Result<Recovered, StorageError> {
         let ks = &self.keyspaces;
+        let mut buckets = Vec::new();
+        for guard in ks.buckets.iter() {
+            let (key, value) = guard.into_inner().map_err(io)?;
+            let name = String::from_utf8(key.to_vec())
+                .map_err(|_| StorageError::Corrupt("bucket name is not UTF-8".into()))?;
+            let meta = serde_json::from_slice(&value)
+                .map_err(|e| StorageError::Corrupt(format!("metadata of bucket {name}: {e}")))?;
+            buckets.push((name, meta));
+        }
         let mut streams = Vec::new();
         for guard in ks.streams.iter() {
             let (key, value) = guard.into_inner().map_err(io)?;
@@ -197,7 +226,11 @@ impl Engine for FjallEngine {
             None => 0,
         };
         let next_id = streams.iter().map(|s| s.id + 1).fold(next_id, u64::max);
-        Ok(Recovered { streams, next_id })
+        Ok(Recovered {
+            streams,
+            buckets,
+            next_id,
+        })
     }
 }
 
@@ -282,11 +315,34 @@ impl Writer {
                         .commit()
                         .map_err(io)?;
                     batch.remove(&ks.streams, codec::stream_key(*id));
+                    batch.remove(&ks.snapshots, codec::stream_key(*id));
                     for keyspace in [&ks.records, &ks.producers] {
                         for guard in keyspace.prefix(codec::stream_key(*id)) {
                             batch.remove(keyspace, guard.key().map_err(io)?);
                         }
                     }
+                }
+                Change::TrimRecords(id, before) => {
+                    std::mem::replace(&mut batch, ks.db.batch())
+                        .commit()
+                        .map_err(io)?;
+                    let range = codec::record_key(*id, 0)..codec::record_key(*id, *before);
+                    for guard in ks.records.range(range) {
+                        batch.remove(&ks.records, guard.key().map_err(io)?);
+                    }
+                }
+                Change::PutSnapshot(id, blob) => {
+                    batch.insert(&ks.snapshots, codec::stream_key(*id), blob.as_ref());
+                }
+                Change::RemoveSnapshot(id) => {
+                    batch.remove(&ks.snapshots, codec::stream_key(*id));
+                }
+                Change::PutBucket(name, meta) => {
+                    let value = serde_json::to_vec(meta).map_err(io)?;
+                    batch.insert(&ks.buckets, name.as_bytes(), value);
+                }
+                Change::RemoveBucket(name) => {
+                    batch.remove(&ks.buckets, name.as_bytes());
                 }
             }
         }

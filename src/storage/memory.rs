@@ -3,12 +3,13 @@
 use std::collections::BTreeMap;
 use std::sync::Mutex;
 
+use bytes::Bytes;
 use futures::future::{self, BoxFuture};
 
 use super::{Change, Engine, Recovered, RecoveredStream, StorageError, StreamId, within_budget};
 use crate::model::Record;
 use crate::model::producer::ProducerState;
-use crate::model::stream::StreamMeta;
+use crate::model::stream::{BucketMeta, StreamMeta};
 
 #[derive(Default)]
 pub struct MemoryEngine {
@@ -20,6 +21,8 @@ struct State {
     streams: BTreeMap<StreamId, StreamMeta>,
     records: BTreeMap<(StreamId, u64), Record>,
     producers: BTreeMap<(StreamId, String), ProducerState>,
+    snapshots: BTreeMap<StreamId, Bytes>,
+    buckets: BTreeMap<String, BucketMeta>,
     next_id: StreamId,
 }
 
@@ -43,7 +46,7 @@ impl Engine for MemoryEngine {
             match change {
                 Change::PutStream(id, meta) => {
                     state.next_id = state.next_id.max(id + 1);
-                    state.streams.insert(id, meta);
+                    state.streams.insert(id, *meta);
                 }
                 Change::PutRecords(id, records) => {
                     for record in records {
@@ -57,6 +60,24 @@ impl Engine for MemoryEngine {
                     state.streams.remove(&id);
                     state.records.retain(|(stream, _), _| *stream != id);
                     state.producers.retain(|(stream, _), _| *stream != id);
+                    state.snapshots.remove(&id);
+                }
+                Change::TrimRecords(id, before) => {
+                    state
+                        .records
+                        .retain(|(stream, seq), _| *stream != id || *seq >= before);
+                }
+                Change::PutSnapshot(id, blob) => {
+                    state.snapshots.insert(id, blob);
+                }
+                Change::RemoveSnapshot(id) => {
+                    state.snapshots.remove(&id);
+                }
+                Change::PutBucket(name, meta) => {
+                    state.buckets.insert(name, meta);
+                }
+                Change::RemoveBucket(name) => {
+                    state.buckets.remove(&name);
                 }
             }
         }
@@ -88,6 +109,14 @@ impl Engine for MemoryEngine {
         Box::pin(future::ready(Ok(records)))
     }
 
+    fn read_snapshot(
+        &self,
+        id: StreamId,
+    ) -> BoxFuture<'static, Result<Option<Bytes>, StorageError>> {
+        let blob = self.lock().snapshots.get(&id).cloned();
+        Box::pin(future::ready(Ok(blob)))
+    }
+
     fn recover(&self) -> Result<Recovered, StorageError> {
         let state = self.lock();
         let streams = state
@@ -104,8 +133,14 @@ impl Engine for MemoryEngine {
                     .collect(),
             })
             .collect();
+        let buckets = state
+            .buckets
+            .iter()
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect();
         Ok(Recovered {
             streams,
+            buckets,
             next_id: state.next_id,
         })
     }

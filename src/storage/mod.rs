@@ -10,11 +10,12 @@ mod memory;
 
 use std::sync::Arc;
 
+use bytes::Bytes;
 use futures::future::BoxFuture;
 
 use crate::model::Record;
 use crate::model::producer::ProducerState;
-use crate::model::stream::StreamMeta;
+use crate::model::stream::{BucketMeta, StreamMeta};
 
 pub use fjall_engine::{FjallEngine, SyncMode};
 pub use memory::MemoryEngine;
@@ -26,12 +27,19 @@ pub type StreamId = u64;
 #[derive(Clone, Debug)]
 pub enum Change {
     /// Create or replace the stream's metadata.
-    PutStream(StreamId, StreamMeta),
+    PutStream(StreamId, Box<StreamMeta>),
     /// Add records (their `seq` values are the keys).
     PutRecords(StreamId, Vec<Record>),
     PutProducer(StreamId, String, ProducerState),
-    /// Remove the stream with its records and producers.
+    /// Remove the stream with its records, producers and snapshot.
     RemoveStream(StreamId),
+    /// Remove the stream's records with `seq < before` (retention moved past them).
+    TrimRecords(StreamId, u64),
+    /// Store the blob of the stream's visible snapshot, replacing any earlier one.
+    PutSnapshot(StreamId, Bytes),
+    RemoveSnapshot(StreamId),
+    PutBucket(String, BucketMeta),
+    RemoveBucket(String),
 }
 
 #[derive(Clone, Debug, thiserror::Error)]
@@ -48,6 +56,7 @@ pub enum StorageError {
 #[derive(Debug, Default)]
 pub struct Recovered {
     pub streams: Vec<RecoveredStream>,
+    pub buckets: Vec<(String, BucketMeta)>,
     /// The smallest id never used by any stream.
     pub next_id: StreamId,
 }
@@ -76,6 +85,12 @@ pub trait Engine: Send + Sync + 'static {
         until: u64,
         max_bytes: usize,
     ) -> BoxFuture<'static, Result<Vec<Record>, StorageError>>;
+
+    /// The blob of the stream's visible snapshot.
+    fn read_snapshot(
+        &self,
+        id: StreamId,
+    ) -> BoxFuture<'static, Result<Option<Bytes>, StorageError>>;
 
     /// Everything stored, for rebuilding in-memory state at start.
     fn recover(&self) -> Result<Recovered, StorageError>;
@@ -120,6 +135,9 @@ mod contract {
             fork: None,
             soft_deleted: false,
             created_ms: 1,
+            attrs: None,
+            snapshot: None,
+            retained_from: Offset::START,
         }
     }
 
@@ -135,7 +153,7 @@ mod contract {
         let tail = records.last().unwrap().next_offset();
         engine
             .commit(vec![
-                Change::PutStream(1, meta("s", tail)),
+                Change::PutStream(1, Box::new(meta("s", tail))),
                 Change::PutRecords(1, records.clone()),
             ])
             .await
@@ -158,8 +176,8 @@ mod contract {
         };
         engine
             .commit(vec![
-                Change::PutStream(4, meta("a", Offset::START)),
-                Change::PutStream(9, meta("b", Offset::START)),
+                Change::PutStream(4, Box::new(meta("a", Offset::START))),
+                Change::PutStream(9, Box::new(meta("b", Offset::START))),
                 Change::PutProducer(4, "p1".into(), producer.clone()),
             ])
             .await
@@ -175,7 +193,7 @@ mod contract {
         let records = lay_out(Offset::START, 1, bodies(&["x"]));
         engine
             .commit(vec![
-                Change::PutStream(3, meta("gone", Offset::new(1, 1))),
+                Change::PutStream(3, Box::new(meta("gone", Offset::new(1, 1)))),
                 Change::PutRecords(3, records),
                 Change::PutProducer(
                     3,
@@ -200,7 +218,7 @@ mod contract {
         let records = lay_out(Offset::START, 1, bodies(&["x", "y"]));
         engine
             .commit(vec![
-                Change::PutStream(5, meta("brief", Offset::new(2, 2))),
+                Change::PutStream(5, Box::new(meta("brief", Offset::new(2, 2)))),
                 Change::PutRecords(5, records),
                 Change::RemoveStream(5),
             ])
@@ -218,7 +236,7 @@ mod contract {
         ];
         engine
             .commit(vec![
-                Change::PutStream(6, meta("h", Offset::new(2, 4))),
+                Change::PutStream(6, Box::new(meta("h", Offset::new(2, 4)))),
                 Change::PutRecords(6, records.clone()),
             ])
             .await
@@ -278,7 +296,7 @@ mod contract {
             let engine = FjallEngine::open(dir.path(), SyncMode::Fsync).unwrap();
             engine
                 .commit(vec![
-                    Change::PutStream(1, meta("p", Offset::new(2, 9))),
+                    Change::PutStream(1, Box::new(meta("p", Offset::new(2, 9)))),
                     Change::PutRecords(1, records.clone()),
                 ])
                 .await

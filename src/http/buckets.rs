@@ -1,0 +1,137 @@
+//! The bucketed surface (seed 000 §1): buckets at `/{bucket}`, their listing at
+//! `/{bucket}/streams`, and streams at `/{bucket}/{stream}` with the same operations as the base
+//! surface.
+
+use axum::body::Body;
+use axum::extract::{Path, RawQuery, State};
+use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, Uri, header};
+use axum::response::{IntoResponse, Response};
+use serde_json::json;
+
+use super::error::{Failure, Handled, empty};
+use super::request::{Query, Rejection};
+use super::{AppState, ds, text_error};
+use crate::model::names::{self, RESERVED_STREAM_ID};
+
+/// The default and largest page of a bucket listing.
+const MAX_LISTING_LIMIT: usize = 1000;
+
+const BUCKET_METHODS: &str = "GET, PUT, DELETE, OPTIONS";
+
+/// `/{bucket}`: create, describe, delete.
+pub async fn bucket(
+    State(app): State<AppState>,
+    Path(bucket): Path<String>,
+    method: Method,
+) -> Response {
+    let result = async {
+        names::validate_bucket_id(&bucket).map_err(|e| Rejection::bad_request(e.to_string()))?;
+        match method {
+            Method::PUT => {
+                app.service.create_bucket(&bucket).await?;
+                Ok(empty(StatusCode::CREATED))
+            }
+            Method::GET | Method::HEAD => {
+                let info = app.service.bucket_info(&bucket)?;
+                let body = json!({
+                    "bucket_id": bucket,
+                    "streams": info.streams,
+                    "created_at_ms": info.created_ms,
+                });
+                Ok(json_response(StatusCode::OK, body.to_string()))
+            }
+            Method::DELETE => {
+                app.service.delete_bucket(&bucket).await?;
+                Ok(empty(StatusCode::NO_CONTENT))
+            }
+            Method::OPTIONS => Ok(ds::preflight()),
+            _ => Ok(not_allowed(BUCKET_METHODS)),
+        }
+    };
+    result
+        .await
+        .unwrap_or_else(|failure: Failure| failure.into_response())
+}
+
+/// `/{bucket}/{stream}`: a stream, or the bucket's listing when the stream id is `streams`.
+pub async fn stream(
+    State(app): State<AppState>,
+    Path((bucket, stream)): Path<(String, String)>,
+    method: Method,
+    uri: Uri,
+    RawQuery(query): RawQuery,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
+    if stream == RESERVED_STREAM_ID {
+        return match method {
+            Method::GET | Method::HEAD => {
+                list(&app, &bucket, query.as_deref()).unwrap_or_else(|f| f.into_response())
+            }
+            Method::OPTIONS => ds::preflight(),
+            _ => not_allowed("GET, OPTIONS"),
+        };
+    }
+    match names::bucket_stream_key(&bucket, &stream) {
+        Ok(key) => {
+            ds::stream_request(&app, key, method, &uri, query.as_deref(), &headers, body).await
+        }
+        Err(e) => text_error(StatusCode::BAD_REQUEST, &e.to_string()),
+    }
+}
+
+fn list(app: &AppState, bucket: &str, query: Option<&str>) -> Handled {
+    names::validate_bucket_id(bucket).map_err(|e| Rejection::bad_request(e.to_string()))?;
+    let query = Query::parse(query);
+    let prefix = query.get("prefix")?.unwrap_or_default();
+    let after = query.get("after")?;
+    let limit = match query.get("limit")? {
+        None => MAX_LISTING_LIMIT,
+        Some(text) => text
+            .parse::<usize>()
+            .ok()
+            .filter(|n| (1..=MAX_LISTING_LIMIT).contains(n))
+            .ok_or_else(|| Rejection::bad_request("limit must be an integer from 1 to 1000"))?,
+    };
+    let listing = app.service.list_streams(bucket, prefix, after, limit)?;
+    let streams: Vec<_> = listing
+        .streams
+        .iter()
+        .map(|s| {
+            json!({
+                "stream_id": s.stream_id,
+                "status": if s.closed { "Closed" } else { "Open" },
+                "content_type": s.content_type,
+                "tail_offset": s.tail.pos,
+                "next_offset": s.tail.to_string(),
+                "created_at_ms": s.created_ms,
+                "last_write_at_ms": s.last_write_ms,
+            })
+        })
+        .collect();
+    let mut body = json!({
+        "bucket_id": bucket,
+        "prefix": prefix,
+        "stream_count": streams.len(),
+        "has_more": listing.has_more,
+    });
+    if listing.has_more
+        && let Some(last) = listing.streams.last()
+    {
+        body["next_cursor"] = json!(last.stream_id);
+    }
+    body["streams"] = json!(streams);
+    Ok(json_response(StatusCode::OK, body.to_string()))
+}
+
+pub fn json_response(status: StatusCode, body: String) -> Response {
+    (status, [(header::CONTENT_TYPE, "application/json")], body).into_response()
+}
+
+fn not_allowed(methods: &'static str) -> Response {
+    let mut response = text_error(StatusCode::METHOD_NOT_ALLOWED, "method not allowed here");
+    response
+        .headers_mut()
+        .insert(header::ALLOW, HeaderValue::from_static(methods));
+    response
+}

@@ -1,0 +1,124 @@
+//! Failures and the response pieces every face shares.
+
+use axum::body::Body;
+use axum::http::{HeaderName, HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+
+use super::request::Rejection;
+use super::text_error;
+use crate::model::Offset;
+use crate::model::headers::HeaderError;
+use crate::model::producer::ProducerError;
+use crate::service::StreamError;
+
+/// Why a request failed, on its way to becoming a response.
+pub enum Failure {
+    Rejected(Rejection),
+    Stream(StreamError),
+}
+
+impl From<Rejection> for Failure {
+    fn from(r: Rejection) -> Self {
+        Failure::Rejected(r)
+    }
+}
+
+impl From<StreamError> for Failure {
+    fn from(e: StreamError) -> Self {
+        Failure::Stream(e)
+    }
+}
+
+impl From<HeaderError> for Failure {
+    fn from(e: HeaderError) -> Self {
+        Failure::Rejected(Rejection::bad_request(e.0))
+    }
+}
+
+impl IntoResponse for Failure {
+    fn into_response(self) -> Response {
+        match self {
+            Failure::Rejected(r) => {
+                let mut response = text_error(r.status, &r.reason);
+                if r.status == StatusCode::PAYLOAD_TOO_LARGE {
+                    // The unread rest of the body is still on the wire: this connection is done,
+                    // and saying so keeps clients from reusing it for their next request.
+                    response
+                        .headers_mut()
+                        .insert(header::CONNECTION, HeaderValue::from_static("close"));
+                }
+                response
+            }
+            Failure::Stream(e) => stream_error(e),
+        }
+    }
+}
+
+pub type Handled = Result<Response, Failure>;
+
+pub fn stream_error(error: StreamError) -> Response {
+    let reason = error.to_string();
+    let (status, extra): (StatusCode, Vec<(&str, String)>) = match error {
+        StreamError::BadRequest(_) | StreamError::BadOffset(_) => (StatusCode::BAD_REQUEST, vec![]),
+        StreamError::NotFound | StreamError::BucketNotFound | StreamError::ForkSourceNotFound => {
+            (StatusCode::NOT_FOUND, vec![])
+        }
+        StreamError::Gone => (StatusCode::GONE, vec![]),
+        StreamError::Conflict(_)
+        | StreamError::ContentTypeMismatch
+        | StreamError::StreamSeqRegression { .. }
+        | StreamError::ForkSourceGone => (StatusCode::CONFLICT, vec![]),
+        StreamError::Closed { tail } => (
+            StatusCode::CONFLICT,
+            vec![
+                ("stream-closed", "true".into()),
+                ("stream-next-offset", tail.to_string()),
+            ],
+        ),
+        StreamError::Producer(ProducerError::StaleEpoch { current, .. }) => (
+            StatusCode::FORBIDDEN,
+            vec![("producer-epoch", current.to_string())],
+        ),
+        StreamError::Producer(ProducerError::EpochBumpNotAtZero) => {
+            (StatusCode::BAD_REQUEST, vec![])
+        }
+        StreamError::Producer(ProducerError::SequenceGap { expected, received }) => (
+            StatusCode::CONFLICT,
+            vec![
+                ("producer-expected-seq", expected.to_string()),
+                ("producer-received-seq", received.to_string()),
+            ],
+        ),
+        StreamError::Storage(e) => {
+            tracing::error!(error = %e, "storage failure");
+            (
+                StatusCode::SERVICE_UNAVAILABLE,
+                vec![("retry-after", "1".into())],
+            )
+        }
+    };
+    let mut response = text_error(status, &reason);
+    for (name, value) in extra {
+        set(&mut response, name, &value);
+    }
+    response
+}
+
+pub fn set(response: &mut Response, name: &'static str, value: &str) {
+    if let Ok(value) = HeaderValue::from_str(value) {
+        response
+            .headers_mut()
+            .insert(HeaderName::from_static(name), value);
+    }
+}
+
+pub fn set_tail(response: &mut Response, tail: Offset, closed: bool) {
+    set(response, "stream-next-offset", &tail.to_string());
+    if closed {
+        set(response, "stream-closed", "true");
+    }
+}
+
+pub fn empty(status: StatusCode) -> Response {
+    (status, Body::empty()).into_response()
+}

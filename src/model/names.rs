@@ -1,0 +1,158 @@
+//! Stream names. Every stream has one key, the decoded URL path that addresses it:
+//! `/v1/stream/{path}` on the base surface, `/{bucket_id}/{stream_id}` on the bucketed one.
+//! The two never collide because bucket ids are at least four characters long.
+
+/// Path prefix of the base-protocol surface.
+pub const BASE_PREFIX: &str = "/v1/stream/";
+
+/// The bucket-local stream id reserved for the listing endpoint.
+pub const RESERVED_STREAM_ID: &str = "streams";
+
+/// The most bytes a stream id, and the combined `bucket/stream` key, may have.
+pub const MAX_STREAM_KEY_BYTES: usize = 122;
+
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum NameError {
+    #[error("bucket id must match ^[a-z0-9_-]{{4,64}}$")]
+    BadBucket,
+    #[error(
+        "stream id must be 1 to 122 bytes with no '/', NUL or '..', and bucket/stream at most 122 bytes"
+    )]
+    BadStreamId,
+    #[error("the stream id 'streams' is reserved for the bucket listing")]
+    Reserved,
+    #[error("a base-protocol stream path must be non-empty and free of control characters")]
+    BadPath,
+    #[error("not a stream path: expected /v1/stream/<path> or /<bucket>/<stream>")]
+    NotAStream,
+}
+
+pub fn validate_bucket_id(bucket: &str) -> Result<(), NameError> {
+    let ok = (4..=64).contains(&bucket.len())
+        && bucket
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_' || b == b'-');
+    if ok {
+        Ok(())
+    } else {
+        Err(NameError::BadBucket)
+    }
+}
+
+/// The key of a stream in a bucket, after checking both identifiers.
+pub fn bucket_stream_key(bucket: &str, stream: &str) -> Result<String, NameError> {
+    validate_bucket_id(bucket)?;
+    if stream == RESERVED_STREAM_ID {
+        return Err(NameError::Reserved);
+    }
+    let bad = stream.is_empty()
+        || stream.len() > MAX_STREAM_KEY_BYTES
+        || bucket.len() + 1 + stream.len() > MAX_STREAM_KEY_BYTES
+        || stream.contains(['/', '\0'])
+        || stream.contains("..");
+    if bad {
+        return Err(NameError::BadStreamId);
+    }
+    Ok(format!("/{bucket}/{stream}"))
+}
+
+/// The key of a base-protocol stream.
+pub fn base_stream_key(path: &str) -> Result<String, NameError> {
+    if path.is_empty() || path.chars().any(char::is_control) {
+        return Err(NameError::BadPath);
+    }
+    Ok(format!("{BASE_PREFIX}{path}"))
+}
+
+/// Checks a decoded path that names a stream (as in `Stream-Forked-From`) and returns its key.
+pub fn stream_key_of_path(path: &str) -> Result<String, NameError> {
+    if let Some(rest) = path.strip_prefix(BASE_PREFIX) {
+        return base_stream_key(rest);
+    }
+    let mut segments = path
+        .strip_prefix('/')
+        .ok_or(NameError::NotAStream)?
+        .splitn(2, '/');
+    match (segments.next(), segments.next()) {
+        (Some(bucket), Some(stream)) => bucket_stream_key(bucket, stream),
+        _ => Err(NameError::NotAStream),
+    }
+}
+
+/// The bucket a stream key belongs to, if it is on the bucketed surface.
+pub fn bucket_of(key: &str) -> Option<&str> {
+    if key.starts_with(BASE_PREFIX) {
+        return None;
+    }
+    key.strip_prefix('/')?.split('/').next()
+}
+
+/// The prefix every stream key of `bucket` starts with.
+pub fn bucket_prefix(bucket: &str) -> String {
+    format!("/{bucket}/")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    #[test]
+    fn bucket_ids_are_four_to_sixty_four_lowercase_word_characters() {
+        for ok in ["abcd", "a-b_c", "0123", &"x".repeat(64)] {
+            assert_eq!(validate_bucket_id(ok), Ok(()), "{ok}");
+        }
+        for bad in [
+            "abc",
+            "ABCD",
+            "ab.cd",
+            "ab cd",
+            "v1",
+            &"x".repeat(65),
+            "über",
+        ] {
+            assert_eq!(validate_bucket_id(bad), Err(NameError::BadBucket), "{bad}");
+        }
+    }
+
+    #[test]
+    fn stream_ids_respect_length_separator_and_reserved_rules() {
+        assert_eq!(bucket_stream_key("game", "room 1").unwrap(), "/game/room 1");
+        assert_eq!(
+            bucket_stream_key("game", "streams"),
+            Err(NameError::Reserved)
+        );
+        for bad in ["", "a/b", "a\0b", "..", "a..b"] {
+            assert_eq!(
+                bucket_stream_key("game", bad),
+                Err(NameError::BadStreamId),
+                "{bad:?}"
+            );
+        }
+        assert!(bucket_stream_key("game", &"s".repeat(117)).is_ok());
+        assert_eq!(
+            bucket_stream_key("game", &"s".repeat(118)),
+            Err(NameError::BadStreamId)
+        );
+    }
+
+    #[test]
+    fn paths_resolve_to_keys_on_either_surface() {
+        assert_eq!(
+            stream_key_of_path("/v1/stream/a/b").unwrap(),
+            "/v1/stream/a/b"
+        );
+        assert_eq!(stream_key_of_path("/game/room").unwrap(), "/game/room");
+        assert_eq!(stream_key_of_path("/game"), Err(NameError::NotAStream));
+        assert_eq!(stream_key_of_path("game/room"), Err(NameError::NotAStream));
+        assert_eq!(bucket_of("/game/room"), Some("game"));
+        assert_eq!(bucket_of("/v1/stream/game/room"), None);
+    }
+
+    proptest! {
+        #[test]
+        fn arbitrary_paths_never_panic(path in "\\PC*") {
+            let _ = stream_key_of_path(&path);
+        }
+    }
+}

@@ -1,0 +1,159 @@
+//! Buckets (seed 000 §1): explicit namespaces of streams, created empty and deleted only empty.
+
+use std::sync::Arc;
+
+use super::{Stream, StreamError, StreamResult, StreamService, now_ms};
+use crate::model::Offset;
+use crate::model::names::bucket_prefix;
+use crate::model::stream::BucketMeta;
+use crate::storage::Change;
+
+#[derive(Clone, Debug)]
+pub struct BucketInfo {
+    pub created_ms: i64,
+    /// Streams in the bucket that clients can see.
+    pub streams: usize,
+}
+
+/// One stream as a bucket listing shows it.
+#[derive(Clone, Debug)]
+pub struct StreamSummary {
+    pub stream_id: String,
+    pub closed: bool,
+    pub content_type: String,
+    pub tail: Offset,
+    pub created_ms: i64,
+    pub last_write_ms: i64,
+}
+
+#[derive(Clone, Debug)]
+pub struct Listing {
+    pub streams: Vec<StreamSummary>,
+    pub has_more: bool,
+}
+
+impl StreamService {
+    pub async fn create_bucket(&self, bucket: &str) -> StreamResult<()> {
+        let meta = BucketMeta {
+            created_ms: now_ms(),
+        };
+        let commit = {
+            let mut registry = self.lock_registry();
+            if registry.buckets.contains_key(bucket) {
+                return Err(StreamError::Conflict("bucket already exists"));
+            }
+            registry.buckets.insert(bucket.to_string(), meta.clone());
+            self.engine
+                .commit(vec![Change::PutBucket(bucket.to_string(), meta)])
+        };
+        if let Err(e) = commit.await {
+            self.lock_registry().buckets.remove(bucket);
+            return Err(e.into());
+        }
+        Ok(())
+    }
+
+    pub fn bucket_info(&self, bucket: &str) -> StreamResult<BucketInfo> {
+        let (meta, members) = {
+            let registry = self.lock_registry();
+            let meta = registry
+                .buckets
+                .get(bucket)
+                .cloned()
+                .ok_or(StreamError::BucketNotFound)?;
+            (meta, members(&registry.streams, bucket))
+        };
+        let now = now_ms();
+        let streams = members.iter().filter(|s| visible(s, now)).count();
+        Ok(BucketInfo {
+            created_ms: meta.created_ms,
+            streams,
+        })
+    }
+
+    /// Deletes an empty bucket. Streams kept only for their forks still count: their data lives on.
+    pub async fn delete_bucket(&self, bucket: &str) -> StreamResult<()> {
+        // Expired streams are gone for clients; make them gone for the bucket too.
+        self.sweep_expired().await;
+        let commit = {
+            let mut registry = self.lock_registry();
+            if !registry.buckets.contains_key(bucket) {
+                return Err(StreamError::BucketNotFound);
+            }
+            if !members(&registry.streams, bucket).is_empty() {
+                return Err(StreamError::Conflict("bucket is not empty"));
+            }
+            registry.buckets.remove(bucket);
+            self.engine
+                .commit(vec![Change::RemoveBucket(bucket.to_string())])
+        };
+        commit.await?;
+        Ok(())
+    }
+
+    /// Streams of a bucket whose ids start with `prefix`, after `after`, sorted by id.
+    pub fn list_streams(
+        &self,
+        bucket: &str,
+        prefix: &str,
+        after: Option<&str>,
+        limit: usize,
+    ) -> StreamResult<Listing> {
+        let key_prefix = bucket_prefix(bucket);
+        let candidates: Vec<Arc<Stream>> = {
+            let registry = self.lock_registry();
+            if !registry.buckets.contains_key(bucket) {
+                return Err(StreamError::BucketNotFound);
+            }
+            let start = format!("{key_prefix}{prefix}");
+            registry
+                .streams
+                .range(start.clone()..)
+                .take_while(|(key, _)| key.starts_with(&start))
+                .filter(|(key, _)| after.is_none_or(|a| key[key_prefix.len()..] > *a))
+                .map(|(_, stream)| stream.clone())
+                .collect()
+        };
+        let now = now_ms();
+        let mut streams: Vec<StreamSummary> = candidates
+            .iter()
+            .filter(|s| visible(s, now))
+            .take(limit + 1)
+            .map(|s| summary(s, &key_prefix))
+            .collect();
+        let has_more = streams.len() > limit;
+        streams.truncate(limit);
+        Ok(Listing { streams, has_more })
+    }
+}
+
+fn members(
+    streams: &std::collections::BTreeMap<String, Arc<Stream>>,
+    bucket: &str,
+) -> Vec<Arc<Stream>> {
+    let prefix = bucket_prefix(bucket);
+    streams
+        .range(prefix.clone()..)
+        .take_while(|(key, _)| key.starts_with(&prefix))
+        .map(|(_, s)| s.clone())
+        .collect()
+}
+
+/// Whether clients can see the stream: not deleted, not expired.
+fn visible(stream: &Stream, now: i64) -> bool {
+    let state = stream.lock();
+    !state.removed && !state.meta.soft_deleted && !state.meta.is_expired(now, state.last_access_ms)
+}
+
+fn summary(stream: &Stream, key_prefix: &str) -> StreamSummary {
+    let durable = stream.durable();
+    let state = stream.lock();
+    StreamSummary {
+        stream_id: stream.name[key_prefix.len()..].to_string(),
+        closed: durable.closed,
+        content_type: stream.content_type.clone(),
+        tail: durable.tail,
+        created_ms: state.meta.created_ms,
+        last_write_ms: state.meta.last_timestamp_ms,
+    }
+}
