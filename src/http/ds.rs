@@ -1,6 +1,6 @@
 //! The Durable Streams face at `/v1/stream/{path}`: the base protocol over HTTP.
 
-use std::time::Duration;
+use std::sync::Arc;
 
 use axum::body::Body;
 use axum::extract::{Path, RawQuery, State};
@@ -12,19 +12,24 @@ use super::error::{Handled, empty, set, set_tail};
 use super::request::{self, Query, Rejection};
 use super::{AppState, sse, text_error};
 use crate::model::headers as hv;
+use crate::model::records::{self, ReadParams, RecordView};
 use crate::model::{Offset, ReadFrom, Record, attrs, cursor, json, names};
 use crate::service::{
-    AppendAck, AppendRequest, CreateRequest, ForkRequest, ReadChunk, StreamError, StreamInfo,
+    AppendAck, AppendRequest, CreateRequest, ForkRequest, ReadChunk, Stream, StreamError,
+    StreamInfo,
 };
 
 pub const EXPOSED_HEADERS: &str = "Stream-Next-Offset, Stream-Cursor, Stream-Up-To-Date, Stream-Closed, \
     Stream-TTL, Stream-Expires-At, Stream-SSE-Data-Encoding, Producer-Epoch, Producer-Seq, \
-    Producer-Expected-Seq, Producer-Received-Seq, ETag, Content-Type, Content-Encoding, Location, Vary";
+    Producer-Expected-Seq, Producer-Received-Seq, Stream-Extensions, Stream-Record-First, \
+    Stream-Record-Start, Stream-Record-Next, Stream-Snapshot-Offset, Stream-Snapshot-Digest, \
+    Stream-Retained-Offset, Stream-Data-Content-Type, ETag, Content-Type, Content-Encoding, Location, Vary";
 
 const ALLOWED_METHODS: &str = "GET, POST, PUT, DELETE, HEAD, OPTIONS";
 const ALLOWED_HEADERS: &str = "Content-Type, Authorization, If-None-Match, Stream-Seq, Stream-TTL, \
     Stream-Expires-At, Stream-Closed, Stream-Forked-From, Stream-Fork-Offset, Stream-Fork-Sub-Offset, \
-    Stream-Attrs, Producer-Id, Producer-Epoch, Producer-Seq, Last-Event-ID";
+    Stream-Attrs, Stream-Record-Match, Stream-Snapshot-Match, Producer-Id, Producer-Epoch, Producer-Seq, \
+    Last-Event-ID";
 
 /// Catch-up chunks that end before the tail never change, so shared caches may keep them.
 const CACHE_HISTORIC: &str = "public, max-age=60, stale-while-revalidate=300";
@@ -182,13 +187,17 @@ async fn create(
             .map_err(|e| Rejection::bad_request(e.to_string()))?
             .flatten(),
     };
-    let (info, created) = app.service.create(request).await?;
+    let outcome = app.service.create(request).await?;
+    let (info, created) = (&outcome.info, outcome.created);
     let mut response = empty(if created {
         StatusCode::CREATED
     } else {
         StatusCode::OK
     });
-    describe(&mut response, &info);
+    describe(&mut response, info);
+    if info.json {
+        set_record_range(&mut response, outcome.records);
+    }
     if created {
         let host = request::header(headers, "host")?.unwrap_or("localhost");
         set(
@@ -204,6 +213,9 @@ async fn create(
 fn describe(response: &mut Response, info: &StreamInfo) {
     set(response, "content-type", &info.content_type);
     set_tail(response, info.tail, info.closed);
+    if info.json {
+        advertise_records(response);
+    }
     if let Some(ttl) = info.ttl_secs {
         set(response, "stream-ttl", &ttl.to_string());
     }
@@ -231,15 +243,39 @@ async fn append(app: &AppState, name: &str, headers: &HeaderMap, body: Body) -> 
         return Err(Rejection::bad_request("an append with a body needs a Content-Type").into());
     }
     let has_body = !body.is_empty();
+    let record_match = request::header(headers, "stream-record-match")?
+        .map(|v| {
+            hv::parse_canonical_u64(v).ok_or_else(|| {
+                Rejection::bad_request("Stream-Record-Match must be a non-negative integer")
+            })
+        })
+        .transpose()?;
     let request = AppendRequest {
         content_type,
         body,
         close,
         producer,
         stream_seq: request::header(headers, "stream-seq")?.map(str::to_owned),
+        record_match,
     };
     let ack = app.service.append(name, request).await?;
-    Ok(acknowledge(&ack, has_body))
+    let mut response = acknowledge(&ack, has_body);
+    if ack.record_aware {
+        advertise_records(&mut response);
+        set_record_range(&mut response, ack.records);
+    }
+    Ok(response)
+}
+
+/// `Stream-Extensions` on responses about a JSON stream (seed 000 §6).
+pub(super) fn advertise_records(response: &mut Response) {
+    set(response, "stream-extensions", records::EXTENSION_TOKEN);
+}
+
+/// `Stream-Record-Start` / `Stream-Record-Next` of an operation that created records.
+pub(super) fn set_record_range(response: &mut Response, (start, next): (u64, u64)) {
+    set(response, "stream-record-start", &start.to_string());
+    set(response, "stream-record-next", &next.to_string());
 }
 
 fn acknowledge(ack: &AppendAck, has_body: bool) -> Response {
@@ -262,6 +298,26 @@ async fn head(app: &AppState, name: &str) -> Handled {
     let (_, info) = app.service.head(name).await?;
     let mut response = empty(StatusCode::OK);
     describe(&mut response, &info);
+    if info.json {
+        set(
+            &mut response,
+            "stream-record-first",
+            &info.first.seq.to_string(),
+        );
+        set(
+            &mut response,
+            "stream-record-next",
+            &info.tail.seq.to_string(),
+        );
+    }
+    if let Some(snapshot) = &info.snapshot {
+        set(
+            &mut response,
+            "stream-snapshot-offset",
+            &snapshot.offset.to_string(),
+        );
+        set(&mut response, "stream-snapshot-digest", &snapshot.digest);
+    }
     set(&mut response, "cache-control", "no-store");
     Ok(response)
 }
@@ -272,15 +328,32 @@ async fn delete(app: &AppState, name: &str) -> Handled {
 }
 
 /// How a GET wants its data.
+#[derive(Clone, Copy, PartialEq, Eq)]
 enum Live {
     No,
     LongPoll,
     Sse,
 }
 
+/// How a read shows its records: the base protocol's canonical bytes, or record-aligned lines.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum View {
+    Canonical,
+    Records(RecordView),
+}
+
 async fn read(app: &AppState, name: &str, query: Option<&str>, headers: &HeaderMap) -> Handled {
     let query = Query::parse(query);
     let offset = query.get("offset")?;
+    let record_read = records::parse_record_read(&ReadParams {
+        offset,
+        record: query.get("record")?,
+        tail_records: query.get("tail_records")?,
+        max_records: query.get("max_records")?,
+        max_bytes: query.get("max_bytes")?,
+        record_view: query.get("record_view")?,
+    })
+    .map_err(Rejection::bad_request)?;
     let from = match offset {
         None => ReadFrom::Start,
         Some(value) => ReadFrom::parse(value).map_err(|e| Rejection::bad_request(e.to_string()))?,
@@ -293,20 +366,40 @@ async fn read(app: &AppState, name: &str, query: Option<&str>, headers: &HeaderM
             return Err(Rejection::bad_request(format!("unknown live mode {other:?}")).into());
         }
     };
-    if !matches!(live, Live::No) && offset.is_none() {
+    if live != Live::No && offset.is_none() && record_read.is_none() {
         return Err(Rejection::bad_request("live reads need an offset").into());
     }
     let client_cursor = query.get("cursor")?.and_then(|c| c.parse::<u64>().ok());
     let stream = app.service.find(name, true).await?;
-    let start = app.service.resolve(&stream, from).await?;
+    let (start, view, max_records) = match record_read {
+        Some(read) => {
+            let start = app.service.resolve_record(&stream, read.start).await?;
+            (start, View::Records(read.view), read.max_records)
+        }
+        None => (
+            app.service.resolve(&stream, from).await?,
+            View::Canonical,
+            None,
+        ),
+    };
+    let read = Read {
+        stream,
+        start,
+        view,
+        max_records,
+        client_cursor,
+    };
     match live {
-        Live::Sse => Ok(sse::respond(app, stream, start, client_cursor)),
-        Live::LongPoll => long_poll(app, &stream, start, client_cursor).await,
+        Live::Sse => Ok(sse::respond(app, read)),
+        Live::LongPoll => long_poll(app, &read).await,
         Live::No => {
-            let chunk = app.service.read_at(&stream, start).await?;
-            let at_now = from == ReadFrom::Now;
+            let chunk = app
+                .service
+                .read_at(&read.stream, start, max_records)
+                .await?;
+            let at_now = from == ReadFrom::Now && view == View::Canonical;
             Ok(catch_up(
-                &stream,
+                &read,
                 &chunk,
                 at_now,
                 request::header(headers, "if-none-match")?,
@@ -315,32 +408,37 @@ async fn read(app: &AppState, name: &str, query: Option<&str>, headers: &HeaderM
     }
 }
 
-fn catch_up(
-    stream: &crate::service::Stream,
-    chunk: &ReadChunk,
-    at_now: bool,
-    if_none_match: Option<&str>,
-) -> Response {
+/// A resolved read: the stream, where it starts, and how the records are shown.
+pub(super) struct Read {
+    pub stream: Arc<Stream>,
+    pub start: Offset,
+    pub view: View,
+    pub max_records: Option<u64>,
+    pub client_cursor: Option<u64>,
+}
+
+fn catch_up(read: &Read, chunk: &ReadChunk, at_now: bool, if_none_match: Option<&str>) -> Response {
+    let stream = &read.stream;
+    let view_tag = match read.view {
+        View::Canonical => "",
+        View::Records(RecordView::Values) => ":ndjson",
+        View::Records(RecordView::Envelope) => ":envelope",
+    };
     let etag = format!(
-        "\"{}:{}:{}{}\"",
+        "\"{}:{}:{}{}{}\"",
         stream.id,
         chunk.start,
         chunk.next,
-        if chunk.closed { ":c" } else { "" }
+        if chunk.closed { ":c" } else { "" },
+        view_tag
     );
     let mut response =
         if !at_now && if_none_match.is_some_and(|tags| tags.split(',').any(|t| t.trim() == etag)) {
             empty(StatusCode::NOT_MODIFIED)
         } else {
-            let mut response =
-                (StatusCode::OK, render_body(stream.json, &chunk.records)).into_response();
-            set(&mut response, "content-type", &stream.content_type);
-            response
+            with_body(StatusCode::OK, read, chunk)
         };
-    set_tail(&mut response, chunk.next, chunk.closed);
-    if chunk.up_to_date {
-        set(&mut response, "stream-up-to-date", "true");
-    }
+    describe_chunk(&mut response, read, chunk);
     if at_now {
         set(&mut response, "cache-control", "no-store");
     } else {
@@ -358,8 +456,62 @@ fn catch_up(
     response
 }
 
-/// The body of a read: the records' bytes, or for JSON one array of the records.
-pub(super) fn render_body(json_mode: bool, records: &[Record]) -> Bytes {
+/// A response carrying the chunk's records in the read's view.
+fn with_body(status: StatusCode, read: &Read, chunk: &ReadChunk) -> Response {
+    let (content_type, body) = render(read, &chunk.records);
+    let mut response = (status, body).into_response();
+    set(&mut response, "content-type", content_type);
+    response
+}
+
+/// The headers that say where a chunk ends, for the read's view.
+fn describe_chunk(response: &mut Response, read: &Read, chunk: &ReadChunk) {
+    set_tail(response, chunk.next, chunk.closed);
+    if chunk.up_to_date {
+        set(response, "stream-up-to-date", "true");
+    }
+    if read.stream.json {
+        advertise_records(response);
+    }
+    if let View::Records(_) = read.view {
+        set(
+            response,
+            "stream-record-first",
+            &read.stream.durable().first.seq.to_string(),
+        );
+        set_record_range(response, (chunk.start.seq, chunk.next.seq));
+    }
+}
+
+/// The content type and body of records in a read's view.
+pub(super) fn render<'a>(read: &'a Read, records: &[Record]) -> (&'a str, Bytes) {
+    match read.view {
+        View::Canonical => (
+            &read.stream.content_type,
+            canonical_body(read.stream.json, records),
+        ),
+        View::Records(RecordView::Values) => (
+            records::NDJSON,
+            lines(records.iter().map(|r| r.body.to_vec())),
+        ),
+        View::Records(RecordView::Envelope) => (
+            records::ENVELOPE_NDJSON,
+            lines(records.iter().map(|r| records::envelope(r.seq, &r.body))),
+        ),
+    }
+}
+
+fn lines(lines: impl Iterator<Item = Vec<u8>>) -> Bytes {
+    let mut out = Vec::new();
+    for line in lines {
+        out.extend_from_slice(&line);
+        out.push(b'\n');
+    }
+    Bytes::from(out)
+}
+
+/// The base protocol's body of a read: the records' bytes, or for JSON one array of them.
+pub(super) fn canonical_body(json_mode: bool, records: &[Record]) -> Bytes {
     if json_mode {
         return Bytes::from(json::array_of(records.iter().map(|r| r.body.as_ref())));
     }
@@ -384,43 +536,41 @@ pub(super) fn next_cursor(client: Option<u64>) -> u64 {
     )
 }
 
-async fn long_poll(
-    app: &AppState,
-    stream: &std::sync::Arc<crate::service::Stream>,
-    start: Offset,
-    client_cursor: Option<u64>,
-) -> Handled {
-    let mut chunk = app.service.read_at(stream, start).await?;
+async fn long_poll(app: &AppState, read: &Read) -> Handled {
+    let stream = &read.stream;
+    let mut chunk = app
+        .service
+        .read_at(stream, read.start, read.max_records)
+        .await?;
     if chunk.records.is_empty() && !chunk.closed {
-        let timeout: Duration = app.config.long_poll_timeout;
-        let seen = app.service.wait_beyond(stream, start, timeout).await;
+        let seen = app
+            .service
+            .wait_beyond(stream, read.start, app.config.long_poll_timeout)
+            .await;
         if seen.removed {
             return Err(StreamError::NotFound.into());
         }
-        chunk = app.service.read_at(stream, start).await?;
+        chunk = app
+            .service
+            .read_at(stream, read.start, read.max_records)
+            .await?;
     }
     let mut response = if chunk.records.is_empty() {
-        empty(StatusCode::NO_CONTENT)
+        let mut response = empty(StatusCode::NO_CONTENT);
+        set(&mut response, "cache-control", "no-store");
+        response
     } else {
-        let mut response =
-            (StatusCode::OK, render_body(stream.json, &chunk.records)).into_response();
-        set(&mut response, "content-type", &stream.content_type);
+        let mut response = with_body(StatusCode::OK, read, &chunk);
         set(&mut response, "cache-control", CACHE_HISTORIC);
         response
     };
-    set_tail(&mut response, chunk.next, chunk.closed);
-    if chunk.up_to_date {
-        set(&mut response, "stream-up-to-date", "true");
-    }
+    describe_chunk(&mut response, read, &chunk);
     if !chunk.closed {
         set(
             &mut response,
             "stream-cursor",
-            &next_cursor(client_cursor).to_string(),
+            &next_cursor(read.client_cursor).to_string(),
         );
-    }
-    if response.status() == StatusCode::NO_CONTENT {
-        set(&mut response, "cache-control", "no-store");
     }
     Ok(response)
 }

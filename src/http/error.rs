@@ -57,13 +57,50 @@ impl IntoResponse for Failure {
 pub type Handled = Result<Response, Failure>;
 
 pub fn stream_error(error: StreamError) -> Response {
-    let reason = error.to_string();
-    let (status, extra): (StatusCode, Vec<(&str, String)>) = match error {
-        StreamError::BadRequest(_) | StreamError::BadOffset(_) => (StatusCode::BAD_REQUEST, vec![]),
-        StreamError::NotFound | StreamError::BucketNotFound | StreamError::ForkSourceNotFound => {
-            (StatusCode::NOT_FOUND, vec![])
+    if let StreamError::Storage(e) = &error {
+        tracing::error!(error = %e, "storage failure");
+    }
+    let (status, headers) = describe(&error);
+    let mut response = text_error(status, &error.to_string());
+    for (name, value) in headers {
+        set(&mut response, name, &value);
+    }
+    response
+}
+
+/// The status of a failed stream operation, and the headers that say more.
+pub fn describe(error: &StreamError) -> (StatusCode, Vec<(&'static str, String)>) {
+    match error {
+        StreamError::BadRequest(_) | StreamError::BadOffset(_) | StreamError::NotRecordAware => {
+            (StatusCode::BAD_REQUEST, vec![])
         }
+        StreamError::NotFound
+        | StreamError::BucketNotFound
+        | StreamError::ForkSourceNotFound
+        | StreamError::SnapshotNotFound => (StatusCode::NOT_FOUND, vec![]),
         StreamError::Gone => (StatusCode::GONE, vec![]),
+        StreamError::Retained { first } => (
+            StatusCode::GONE,
+            vec![("stream-retained-offset", first.to_string())],
+        ),
+        StreamError::RecordRetained { first, next } => (
+            StatusCode::GONE,
+            vec![
+                ("stream-record-first", first.to_string()),
+                ("stream-record-next", next.to_string()),
+            ],
+        ),
+        StreamError::RecordBeyondTail { next } => (
+            StatusCode::BAD_REQUEST,
+            vec![("stream-record-next", next.to_string())],
+        ),
+        StreamError::RecordMismatch { next, tail, .. } => (
+            StatusCode::PRECONDITION_FAILED,
+            vec![
+                ("stream-record-next", next.to_string()),
+                ("stream-next-offset", tail.to_string()),
+            ],
+        ),
         StreamError::Conflict(_)
         | StreamError::ContentTypeMismatch
         | StreamError::StreamSeqRegression { .. }
@@ -89,19 +126,36 @@ pub fn stream_error(error: StreamError) -> Response {
                 ("producer-received-seq", received.to_string()),
             ],
         ),
-        StreamError::Storage(e) => {
-            tracing::error!(error = %e, "storage failure");
-            (
-                StatusCode::SERVICE_UNAVAILABLE,
-                vec![("retry-after", "1".into())],
-            )
-        }
-    };
-    let mut response = text_error(status, &reason);
-    for (name, value) in extra {
-        set(&mut response, name, &value);
+        StreamError::Storage(_) => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            vec![("retry-after", "1".into())],
+        ),
     }
-    response
+}
+
+/// A short machine-readable name of a failure, for JSON acknowledgements.
+pub fn error_code(error: &StreamError) -> &'static str {
+    match error {
+        StreamError::BadRequest(_) => "bad_request",
+        StreamError::BadOffset(_) => "bad_offset",
+        StreamError::NotRecordAware => "not_record_aware",
+        StreamError::NotFound | StreamError::BucketNotFound | StreamError::ForkSourceNotFound => {
+            "not_found"
+        }
+        StreamError::SnapshotNotFound => "snapshot_not_found",
+        StreamError::Gone => "stream_gone",
+        StreamError::Retained { .. } | StreamError::RecordRetained { .. } => "retained",
+        StreamError::RecordBeyondTail { .. } => "record_beyond_tail",
+        StreamError::RecordMismatch { .. } => "record_mismatch",
+        StreamError::Conflict(_) | StreamError::ForkSourceGone => "conflict",
+        StreamError::ContentTypeMismatch => "content_type_mismatch",
+        StreamError::StreamSeqRegression { .. } => "stream_seq_regression",
+        StreamError::Closed { .. } => "stream_closed",
+        StreamError::Producer(ProducerError::StaleEpoch { .. }) => "stale_producer_epoch",
+        StreamError::Producer(ProducerError::EpochBumpNotAtZero) => "producer_epoch_seq",
+        StreamError::Producer(ProducerError::SequenceGap { .. }) => "producer_seq_gap",
+        StreamError::Storage(_) => "unavailable",
+    }
 }
 
 pub fn set(response: &mut Response, name: &'static str, value: &str) {

@@ -4,6 +4,7 @@
 mod buckets;
 mod ds;
 mod error;
+mod extensions;
 mod request;
 mod sse;
 
@@ -42,6 +43,11 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/stream/{*path}", any(ds::base_stream))
         .route("/{bucket}", any(buckets::bucket))
         .route("/{bucket}/{stream}", any(buckets::stream))
+        .route("/{bucket}/{stream}/{extension}", any(extensions::extension))
+        .route(
+            "/{bucket}/{stream}/{extension}/{offset}",
+            any(extensions::extension_at),
+        )
         .fallback(|| async { (StatusCode::NOT_FOUND, "no such route\n") })
         .layer(middleware::from_fn(common_headers))
         .with_state(state)

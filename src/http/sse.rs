@@ -1,7 +1,6 @@
 //! Live reads over Server-Sent Events: a `data` event per chunk, each followed at once by a
 //! `control` event with the offset to resume from.
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use axum::body::Body;
@@ -12,30 +11,27 @@ use bytes::Bytes;
 use tokio::time::Instant;
 
 use super::AppState;
-use super::ds::{next_cursor, render_body};
-use crate::model::Offset;
+use super::ds::{Read, View, next_cursor, render};
 use crate::model::content_type::sse_needs_base64;
-use crate::service::{ReadChunk, Stream};
+use crate::model::records::{self, RecordView};
+use crate::service::ReadChunk;
 
 /// How often an idle connection gets a control event, so proxies and clients see it is alive.
 const KEEPALIVE: Duration = Duration::from_secs(15);
 
-pub fn respond(
-    app: &AppState,
-    stream: Arc<Stream>,
-    start: Offset,
-    client_cursor: Option<u64>,
-) -> Response {
-    let base64 = sse_needs_base64(&stream.content_type);
+pub fn respond(app: &AppState, read: Read) -> Response {
+    let base64 = read.view == View::Canonical && sse_needs_base64(&read.stream.content_type);
+    let envelope = read.view == View::Records(RecordView::Envelope);
     let service = app.service.clone();
     let deadline = Instant::now() + app.config.sse_max_duration;
     let keepalive = KEEPALIVE.min(app.config.long_poll_timeout.max(Duration::from_millis(100)));
 
     let events = async_stream::stream! {
-        let mut at = start;
-        let mut cursor = client_cursor;
+        let stream = &read.stream;
+        let mut at = read.start;
+        let mut cursor = read.client_cursor;
         loop {
-            let chunk = match service.read_at(&stream, at).await {
+            let chunk = match service.read_at(stream, at, None).await {
                 Ok(chunk) => chunk,
                 Err(e) => {
                     tracing::warn!(stream = %stream.name, error = %e, "SSE read failed");
@@ -45,16 +41,35 @@ pub fn respond(
             let fresh = next_cursor(cursor);
             cursor = Some(fresh);
             if !chunk.records.is_empty() {
-                let mut event = data_event(&render_body(stream.json, &chunk.records), base64);
-                event.extend_from_slice(&control_event(&chunk, fresh));
+                let mut events = Vec::new();
+                if envelope {
+                    // One envelope object per data event, each followed by its control event.
+                    for (i, record) in chunk.records.iter().enumerate() {
+                        let last = i + 1 == chunk.records.len();
+                        let step = ReadChunk {
+                            start: record.offset(),
+                            records: Vec::new(),
+                            next: record.next_offset(),
+                            up_to_date: last && chunk.up_to_date,
+                            closed: last && chunk.closed,
+                        };
+                        events.extend(data_event(&records::envelope(record.seq, &record.body), false));
+                        events.extend(control_event(&read, &step, fresh));
+                    }
+                } else {
+                    events.extend(data_event(&render(&read, &chunk.records).1, base64));
+                    events.extend(control_event(&read, &chunk, fresh));
+                }
                 at = chunk.next;
-                yield Ok::<Bytes, std::io::Error>(Bytes::from(event));
-                if chunk.closed || !chunk.up_to_date {
-                    if chunk.closed { break; }
+                yield Ok::<Bytes, std::io::Error>(Bytes::from(events));
+                if chunk.closed {
+                    break;
+                }
+                if !chunk.up_to_date {
                     continue;
                 }
             } else {
-                yield Ok(Bytes::from(control_event(&chunk, fresh)));
+                yield Ok(Bytes::from(control_event(&read, &chunk, fresh)));
                 if chunk.closed {
                     break;
                 }
@@ -65,7 +80,7 @@ pub fn respond(
                     return;
                 }
                 let wait = keepalive.min(deadline - Instant::now());
-                let seen = service.wait_beyond(&stream, at, wait).await;
+                let seen = service.wait_beyond(stream, at, wait).await;
                 if seen.removed {
                     return;
                 }
@@ -75,7 +90,7 @@ pub fn respond(
                 let idle = ReadChunk { start: at, records: Vec::new(), next: at, up_to_date: true, closed: false };
                 let fresh = next_cursor(cursor);
                 cursor = Some(fresh);
-                yield Ok(Bytes::from(control_event(&idle, fresh)));
+                yield Ok(Bytes::from(control_event(&read, &idle, fresh)));
             }
         }
     };
@@ -91,6 +106,12 @@ pub fn respond(
         headers.insert(
             "stream-sse-data-encoding",
             HeaderValue::from_static("base64"),
+        );
+    }
+    if envelope {
+        headers.insert(
+            "stream-data-content-type",
+            HeaderValue::from_static(records::ENVELOPE_EVENT),
         );
     }
     response
@@ -146,9 +167,16 @@ fn split_lines(payload: &[u8]) -> Vec<&[u8]> {
     lines
 }
 
-fn control_event(chunk: &ReadChunk, cursor: u64) -> Vec<u8> {
+fn control_event(read: &Read, chunk: &ReadChunk, cursor: u64) -> Vec<u8> {
     let mut control = serde_json::Map::new();
     control.insert("streamNextOffset".into(), chunk.next.to_string().into());
+    if let View::Records(_) = read.view {
+        control.insert(
+            "streamFirstRecord".into(),
+            read.stream.durable().first.seq.into(),
+        );
+        control.insert("streamNextRecord".into(), chunk.next.seq.into());
+    }
     if chunk.closed {
         control.insert("streamClosed".into(), true.into());
     } else {

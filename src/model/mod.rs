@@ -1,6 +1,7 @@
 //! The stream model: pure, synchronous types and protocol rules. No I/O, no async.
 
 pub mod attrs;
+pub mod batch;
 pub mod content_type;
 pub mod cursor;
 pub mod headers;
@@ -9,6 +10,7 @@ pub mod names;
 pub mod offset;
 pub mod producer;
 pub mod record;
+pub mod records;
 pub mod stream;
 
 pub use offset::{Offset, ReadFrom};

@@ -1,10 +1,13 @@
 //! Appends and closes: validation in the protocol's order of precedence, sequencing under the
-//! stream lock, then durability outside it.
+//! stream lock, then durability outside it. An append batch (seed 000 §4) sequences each frame as
+//! an independent append and makes them durable together.
 
 use std::sync::Arc;
 
 use bytes::Bytes;
+use futures::future::BoxFuture;
 
+use super::stream::State;
 use super::{StreamError, StreamResult, StreamService, now_ms};
 use crate::model::json::{self, EmptyArray};
 use crate::model::producer::{self, ProducerClaim, ProducerDecision, ProducerState};
@@ -12,7 +15,7 @@ use crate::model::record::lay_out;
 use crate::model::stream::ClosingProducer;
 use crate::model::{Offset, Record, content_type};
 use crate::service::Stream;
-use crate::storage::Change;
+use crate::storage::{Change, StorageError};
 
 /// An append (or close) request, with header syntax already checked by the face.
 #[derive(Clone, Debug, Default)]
@@ -22,6 +25,8 @@ pub struct AppendRequest {
     pub close: bool,
     pub producer: Option<ProducerClaim>,
     pub stream_seq: Option<String>,
+    /// `Stream-Record-Match`: append only if the record tail is this.
+    pub record_match: Option<u64>,
 }
 
 /// The acknowledgement of an append, a close, or a deduplicated retry.
@@ -35,44 +40,56 @@ pub struct AppendAck {
     pub duplicate: bool,
     /// Records `[start, next)` this append created (for a duplicate, the original's).
     pub records: (u64, u64),
+    /// The stream is a JSON stream, so `records` are record coordinates worth reporting.
+    pub record_aware: bool,
 }
 
-/// What the stream lock decided: write something, or acknowledge without writing once the
-/// record `wait_for_seq` is durable.
-enum Plan {
+/// What the stream lock decided for one append.
+enum Decision {
+    /// Write these records (and producer state); the stream metadata is already updated.
     Write {
         ack: AppendAck,
-        commit: futures::future::BoxFuture<'static, Result<(), crate::storage::StorageError>>,
+        records: Vec<Record>,
+        producer: Option<(String, ProducerState)>,
     },
-    Acknowledge {
-        ack: AppendAck,
-        wait_for_seq: u64,
-    },
+    /// Acknowledge without writing, once record `wait_for_seq` is durable.
+    Acknowledge { ack: AppendAck, wait_for_seq: u64 },
 }
 
 impl StreamService {
     pub async fn append(&self, name: &str, request: AppendRequest) -> StreamResult<AppendAck> {
         let stream = self.find(name, true).await?;
-        // Parse outside the lock; the result is reported at its place in the precedence order.
-        let bodies = if request.body.is_empty() {
-            Ok(Vec::new())
-        } else if stream.json {
-            json::messages(&request.body, EmptyArray::Rejected).map_err(|e| e.to_string())
-        } else {
-            Ok(vec![request.body.clone()])
-        };
+        let bodies = parse_bodies(&stream, &request.body);
         let _permit = self
             .commit_permits
             .acquire()
             .await
-            .map_err(|_| StreamError::Storage(crate::storage::StorageError::Failed))?;
-        match self.sequence(&stream, &request, bodies)? {
-            Plan::Write { ack, commit } => {
-                commit.await?;
+            .map_err(|_| StorageError::Failed)?;
+        let (decision, commit) = {
+            let mut state = stream.lock();
+            let decision = decide(&stream, &mut state, &request, bodies)?;
+            let commit = match &decision {
+                Decision::Write {
+                    records, producer, ..
+                } => Some(self.submit(
+                    &stream,
+                    &mut state,
+                    records.clone(),
+                    producer.clone().into_iter(),
+                )),
+                Decision::Acknowledge { .. } => None,
+            };
+            (decision, commit)
+        };
+        match decision {
+            Decision::Write { ack, .. } => {
+                if let Some(commit) = commit {
+                    commit.await?;
+                }
                 stream.publish_tail(ack.tail, ack.closed);
                 Ok(ack)
             }
-            Plan::Acknowledge { ack, wait_for_seq } => {
+            Decision::Acknowledge { ack, wait_for_seq } => {
                 let mut rx = stream.subscribe();
                 let durable = rx
                     .wait_for(|d| d.tail.seq >= wait_for_seq || d.removed)
@@ -89,136 +106,241 @@ impl StreamService {
         }
     }
 
-    /// Validates the append against the stream's state and, if it writes, submits it to storage.
-    fn sequence(
+    /// Appends each frame as an independent append with its own result; the successful ones
+    /// become durable together. The whole batch fails only when the stream cannot be written at
+    /// all (missing, gone, or another content type).
+    pub async fn append_batch(
         &self,
-        stream: &Arc<Stream>,
-        request: &AppendRequest,
-        bodies: Result<Vec<Bytes>, String>,
-    ) -> StreamResult<Plan> {
-        let mut state = stream.lock();
-        if state.removed {
-            return Err(StreamError::NotFound);
+        name: &str,
+        content_type: &str,
+        frames: Vec<Bytes>,
+    ) -> StreamResult<Vec<StreamResult<AppendAck>>> {
+        let stream = self.find(name, true).await?;
+        if !content_type::same_media_type(content_type, &stream.content_type) {
+            return Err(StreamError::ContentTypeMismatch);
         }
-        if state.meta.soft_deleted {
-            return Err(StreamError::Gone);
-        }
-        let tail = state.meta.tail;
-
-        if state.meta.closed {
-            let closing_retry = match (&request.producer, &state.meta.closed_by) {
-                (Some(claim), Some(by)) => {
-                    claim.id == by.id && claim.epoch == by.epoch && claim.seq == by.seq
+        let parsed: Vec<_> = frames
+            .iter()
+            .map(|frame| parse_bodies(&stream, frame))
+            .collect();
+        let _permit = self
+            .commit_permits
+            .acquire()
+            .await
+            .map_err(|_| StorageError::Failed)?;
+        let (mut results, commit) = {
+            let mut state = stream.lock();
+            let mut results = Vec::with_capacity(frames.len());
+            let mut records = Vec::new();
+            let mut producers = Vec::new();
+            for (frame, bodies) in frames.into_iter().zip(parsed) {
+                let request = AppendRequest {
+                    content_type: Some(content_type.to_string()),
+                    body: frame,
+                    ..Default::default()
+                };
+                results.push(match decide(&stream, &mut state, &request, bodies) {
+                    Ok(Decision::Write {
+                        ack,
+                        records: written,
+                        producer,
+                    }) => {
+                        records.extend(written);
+                        producers.extend(producer);
+                        Ok(ack)
+                    }
+                    Ok(Decision::Acknowledge { ack, .. }) => Ok(ack),
+                    Err(e) => Err(e),
+                });
+            }
+            let wrote = results
+                .iter()
+                .any(|r| r.as_ref().is_ok_and(|a| !a.duplicate));
+            let commit =
+                wrote.then(|| self.submit(&stream, &mut state, records, producers.into_iter()));
+            (results, commit)
+        };
+        if let Some(commit) = commit {
+            if let Err(e) = commit.await {
+                for result in results.iter_mut().filter(|r| r.is_ok()) {
+                    *result = Err(StreamError::Storage(e.clone()));
                 }
-                _ => false,
-            };
-            let plain_close_retry =
-                request.body.is_empty() && request.close && request.producer.is_none();
-            if !(closing_retry || plain_close_retry) {
-                return Err(StreamError::Closed { tail });
+                return Ok(results);
             }
-            let records = request
-                .producer
-                .as_ref()
-                .and_then(|c| state.producers.get(&c.id))
-                .map_or((tail.seq, tail.seq), |p| p.records);
-            let ack = AppendAck {
-                tail,
-                closed: true,
-                producer: request.producer.as_ref().map(|c| (c.epoch, c.seq)),
-                duplicate: true,
-                records,
-            };
-            return Ok(Plan::Acknowledge {
-                ack,
-                wait_for_seq: tail.seq,
-            });
-        }
-
-        if !request.body.is_empty() {
-            let given = request.content_type.as_deref().unwrap_or_default();
-            if !content_type::same_media_type(given, &stream.content_type) {
-                return Err(StreamError::ContentTypeMismatch);
+            if let Some(last) = results.iter().filter_map(|r| r.as_ref().ok()).next_back() {
+                stream.publish_tail(last.tail, false);
             }
         }
+        Ok(results)
+    }
 
-        if let Some(claim) = &request.producer
-            && let ProducerDecision::Duplicate { epoch, last_seq } =
-                producer::decide(state.producers.get(&claim.id), claim)?
-        {
-            let records = state
-                .producers
-                .get(&claim.id)
-                .map_or((tail.seq, tail.seq), |p| p.records);
-            let ack = AppendAck {
-                tail,
-                closed: state.meta.closed,
-                producer: Some((epoch, last_seq)),
-                duplicate: true,
-                records,
-            };
-            return Ok(Plan::Acknowledge {
-                ack,
-                wait_for_seq: records.1,
-            });
-        }
-
-        if let (Some(received), Some(last)) = (&request.stream_seq, &state.meta.last_stream_seq)
-            && received.as_bytes() <= last.as_bytes()
-        {
-            return Err(StreamError::StreamSeqRegression {
-                last: last.clone(),
-                received: received.clone(),
-            });
-        }
-
-        let bodies = bodies.map_err(StreamError::BadRequest)?;
-        let timestamp = now_ms().max(state.meta.last_timestamp_ms);
-        let records = lay_out(tail, timestamp, bodies);
-        let new_tail = records.last().map_or(tail, Record::next_offset);
-        let range = (tail.seq, new_tail.seq);
-
-        let meta = &mut state.meta;
-        meta.tail = new_tail;
-        meta.last_timestamp_ms = timestamp;
-        if let Some(seq) = &request.stream_seq {
-            meta.last_stream_seq = Some(seq.clone());
-        }
-        if request.close {
-            meta.closed = true;
-            meta.closed_by = request.producer.as_ref().map(|c| ClosingProducer {
-                id: c.id.clone(),
-                epoch: c.epoch,
-                seq: c.seq,
-            });
-        }
-        let mut changes = Vec::with_capacity(3);
-        changes.push(Change::PutStream(stream.id, Box::new(meta.clone())));
-        if let Some(claim) = &request.producer {
-            let producer = ProducerState {
-                epoch: claim.epoch,
-                last_seq: claim.seq,
-                records: range,
-            };
-            changes.push(Change::PutProducer(
-                stream.id,
-                claim.id.clone(),
-                producer.clone(),
-            ));
-            state.producers.insert(claim.id.clone(), producer);
-        }
+    /// Caches the records and submits them with the stream's updated metadata.
+    fn submit(
+        &self,
+        stream: &Stream,
+        state: &mut State,
+        records: Vec<Record>,
+        producers: impl Iterator<Item = (String, ProducerState)>,
+    ) -> BoxFuture<'static, Result<(), StorageError>> {
+        let mut changes = vec![Change::PutStream(stream.id, Box::new(state.meta.clone()))];
+        changes.extend(producers.map(|(id, p)| Change::PutProducer(stream.id, id, p)));
         state.recent.push(&records);
         if !records.is_empty() {
             changes.push(Change::PutRecords(stream.id, records));
         }
+        self.engine.commit(changes)
+    }
+}
+
+/// Splits a body into record bodies: JSON messages, or the bytes as one record. The result is
+/// reported at its place in the precedence order, so parsing can happen outside the lock.
+fn parse_bodies(stream: &Stream, body: &Bytes) -> Result<Vec<Bytes>, String> {
+    if body.is_empty() {
+        Ok(Vec::new())
+    } else if stream.json {
+        json::messages(body, EmptyArray::Rejected).map_err(|e| e.to_string())
+    } else {
+        Ok(vec![body.clone()])
+    }
+}
+
+/// Validates one append against the stream's state and, when it writes, updates the state.
+fn decide(
+    stream: &Arc<Stream>,
+    state: &mut State,
+    request: &AppendRequest,
+    bodies: Result<Vec<Bytes>, String>,
+) -> StreamResult<Decision> {
+    if state.removed {
+        return Err(StreamError::NotFound);
+    }
+    if state.meta.soft_deleted {
+        return Err(StreamError::Gone);
+    }
+    let tail = state.meta.tail;
+
+    if state.meta.closed {
+        let closing_retry = match (&request.producer, &state.meta.closed_by) {
+            (Some(claim), Some(by)) => {
+                claim.id == by.id && claim.epoch == by.epoch && claim.seq == by.seq
+            }
+            _ => false,
+        };
+        let plain_close_retry =
+            request.body.is_empty() && request.close && request.producer.is_none();
+        if !(closing_retry || plain_close_retry) {
+            return Err(StreamError::Closed { tail });
+        }
+        let records = request
+            .producer
+            .as_ref()
+            .and_then(|c| state.producers.get(&c.id))
+            .map_or((tail.seq, tail.seq), |p| p.records);
         let ack = AppendAck {
-            tail: new_tail,
-            closed: request.close,
+            tail,
+            closed: true,
             producer: request.producer.as_ref().map(|c| (c.epoch, c.seq)),
-            duplicate: false,
+            duplicate: true,
+            records,
+            record_aware: stream.json,
+        };
+        return Ok(Decision::Acknowledge {
+            ack,
+            wait_for_seq: tail.seq,
+        });
+    }
+
+    if !request.body.is_empty() {
+        let given = request.content_type.as_deref().unwrap_or_default();
+        if !content_type::same_media_type(given, &stream.content_type) {
+            return Err(StreamError::ContentTypeMismatch);
+        }
+    }
+
+    if let Some(claim) = &request.producer
+        && let ProducerDecision::Duplicate { epoch, last_seq } =
+            producer::decide(state.producers.get(&claim.id), claim)?
+    {
+        let records = state
+            .producers
+            .get(&claim.id)
+            .map_or((tail.seq, tail.seq), |p| p.records);
+        let ack = AppendAck {
+            tail,
+            closed: false,
+            producer: Some((epoch, last_seq)),
+            duplicate: true,
+            records,
+            record_aware: stream.json,
+        };
+        return Ok(Decision::Acknowledge {
+            ack,
+            wait_for_seq: records.1,
+        });
+    }
+
+    if let Some(expected) = request.record_match {
+        if !stream.json {
+            return Err(StreamError::NotRecordAware);
+        }
+        if expected != tail.seq {
+            return Err(StreamError::RecordMismatch {
+                expected,
+                next: tail.seq,
+                tail,
+            });
+        }
+    }
+
+    if let (Some(received), Some(last)) = (&request.stream_seq, &state.meta.last_stream_seq)
+        && received.as_bytes() <= last.as_bytes()
+    {
+        return Err(StreamError::StreamSeqRegression {
+            last: last.clone(),
+            received: received.clone(),
+        });
+    }
+
+    let bodies = bodies.map_err(StreamError::BadRequest)?;
+    let timestamp = now_ms().max(state.meta.last_timestamp_ms);
+    let records = lay_out(tail, timestamp, bodies);
+    let new_tail = records.last().map_or(tail, Record::next_offset);
+    let range = (tail.seq, new_tail.seq);
+
+    let meta = &mut state.meta;
+    meta.tail = new_tail;
+    meta.last_timestamp_ms = timestamp;
+    if let Some(seq) = &request.stream_seq {
+        meta.last_stream_seq = Some(seq.clone());
+    }
+    if request.close {
+        meta.closed = true;
+        meta.closed_by = request.producer.as_ref().map(|c| ClosingProducer {
+            id: c.id.clone(),
+            epoch: c.epoch,
+            seq: c.seq,
+        });
+    }
+    let producer = request.producer.as_ref().map(|claim| {
+        let producer = ProducerState {
+            epoch: claim.epoch,
+            last_seq: claim.seq,
             records: range,
         };
-        let commit = self.engine.commit(changes);
-        Ok(Plan::Write { ack, commit })
-    }
+        state.producers.insert(claim.id.clone(), producer.clone());
+        (claim.id.clone(), producer)
+    });
+    let ack = AppendAck {
+        tail: new_tail,
+        closed: request.close,
+        producer: request.producer.as_ref().map(|c| (c.epoch, c.seq)),
+        duplicate: false,
+        records: range,
+        record_aware: stream.json,
+    };
+    Ok(Decision::Write {
+        ack,
+        records,
+        producer,
+    })
 }

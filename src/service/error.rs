@@ -30,6 +30,22 @@ pub enum StreamError {
     ForkSourceGone,
     #[error("{0}")]
     BadOffset(&'static str),
+    #[error("offset is before the first retained offset {first}")]
+    Retained { first: Offset },
+    #[error("record is before the first retained record {first}")]
+    RecordRetained { first: u64, next: u64 },
+    #[error("record is beyond the record tail {next}")]
+    RecordBeyondTail { next: u64 },
+    #[error("Stream-Record-Match {expected} does not match the record tail {next}")]
+    RecordMismatch {
+        expected: u64,
+        next: u64,
+        tail: Offset,
+    },
+    #[error("record coordinates are only available on application/json streams")]
+    NotRecordAware,
+    #[error("no such snapshot")]
+    SnapshotNotFound,
     #[error(transparent)]
     Storage(#[from] StorageError),
 }

@@ -10,6 +10,7 @@ mod cache;
 mod error;
 mod fork;
 mod read;
+mod snapshots;
 mod stream;
 #[cfg(test)]
 mod tests;
@@ -29,11 +30,13 @@ use crate::model::{Offset, Record, content_type, names};
 use crate::storage::{Change, SharedEngine, StorageError, StreamId};
 
 pub use append::{AppendAck, AppendRequest};
+
 pub use buckets::{BucketInfo, Listing, StreamSummary};
 pub use cache::CacheLimits;
 pub use error::{StreamError, StreamResult};
 pub use fork::ForkRequest;
 pub use read::ReadChunk;
+pub use snapshots::Bootstrap;
 pub use stream::{Durable, Stream};
 
 use stream::State;
@@ -91,10 +94,25 @@ pub struct CreateRequest {
 #[derive(Clone, Debug)]
 pub struct StreamInfo {
     pub content_type: String,
+    /// JSON mode, and with it record coordinates (seed 000 §6).
+    pub json: bool,
     pub tail: Offset,
+    /// The first retained position.
+    pub first: Offset,
     pub closed: bool,
     pub ttl_secs: Option<u64>,
     pub expires_at_ms: Option<i64>,
+    pub snapshot: Option<crate::model::stream::SnapshotInfo>,
+}
+
+/// The result of a create request.
+#[derive(Clone, Debug)]
+pub struct CreateOutcome {
+    pub info: StreamInfo,
+    /// False when an identical stream already existed.
+    pub created: bool,
+    /// Records `[start, next)` the request's body created (empty at the tail when none).
+    pub records: (u64, u64),
 }
 
 pub fn now_ms() -> i64 {
@@ -165,6 +183,7 @@ impl StreamService {
         }
         let durable = Durable {
             tail: recovered.meta.tail,
+            first: recovered.meta.retained_from,
             closed: recovered.meta.closed,
             ready: true,
             removed: false,
@@ -241,15 +260,18 @@ impl StreamService {
         let state = stream.lock();
         StreamInfo {
             content_type: stream.content_type.clone(),
+            json: stream.json,
             tail: durable.tail,
+            first: durable.first,
             closed: durable.closed,
             ttl_secs: state.meta.ttl_secs,
             expires_at_ms: state.meta.expires_at_ms,
+            snapshot: state.meta.snapshot.clone(),
         }
     }
 
-    /// Creates a stream, or confirms an identical one exists. Returns whether it was created.
-    pub async fn create(&self, request: CreateRequest) -> StreamResult<(StreamInfo, bool)> {
+    /// Creates a stream, or confirms an identical one exists.
+    pub async fn create(&self, request: CreateRequest) -> StreamResult<CreateOutcome> {
         let plan = match &request.fork {
             Some(fork) => Some(self.plan_fork(fork).await?),
             None => None,
@@ -300,7 +322,13 @@ impl StreamService {
             if let Some(existing) = existing {
                 match self.confirm_existing(&existing, &requested).await {
                     Err(StreamError::NotFound) => continue, // removed meanwhile: create anew
-                    other => return other.map(|info| (info, false)),
+                    other => {
+                        return other.map(|info| CreateOutcome {
+                            records: (info.tail.seq, info.tail.seq),
+                            info,
+                            created: false,
+                        });
+                    }
                 }
             }
             let created = self.insert_new(&request.name, &requested, plan.as_ref(), &bodies)?;
@@ -310,7 +338,13 @@ impl StreamService {
             return match commit.await {
                 Ok(()) => {
                     stream.publish(|d| d.ready = true);
-                    Ok((self.info(&stream), true))
+                    let info = self.info(&stream);
+                    let body_start = plan.as_ref().map_or(0, |p| p.tail().seq);
+                    Ok(CreateOutcome {
+                        records: (body_start, info.tail.seq),
+                        info,
+                        created: true,
+                    })
                 }
                 Err(e) => {
                     self.forget(&stream);
@@ -423,6 +457,7 @@ impl StreamService {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let durable = Durable {
             tail,
+            first: Offset::START,
             closed: requested.closed,
             ready: false,
             removed: false,

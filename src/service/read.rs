@@ -5,6 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::{Durable, Stream, StreamError, StreamResult, StreamService};
+use crate::model::records::RecordStart;
 use crate::model::{Offset, ReadFrom, Record};
 
 /// One read response's worth of records.
@@ -23,11 +24,57 @@ pub struct ReadChunk {
 impl StreamService {
     /// Where a read that asks for `from` begins.
     pub async fn resolve(&self, stream: &Arc<Stream>, from: ReadFrom) -> StreamResult<Offset> {
+        let durable = stream.durable();
         match from {
-            ReadFrom::Start => Ok(Offset::START),
-            ReadFrom::Now => Ok(stream.durable().tail),
+            ReadFrom::Start => Ok(durable.first),
+            ReadFrom::Now => Ok(durable.tail),
+            ReadFrom::At(offset) if offset < durable.first => Err(StreamError::Retained {
+                first: durable.first,
+            }),
             ReadFrom::At(offset) => self.boundary(stream, offset).await,
         }
+    }
+
+    /// Where a record-aware read begins (seed 000 §6.6), as an offset at a record boundary.
+    pub async fn resolve_record(
+        &self,
+        stream: &Arc<Stream>,
+        start: RecordStart,
+    ) -> StreamResult<Offset> {
+        if !stream.json {
+            return Err(StreamError::NotRecordAware);
+        }
+        let durable = stream.durable();
+        let (first, next) = (durable.first.seq, durable.tail.seq);
+        let record = match start {
+            RecordStart::At(record) if record < first => {
+                return Err(StreamError::RecordRetained { first, next });
+            }
+            RecordStart::At(record) if record > next => {
+                return Err(StreamError::RecordBeyondTail { next });
+            }
+            RecordStart::At(record) => record,
+            RecordStart::Now => next,
+            RecordStart::Last(count) => next.saturating_sub(count).max(first),
+        };
+        self.record_offset(stream, record, durable.tail).await
+    }
+
+    /// The offset at the first byte of `record`, which must be retained and at most the tail.
+    pub(super) async fn record_offset(
+        &self,
+        stream: &Arc<Stream>,
+        record: u64,
+        tail: Offset,
+    ) -> StreamResult<Offset> {
+        if record >= tail.seq {
+            return Ok(tail);
+        }
+        let found = self.collect(stream, record, record + 1, 0).await?;
+        found
+            .first()
+            .map(Record::offset)
+            .ok_or(StreamError::BadOffset("record is not stored"))
     }
 
     /// Checks that `offset` is a record boundary of `stream` at or before its durable tail.
@@ -57,16 +104,21 @@ impl StreamService {
         }
     }
 
-    /// Reads the next chunk from `start`, which must be a resolved boundary.
-    pub async fn read_at(&self, stream: &Arc<Stream>, start: Offset) -> StreamResult<ReadChunk> {
+    /// Reads the next chunk from `start`, which must be a resolved boundary, with at most
+    /// `max_records` records when given.
+    pub async fn read_at(
+        &self,
+        stream: &Arc<Stream>,
+        start: Offset,
+        max_records: Option<u64>,
+    ) -> StreamResult<ReadChunk> {
         let durable = stream.durable();
+        let until = match max_records {
+            Some(n) => durable.tail.seq.min(start.seq.saturating_add(n)),
+            None => durable.tail.seq,
+        };
         let records = self
-            .collect(
-                stream,
-                start.seq,
-                durable.tail.seq,
-                self.config.max_read_bytes,
-            )
+            .collect(stream, start.seq, until, self.config.max_read_bytes)
             .await?;
         let next = records.last().map_or(start, Record::next_offset).max(start);
         let up_to_date = next.seq >= durable.tail.seq;

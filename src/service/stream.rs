@@ -17,6 +17,8 @@ use super::cache::TailCache;
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Durable {
     pub tail: Offset,
+    /// The first retained position; reads before it are gone.
+    pub first: Offset,
     pub closed: bool,
     /// The stream's creation is durable.
     pub ready: bool,

@@ -89,7 +89,7 @@ async fn readers_see_an_append_only_once_it_is_durable() {
     while stream.lock().meta.tail == Offset::START {
         tokio::task::yield_now().await;
     }
-    let chunk = service.read_at(&stream, Offset::START).await.unwrap();
+    let chunk = service.read_at(&stream, Offset::START, None).await.unwrap();
     assert!(
         chunk.records.is_empty(),
         "an append not yet durable is invisible"
@@ -112,7 +112,7 @@ async fn readers_see_an_append_only_once_it_is_durable() {
         seen.tail, ack.tail,
         "a waiting reader wakes at the durable tail"
     );
-    let chunk = service.read_at(&stream, Offset::START).await.unwrap();
+    let chunk = service.read_at(&stream, Offset::START, None).await.unwrap();
     assert_eq!(chunk.records[0].body, "pending");
 }
 
@@ -175,6 +175,7 @@ async fn recovery_restores_forks_soft_deletes_and_producers() {
         .read_at(
             &fork,
             reopened.resolve(&fork, ReadFrom::Start).await.unwrap(),
+            None,
         )
         .await
         .unwrap();

@@ -1,0 +1,374 @@
+//! The extension endpoints of bucketed streams (seed 000 §2–§5):
+//! `/{bucket}/{stream}/snapshot[/{offset}]`, `/retention[/{offset}]`, `/bootstrap`,
+//! `/append-batch` and `/attrs`.
+
+use axum::body::Body;
+use axum::extract::{Path, RawQuery, State};
+use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, Uri, header};
+use axum::response::{IntoResponse, Response};
+use bytes::Bytes;
+use serde_json::{Value, json};
+
+use super::buckets::json_response;
+use super::ds::{advertise_records, method_not_allowed};
+use super::error::{self, Failure, Handled, empty, set};
+use super::request::{self, Query, Rejection};
+use super::{AppState, text_error};
+use crate::model::batch::{self, FrameError};
+use crate::model::content_type::{self, DEFAULT_CONTENT_TYPE};
+use crate::model::headers::parse_canonical_u64;
+use crate::model::records::RecordStart;
+use crate::model::{Offset, attrs, names};
+use crate::service::Bootstrap;
+
+/// `/{bucket}/{stream}/{extension}`
+pub async fn extension(
+    State(app): State<AppState>,
+    Path((bucket, stream, extension)): Path<(String, String, String)>,
+    method: Method,
+    uri: Uri,
+    RawQuery(query): RawQuery,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
+    let result = async {
+        let key = stream_key(&bucket, &stream)?;
+        match (extension.as_str(), method) {
+            ("snapshot", Method::GET | Method::HEAD) => latest_snapshot(&app, &key, &uri).await,
+            ("snapshot", Method::PUT) => {
+                let at = record_position(&app, &key, query.as_deref()).await?;
+                publish_snapshot(&app, &key, at, &headers, body).await
+            }
+            ("retention", Method::PUT) => {
+                let at = record_position(&app, &key, query.as_deref()).await?;
+                set_retention(&app, &key, at).await
+            }
+            ("bootstrap", Method::GET) => bootstrap(&app, &key, query.as_deref()).await,
+            ("append-batch", Method::POST) => append_batch(&app, &key, &headers, body).await,
+            ("attrs", Method::GET) => read_attrs(&app, &key).await,
+            ("attrs", Method::PUT) => write_attrs(&app, &key, &headers, body).await,
+            ("snapshot" | "retention" | "bootstrap" | "append-batch" | "attrs", _) => {
+                Ok(method_not_allowed())
+            }
+            _ => Ok(text_error(
+                StatusCode::NOT_FOUND,
+                "no such stream extension",
+            )),
+        }
+    };
+    result
+        .await
+        .unwrap_or_else(|failure: Failure| failure.into_response())
+}
+
+/// `/{bucket}/{stream}/{extension}/{offset}`
+pub async fn extension_at(
+    State(app): State<AppState>,
+    Path((bucket, stream, extension, offset)): Path<(String, String, String, String)>,
+    method: Method,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
+    let result = async {
+        let key = stream_key(&bucket, &stream)?;
+        let at = Offset::parse_token(&offset)
+            .map_err(|e| Rejection::bad_request(format!("{e} (in the path)")))?;
+        match (extension.as_str(), method) {
+            ("snapshot", Method::PUT) => publish_snapshot(&app, &key, at, &headers, body).await,
+            ("snapshot", method @ (Method::GET | Method::HEAD)) => {
+                read_snapshot(&app, &key, at, method).await
+            }
+            ("snapshot", Method::DELETE) => {
+                app.service.delete_snapshot(&key, at).await?;
+                Ok(empty(StatusCode::NO_CONTENT))
+            }
+            ("retention", Method::PUT) => set_retention(&app, &key, at).await,
+            ("snapshot" | "retention", _) => Ok(method_not_allowed()),
+            _ => Ok(text_error(
+                StatusCode::NOT_FOUND,
+                "no such stream extension",
+            )),
+        }
+    };
+    result
+        .await
+        .unwrap_or_else(|failure: Failure| failure.into_response())
+}
+
+fn stream_key(bucket: &str, stream: &str) -> Result<String, Rejection> {
+    names::bucket_stream_key(bucket, stream).map_err(|e| Rejection::bad_request(e.to_string()))
+}
+
+/// The position named by `?record=N`, for the record variants of snapshot and retention.
+async fn record_position(
+    app: &AppState,
+    key: &str,
+    query: Option<&str>,
+) -> Result<Offset, Failure> {
+    let query = Query::parse(query);
+    let record = query.get("record")?.ok_or_else(|| {
+        Rejection::bad_request("name an offset in the path, or a record with ?record=N")
+    })?;
+    let record = parse_canonical_u64(record)
+        .ok_or_else(|| Rejection::bad_request("record must be a non-negative integer"))?;
+    let stream = app.service.find(key, false).await?;
+    Ok(app
+        .service
+        .resolve_record(&stream, RecordStart::At(record))
+        .await?)
+}
+
+async fn publish_snapshot(
+    app: &AppState,
+    key: &str,
+    at: Offset,
+    headers: &HeaderMap,
+    body: Body,
+) -> Handled {
+    let content_type = request::header(headers, "content-type")?
+        .unwrap_or(DEFAULT_CONTENT_TYPE)
+        .to_string();
+    let expected = request::header(headers, "stream-snapshot-match")?.map(str::to_owned);
+    let blob = request::body(headers, body, app.config.max_body_bytes).await?;
+    let digest = app
+        .service
+        .publish_snapshot(key, at, content_type, blob, expected.as_deref())
+        .await?;
+    let mut response = empty(StatusCode::NO_CONTENT);
+    set(&mut response, "stream-snapshot-offset", &at.to_string());
+    set(&mut response, "stream-snapshot-digest", &digest);
+    Ok(response)
+}
+
+async fn latest_snapshot(app: &AppState, key: &str, uri: &Uri) -> Handled {
+    let stream = app.service.find(key, false).await?;
+    let info = app
+        .service
+        .snapshot_info(&stream)
+        .ok_or(crate::service::StreamError::SnapshotNotFound)?;
+    let offset = info.offset.to_string();
+    let mut response = empty(StatusCode::TEMPORARY_REDIRECT);
+    set(
+        &mut response,
+        "location",
+        &format!("{}/{offset}", uri.path()),
+    );
+    set(&mut response, "stream-snapshot-offset", &offset);
+    set(&mut response, "stream-snapshot-digest", &info.digest);
+    Ok(response)
+}
+
+async fn read_snapshot(app: &AppState, key: &str, at: Offset, method: Method) -> Handled {
+    let (stream, info, blob) = app.service.read_snapshot(key, at).await?;
+    let durable = stream.durable();
+    let mut response = if method == Method::HEAD {
+        empty(StatusCode::OK)
+    } else {
+        (StatusCode::OK, blob).into_response()
+    };
+    set(&mut response, "content-type", &info.content_type);
+    set(
+        &mut response,
+        "stream-snapshot-offset",
+        &info.offset.to_string(),
+    );
+    set(&mut response, "stream-snapshot-digest", &info.digest);
+    set(
+        &mut response,
+        "stream-next-offset",
+        &info.offset.to_string(),
+    );
+    set(
+        &mut response,
+        "stream-up-to-date",
+        if info.offset >= durable.tail {
+            "true"
+        } else {
+            "false"
+        },
+    );
+    if stream.json {
+        set(
+            &mut response,
+            "stream-record-first",
+            &durable.first.seq.to_string(),
+        );
+        set(
+            &mut response,
+            "stream-record-next",
+            &durable.tail.seq.to_string(),
+        );
+    }
+    Ok(response)
+}
+
+async fn set_retention(app: &AppState, key: &str, at: Offset) -> Handled {
+    app.service.set_retention(key, at).await?;
+    let mut response = empty(StatusCode::NO_CONTENT);
+    set(&mut response, "stream-retained-offset", &at.to_string());
+    Ok(response)
+}
+
+/// A `multipart/mixed` body: the snapshot part (or an empty one), then one part per retained
+/// message after it.
+async fn bootstrap(app: &AppState, key: &str, query: Option<&str>) -> Handled {
+    if Query::parse(query).get("live")?.is_some() {
+        return Err(Rejection::bad_request(
+            "bootstrap is one-shot; tail with live reads afterwards",
+        )
+        .into());
+    }
+    let Bootstrap {
+        stream,
+        snapshot,
+        start,
+        tail,
+    } = app.service.bootstrap(key).await?;
+    let boundary = format!("runnel-{:032x}", rand::random::<u128>());
+    let snapshot_offset = snapshot
+        .as_ref()
+        .map_or("-1".to_string(), |(info, _)| info.offset.to_string());
+    let service = app.service.clone();
+    let part_header =
+        |content_type: &str| format!("--{boundary}\r\nContent-Type: {content_type}\r\n\r\n");
+    let first = match &snapshot {
+        Some((info, blob)) => [Bytes::from(part_header(&info.content_type)), blob.clone()],
+        None => [Bytes::from(part_header(DEFAULT_CONTENT_TYPE)), Bytes::new()],
+    };
+    let record_header = Bytes::from(format!("\r\n{}", part_header(&stream.content_type)));
+    let closing = Bytes::from(format!("\r\n--{boundary}--\r\n"));
+    let parts_stream = stream.clone();
+    let parts = async_stream::stream! {
+        for piece in first {
+            yield Ok::<Bytes, std::io::Error>(piece);
+        }
+        let mut at = start;
+        while at.seq < tail.seq {
+            let chunk = match service.read_at(&parts_stream, at, Some(tail.seq - at.seq)).await {
+                Ok(chunk) if !chunk.records.is_empty() => chunk,
+                Ok(_) => break,
+                Err(e) => {
+                    // Ending without the closing delimiter tells the client the body is incomplete.
+                    tracing::warn!(stream = %parts_stream.name, error = %e, "bootstrap read failed");
+                    return;
+                }
+            };
+            for record in chunk.records {
+                yield Ok(record_header.clone());
+                yield Ok(record.body);
+            }
+            at = chunk.next;
+        }
+        yield Ok(closing);
+    };
+    let mut response = (StatusCode::OK, Body::from_stream(parts)).into_response();
+    let headers = response.headers_mut();
+    if let Ok(value) = HeaderValue::from_str(&format!("multipart/mixed; boundary={boundary}")) {
+        headers.insert(header::CONTENT_TYPE, value);
+    }
+    set(&mut response, "stream-snapshot-offset", &snapshot_offset);
+    set(&mut response, "stream-next-offset", &tail.to_string());
+    set(&mut response, "stream-up-to-date", "true");
+    set(&mut response, "cache-control", "no-store");
+    if stream.json {
+        advertise_records(&mut response);
+        set(
+            &mut response,
+            "stream-record-first",
+            &start.seq.max(stream.durable().first.seq).to_string(),
+        );
+        set(&mut response, "stream-record-next", &tail.seq.to_string());
+    }
+    Ok(response)
+}
+
+/// Per-append controls that a batch cannot carry (§4.2).
+const BATCH_REFUSED_HEADERS: [&str; 6] = [
+    "stream-closed",
+    "producer-id",
+    "producer-epoch",
+    "producer-seq",
+    "stream-record-match",
+    "stream-seq",
+];
+
+async fn append_batch(app: &AppState, key: &str, headers: &HeaderMap, body: Body) -> Handled {
+    if let Some(name) = BATCH_REFUSED_HEADERS
+        .iter()
+        .find(|name| headers.contains_key(**name))
+    {
+        return Err(Rejection::bad_request(format!(
+            "{name} is not supported on append-batch; use a single append"
+        ))
+        .into());
+    }
+    let content_type = request::header(headers, "content-type")?
+        .ok_or_else(|| Rejection::bad_request("append-batch needs a Content-Type"))?
+        .to_string();
+    let body = request::body(headers, body, batch::MAX_BATCH_BYTES).await?;
+    let frames = batch::parse_frames(&body).map_err(|e| match e {
+        FrameError::TooMany => Rejection {
+            status: StatusCode::PAYLOAD_TOO_LARGE,
+            reason: e.to_string(),
+        },
+        other => Rejection::bad_request(other.to_string()),
+    })?;
+    let results = app.service.append_batch(key, &content_type, frames).await?;
+    let acks: Vec<Value> = results
+        .iter()
+        .map(|result| match result {
+            Ok(ack) => {
+                let mut ack_json =
+                    json!({ "status": 204, "stream_next_offset": ack.tail.to_string() });
+                if ack.record_aware {
+                    ack_json["stream_record_start"] = json!(ack.records.0);
+                    ack_json["stream_record_next"] = json!(ack.records.1);
+                }
+                ack_json
+            }
+            Err(e) => {
+                let (status, _) = error::describe(e);
+                let mut ack_json = json!({
+                    "status": status.as_u16(),
+                    "error_code": error::error_code(e),
+                    "error": e.to_string(),
+                });
+                if let crate::service::StreamError::Closed { tail } = e {
+                    ack_json["stream_closed"] = json!(true);
+                    ack_json["stream_next_offset"] = json!(tail.to_string());
+                }
+                ack_json
+            }
+        })
+        .collect();
+    Ok(json_response(
+        StatusCode::OK,
+        Value::Array(acks).to_string(),
+    ))
+}
+
+async fn read_attrs(app: &AppState, key: &str) -> Handled {
+    let attrs = app.service.attrs(key).await?;
+    Ok(json_response(StatusCode::OK, attrs::render(&attrs)))
+}
+
+async fn write_attrs(app: &AppState, key: &str, headers: &HeaderMap, body: Body) -> Handled {
+    let given = request::header(headers, "content-type")?;
+    if !given.is_some_and(content_type::is_json) {
+        return Err(Rejection::bad_request(
+            "attributes are sent as Content-Type: application/json",
+        )
+        .into());
+    }
+    let body = request::body(headers, body, attrs::MAX_ATTRS_BYTES + 1)
+        .await
+        .map_err(|mut r| {
+            if r.status == StatusCode::PAYLOAD_TOO_LARGE {
+                r.status = StatusCode::BAD_REQUEST; // §5.1: oversized attributes are a 400
+            }
+            r
+        })?;
+    let attrs = attrs::parse(&body).map_err(|e| Rejection::bad_request(e.to_string()))?;
+    app.service.set_attrs(key, attrs).await?;
+    Ok(empty(StatusCode::NO_CONTENT))
+}

@@ -1,0 +1,246 @@
+//! Snapshots, retention and bootstrap (seed 000 §2, §3), and stream attributes (§5).
+//!
+//! A stream has at most one visible snapshot: a blob that folds everything before its offset.
+//! Retention may then move the first retained offset up to that snapshot, trimming records.
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+use sha2::{Digest, Sha256};
+
+use super::{Stream, StreamError, StreamResult, StreamService};
+use crate::model::Offset;
+use crate::model::attrs::Attrs;
+use crate::model::stream::SnapshotInfo;
+use crate::storage::Change;
+
+/// What `/bootstrap` returns: the visible snapshot (if any), then the records from `start` up to
+/// `tail`, all as of one moment.
+pub struct Bootstrap {
+    pub stream: Arc<Stream>,
+    pub snapshot: Option<(SnapshotInfo, Bytes)>,
+    pub start: Offset,
+    pub tail: Offset,
+}
+
+/// The digest of a snapshot covers its content type and its bytes.
+fn digest(content_type: &str, blob: &[u8]) -> String {
+    let mut hasher = Sha256::new();
+    hasher.update(content_type.as_bytes());
+    hasher.update([0u8]);
+    hasher.update(blob);
+    let hex: String = hasher
+        .finalize()
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    format!("sha256:{hex}")
+}
+
+impl StreamService {
+    /// Checks that `at` is a retained record boundary at or before the tail. Beyond the tail is a
+    /// conflict (409); before retention is gone (410); between boundaries is a bad request (400).
+    async fn retained_boundary(&self, stream: &Arc<Stream>, at: Offset) -> StreamResult<Offset> {
+        let durable = stream.durable();
+        if at > durable.tail {
+            return Err(StreamError::Conflict(
+                "offset is beyond the tail of the stream",
+            ));
+        }
+        if at < durable.first {
+            return Err(StreamError::Retained {
+                first: durable.first,
+            });
+        }
+        self.boundary(stream, at).await
+    }
+
+    /// Publishes the stream's snapshot at `at`. Returns its digest.
+    pub async fn publish_snapshot(
+        &self,
+        name: &str,
+        at: Offset,
+        content_type: String,
+        blob: Bytes,
+        expected_digest: Option<&str>,
+    ) -> StreamResult<String> {
+        let stream = self.find(name, false).await?;
+        let at = self.retained_boundary(&stream, at).await?;
+        let digest = digest(&content_type, &blob);
+        let commit = {
+            let mut state = stream.lock();
+            let current = state.meta.snapshot.as_ref();
+            if let Some(expected) = expected_digest
+                && current.is_none_or(|s| s.digest != expected)
+            {
+                return Err(StreamError::Conflict(
+                    "Stream-Snapshot-Match does not match the visible snapshot",
+                ));
+            }
+            if let Some(current) = current.filter(|s| s.offset == at) {
+                return if current.digest == digest {
+                    Ok(digest)
+                } else {
+                    Err(StreamError::Conflict(
+                        "a different snapshot is published at this offset",
+                    ))
+                };
+            }
+            state.meta.snapshot = Some(SnapshotInfo {
+                offset: at,
+                content_type,
+                digest: digest.clone(),
+            });
+            self.engine.commit(vec![
+                Change::PutSnapshot(stream.id, blob),
+                Change::PutStream(stream.id, Box::new(state.meta.clone())),
+            ])
+        };
+        commit.await?;
+        Ok(digest)
+    }
+
+    /// The visible snapshot's description, if there is one.
+    pub fn snapshot_info(&self, stream: &Stream) -> Option<SnapshotInfo> {
+        stream.lock().meta.snapshot.clone()
+    }
+
+    /// The visible snapshot, which must be the one at `at`.
+    pub async fn read_snapshot(
+        &self,
+        name: &str,
+        at: Offset,
+    ) -> StreamResult<(Arc<Stream>, SnapshotInfo, Bytes)> {
+        let stream = self.find(name, true).await?;
+        let (info, blob) = self
+            .visible_snapshot(&stream)
+            .await?
+            .ok_or(StreamError::SnapshotNotFound)?;
+        if info.offset != at {
+            return Err(StreamError::SnapshotNotFound);
+        }
+        Ok((stream, info, blob))
+    }
+
+    /// The visible snapshot with its blob, read consistently even while a new one is published.
+    async fn visible_snapshot(
+        &self,
+        stream: &Stream,
+    ) -> StreamResult<Option<(SnapshotInfo, Bytes)>> {
+        loop {
+            let Some(info) = self.snapshot_info(stream) else {
+                return Ok(None);
+            };
+            let blob = self.engine.read_snapshot(stream.id).await?;
+            if self.snapshot_info(stream).as_ref() == Some(&info) {
+                return Ok(blob.map(|blob| (info, blob)));
+            }
+        }
+    }
+
+    /// Deletes the visible snapshot at `at`, unless bootstrap needs it (retention moved past the
+    /// stream's start).
+    pub async fn delete_snapshot(&self, name: &str, at: Offset) -> StreamResult<()> {
+        let stream = self.find(name, false).await?;
+        let commit = {
+            let mut state = stream.lock();
+            if state.meta.snapshot.as_ref().is_none_or(|s| s.offset != at) {
+                return Err(StreamError::SnapshotNotFound);
+            }
+            if state.meta.retained_from > Offset::START {
+                return Err(StreamError::Conflict(
+                    "the snapshot is needed by bootstrap: retention has moved past the stream start",
+                ));
+            }
+            state.meta.snapshot = None;
+            self.engine.commit(vec![
+                Change::RemoveSnapshot(stream.id),
+                Change::PutStream(stream.id, Box::new(state.meta.clone())),
+            ])
+        };
+        commit.await?;
+        Ok(())
+    }
+
+    /// Moves the first retained offset to `at`, which must not pass the visible snapshot.
+    pub async fn set_retention(&self, name: &str, at: Offset) -> StreamResult<()> {
+        let stream = self.find(name, false).await?;
+        let at = self.retained_boundary(&stream, at).await?;
+        let commit = {
+            let mut state = stream.lock();
+            let first = state.meta.retained_from;
+            if at < first {
+                return Err(StreamError::Conflict("retention cannot move backward"));
+            }
+            if at == first {
+                return Ok(());
+            }
+            if state.meta.snapshot.as_ref().is_none_or(|s| at > s.offset) {
+                return Err(StreamError::Conflict(
+                    "retention cannot pass the latest snapshot",
+                ));
+            }
+            state.meta.retained_from = at;
+            self.engine.commit(vec![
+                Change::PutStream(stream.id, Box::new(state.meta.clone())),
+                Change::TrimRecords(stream.id, at.seq),
+            ])
+        };
+        commit.await?;
+        stream.publish(|d| d.first = d.first.max(at));
+        Ok(())
+    }
+
+    /// Everything a client needs to start: the snapshot, then the records after it.
+    pub async fn bootstrap(&self, name: &str) -> StreamResult<Bootstrap> {
+        let stream = self.find(name, true).await?;
+        let snapshot = self.visible_snapshot(&stream).await?;
+        let durable = stream.durable();
+        let start = snapshot
+            .as_ref()
+            .map_or(durable.first, |(info, _)| info.offset.max(durable.first));
+        Ok(Bootstrap {
+            stream,
+            snapshot,
+            start,
+            tail: durable.tail,
+        })
+    }
+
+    pub async fn attrs(&self, name: &str) -> StreamResult<Attrs> {
+        let stream = self.find(name, false).await?;
+        let attrs = stream.lock().meta.attrs.clone();
+        Ok(attrs)
+    }
+
+    /// Replaces the attributes. Allowed on closed streams: closing forbids appends only.
+    pub async fn set_attrs(&self, name: &str, attrs: Attrs) -> StreamResult<()> {
+        let stream = self.find(name, false).await?;
+        let commit = {
+            let mut state = stream.lock();
+            if state.meta.attrs == attrs {
+                return Ok(());
+            }
+            state.meta.attrs = attrs;
+            self.engine.commit(vec![Change::PutStream(
+                stream.id,
+                Box::new(state.meta.clone()),
+            )])
+        };
+        commit.await?;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_digest_covers_content_type_and_bytes() {
+        assert_eq!(digest("a", b"x"), digest("a", b"x"));
+        assert_ne!(digest("a", b"x"), digest("b", b"x"));
+        assert_ne!(digest("a", b"x"), digest("a", b"y"));
+        assert!(digest("a", b"").starts_with("sha256:"));
+    }
+}
