@@ -69,7 +69,10 @@ pub async fn stream(
                 list(&app, &bucket, query.as_deref()).unwrap_or_else(|f| f.into_response())
             }
             Method::OPTIONS => ds::preflight(),
-            _ => not_allowed("GET, OPTIONS"),
+            _ => text_error(
+                StatusCode::BAD_REQUEST,
+                &names::NameError::Reserved.to_string(),
+            ),
         };
     }
     match names::bucket_stream_key(&bucket, &stream) {

@@ -17,9 +17,8 @@ use super::{AppState, text_error};
 use crate::model::batch::{self, FrameError};
 use crate::model::content_type::{self, DEFAULT_CONTENT_TYPE};
 use crate::model::headers::parse_canonical_u64;
-use crate::model::records::RecordStart;
 use crate::model::{Offset, attrs, names};
-use crate::service::Bootstrap;
+use crate::service::{Bootstrap, Position};
 
 /// `/{bucket}/{stream}/{extension}`
 pub async fn extension(
@@ -36,11 +35,11 @@ pub async fn extension(
         match (extension.as_str(), method) {
             ("snapshot", Method::GET | Method::HEAD) => latest_snapshot(&app, &key, &uri).await,
             ("snapshot", Method::PUT) => {
-                let at = record_position(&app, &key, query.as_deref()).await?;
+                let at = record_position(query.as_deref())?;
                 publish_snapshot(&app, &key, at, &headers, body).await
             }
             ("retention", Method::PUT) => {
-                let at = record_position(&app, &key, query.as_deref()).await?;
+                let at = record_position(query.as_deref())?;
                 set_retention(&app, &key, at).await
             }
             ("bootstrap", Method::GET) => bootstrap(&app, &key, query.as_deref()).await,
@@ -74,7 +73,9 @@ pub async fn extension_at(
         let at = Offset::parse_token(&offset)
             .map_err(|e| Rejection::bad_request(format!("{e} (in the path)")))?;
         match (extension.as_str(), method) {
-            ("snapshot", Method::PUT) => publish_snapshot(&app, &key, at, &headers, body).await,
+            ("snapshot", Method::PUT) => {
+                publish_snapshot(&app, &key, Position::Offset(at), &headers, body).await
+            }
             ("snapshot", method @ (Method::GET | Method::HEAD)) => {
                 read_snapshot(&app, &key, at, method).await
             }
@@ -82,7 +83,7 @@ pub async fn extension_at(
                 app.service.delete_snapshot(&key, at).await?;
                 Ok(empty(StatusCode::NO_CONTENT))
             }
-            ("retention", Method::PUT) => set_retention(&app, &key, at).await,
+            ("retention", Method::PUT) => set_retention(&app, &key, Position::Offset(at)).await,
             ("snapshot" | "retention", _) => Ok(method_not_allowed()),
             _ => Ok(text_error(
                 StatusCode::NOT_FOUND,
@@ -100,28 +101,20 @@ fn stream_key(bucket: &str, stream: &str) -> Result<String, Rejection> {
 }
 
 /// The position named by `?record=N`, for the record variants of snapshot and retention.
-async fn record_position(
-    app: &AppState,
-    key: &str,
-    query: Option<&str>,
-) -> Result<Offset, Failure> {
+fn record_position(query: Option<&str>) -> Result<Position, Rejection> {
     let query = Query::parse(query);
     let record = query.get("record")?.ok_or_else(|| {
         Rejection::bad_request("name an offset in the path, or a record with ?record=N")
     })?;
-    let record = parse_canonical_u64(record)
-        .ok_or_else(|| Rejection::bad_request("record must be a non-negative integer"))?;
-    let stream = app.service.find(key, false).await?;
-    Ok(app
-        .service
-        .resolve_record(&stream, RecordStart::At(record))
-        .await?)
+    parse_canonical_u64(record)
+        .map(Position::Record)
+        .ok_or_else(|| Rejection::bad_request("record must be a non-negative integer"))
 }
 
 async fn publish_snapshot(
     app: &AppState,
     key: &str,
-    at: Offset,
+    at: Position,
     headers: &HeaderMap,
     body: Body,
 ) -> Handled {
@@ -130,7 +123,7 @@ async fn publish_snapshot(
         .to_string();
     let expected = request::header(headers, "stream-snapshot-match")?.map(str::to_owned);
     let blob = request::body(headers, body, app.config.max_body_bytes).await?;
-    let digest = app
+    let (at, digest) = app
         .service
         .publish_snapshot(key, at, content_type, blob, expected.as_deref())
         .await?;
@@ -202,8 +195,8 @@ async fn read_snapshot(app: &AppState, key: &str, at: Offset, method: Method) ->
     Ok(response)
 }
 
-async fn set_retention(app: &AppState, key: &str, at: Offset) -> Handled {
-    app.service.set_retention(key, at).await?;
+async fn set_retention(app: &AppState, key: &str, at: Position) -> Handled {
+    let at = app.service.set_retention(key, at).await?;
     let mut response = empty(StatusCode::NO_CONTENT);
     set(&mut response, "stream-retained-offset", &at.to_string());
     Ok(response)

@@ -11,7 +11,7 @@ use bytes::Bytes;
 use tokio::time::Instant;
 
 use super::AppState;
-use super::ds::{Read, View, next_cursor, render};
+use super::ds::{Read, View, canonical_body, next_cursor};
 use crate::model::content_type::sse_needs_base64;
 use crate::model::records::{self, RecordView};
 use crate::service::ReadChunk;
@@ -22,6 +22,7 @@ const KEEPALIVE: Duration = Duration::from_secs(15);
 pub fn respond(app: &AppState, read: Read) -> Response {
     let base64 = read.view == View::Canonical && sse_needs_base64(&read.stream.content_type);
     let envelope = read.view == View::Records(RecordView::Envelope);
+    let json = read.stream.json;
     let service = app.service.clone();
     let deadline = Instant::now() + app.config.sse_max_duration;
     let keepalive = KEEPALIVE.min(app.config.long_poll_timeout.max(Duration::from_millis(100)));
@@ -57,7 +58,9 @@ pub fn respond(app: &AppState, read: Read) -> Response {
                         events.extend(control_event(&read, &step, fresh));
                     }
                 } else {
-                    events.extend(data_event(&render(&read, &chunk.records).1, base64));
+                    // Without the envelope, data events keep the base protocol's representation
+                    // (a JSON array on JSON streams) even on record-aware reads (§6.9).
+                    events.extend(data_event(&canonical_body(stream.json, &chunk.records), base64));
                     events.extend(control_event(&read, &chunk, fresh));
                 }
                 at = chunk.next;
@@ -112,6 +115,12 @@ pub fn respond(app: &AppState, read: Read) -> Response {
         headers.insert(
             "stream-data-content-type",
             HeaderValue::from_static(records::ENVELOPE_EVENT),
+        );
+    }
+    if json {
+        headers.insert(
+            "stream-extensions",
+            HeaderValue::from_static(records::EXTENSION_TOKEN),
         );
     }
     response

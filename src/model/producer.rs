@@ -14,6 +14,9 @@ pub struct ProducerClaim {
     pub seq: u64,
 }
 
+/// How many recent appends of a producer keep their record ranges for deduplicated retries.
+pub const REMEMBERED_APPENDS: usize = 16;
+
 /// What the server remembers about a producer after its last accepted append.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ProducerState {
@@ -23,6 +26,48 @@ pub struct ProducerState {
     /// deduplicated retry can acknowledge exactly what the original did.
     #[serde(default)]
     pub records: (u64, u64),
+    /// `(seq, start, next)` of the appends before the last one in this epoch, newest last, at
+    /// most [`REMEMBERED_APPENDS`].
+    #[serde(default)]
+    pub earlier: Vec<(u64, u64, u64)>,
+}
+
+impl ProducerState {
+    /// The state after accepting `seq` in `epoch`, which created `records`.
+    pub fn advance(
+        previous: Option<&ProducerState>,
+        epoch: u64,
+        seq: u64,
+        records: (u64, u64),
+    ) -> Self {
+        let mut earlier = match previous {
+            Some(p) if p.epoch == epoch => {
+                let mut earlier = p.earlier.clone();
+                earlier.push((p.last_seq, p.records.0, p.records.1));
+                earlier
+            }
+            _ => Vec::new(),
+        };
+        let excess = earlier.len().saturating_sub(REMEMBERED_APPENDS - 1);
+        earlier.drain(..excess);
+        ProducerState {
+            epoch,
+            last_seq: seq,
+            records,
+            earlier,
+        }
+    }
+
+    /// The record range append `seq` created, if it is still remembered.
+    pub fn records_of(&self, seq: u64) -> Option<(u64, u64)> {
+        if seq == self.last_seq {
+            return Some(self.records);
+        }
+        self.earlier
+            .iter()
+            .find(|(s, _, _)| *s == seq)
+            .map(|(_, start, next)| (*start, *next))
+    }
 }
 
 /// The verdict on an append carrying producer headers.

@@ -264,7 +264,8 @@ fn decide(
         let records = state
             .producers
             .get(&claim.id)
-            .map_or((tail.seq, tail.seq), |p| p.records);
+            .and_then(|p| p.records_of(claim.seq))
+            .unwrap_or((tail.seq, tail.seq));
         let ack = AppendAck {
             tail,
             closed: false,
@@ -322,11 +323,12 @@ fn decide(
         });
     }
     let producer = request.producer.as_ref().map(|claim| {
-        let producer = ProducerState {
-            epoch: claim.epoch,
-            last_seq: claim.seq,
-            records: range,
-        };
+        let producer = ProducerState::advance(
+            state.producers.get(&claim.id),
+            claim.epoch,
+            claim.seq,
+            range,
+        );
         state.producers.insert(claim.id.clone(), producer.clone());
         (claim.id.clone(), producer)
     });

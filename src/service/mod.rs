@@ -36,7 +36,7 @@ pub use cache::CacheLimits;
 pub use error::{StreamError, StreamResult};
 pub use fork::ForkRequest;
 pub use read::ReadChunk;
-pub use snapshots::Bootstrap;
+pub use snapshots::{Bootstrap, Position};
 pub use stream::{Durable, Stream};
 
 use stream::State;

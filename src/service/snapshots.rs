@@ -11,6 +11,7 @@ use sha2::{Digest, Sha256};
 use super::{Stream, StreamError, StreamResult, StreamService};
 use crate::model::Offset;
 use crate::model::attrs::Attrs;
+use crate::model::records::RecordStart;
 use crate::model::stream::SnapshotInfo;
 use crate::storage::Change;
 
@@ -21,6 +22,13 @@ pub struct Bootstrap {
     pub snapshot: Option<(SnapshotInfo, Bytes)>,
     pub start: Offset,
     pub tail: Offset,
+}
+
+/// Where a snapshot or retention boundary goes: an offset, or (on JSON streams) a record ordinal.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Position {
+    Offset(Offset),
+    Record(u64),
 }
 
 /// The digest of a snapshot covers its content type and its bytes.
@@ -40,7 +48,13 @@ fn digest(content_type: &str, blob: &[u8]) -> String {
 impl StreamService {
     /// Checks that `at` is a retained record boundary at or before the tail. Beyond the tail is a
     /// conflict (409); before retention is gone (410); between boundaries is a bad request (400).
-    async fn retained_boundary(&self, stream: &Arc<Stream>, at: Offset) -> StreamResult<Offset> {
+    async fn retained_boundary(&self, stream: &Arc<Stream>, at: Position) -> StreamResult<Offset> {
+        let at = match at {
+            Position::Offset(offset) => offset,
+            Position::Record(record) => {
+                return self.resolve_record(stream, RecordStart::At(record)).await;
+            }
+        };
         let durable = stream.durable();
         if at > durable.tail {
             return Err(StreamError::Conflict(
@@ -55,15 +69,15 @@ impl StreamService {
         self.boundary(stream, at).await
     }
 
-    /// Publishes the stream's snapshot at `at`. Returns its digest.
+    /// Publishes the stream's snapshot at `at`. Returns its offset and digest.
     pub async fn publish_snapshot(
         &self,
         name: &str,
-        at: Offset,
+        at: Position,
         content_type: String,
         blob: Bytes,
         expected_digest: Option<&str>,
-    ) -> StreamResult<String> {
+    ) -> StreamResult<(Offset, String)> {
         let stream = self.find(name, false).await?;
         let at = self.retained_boundary(&stream, at).await?;
         let digest = digest(&content_type, &blob);
@@ -79,7 +93,7 @@ impl StreamService {
             }
             if let Some(current) = current.filter(|s| s.offset == at) {
                 return if current.digest == digest {
-                    Ok(digest)
+                    Ok((at, digest))
                 } else {
                     Err(StreamError::Conflict(
                         "a different snapshot is published at this offset",
@@ -97,7 +111,7 @@ impl StreamService {
             ])
         };
         commit.await?;
-        Ok(digest)
+        Ok((at, digest))
     }
 
     /// The visible snapshot's description, if there is one.
@@ -163,8 +177,17 @@ impl StreamService {
     }
 
     /// Moves the first retained offset to `at`, which must not pass the visible snapshot.
-    pub async fn set_retention(&self, name: &str, at: Offset) -> StreamResult<()> {
+    /// Returns the new first retained offset.
+    pub async fn set_retention(&self, name: &str, at: Position) -> StreamResult<Offset> {
         let stream = self.find(name, false).await?;
+        let first = stream.durable().first;
+        let backward = match at {
+            Position::Offset(offset) => offset < first,
+            Position::Record(record) => record < first.seq,
+        };
+        if backward {
+            return Err(StreamError::Conflict("retention cannot move backward"));
+        }
         let at = self.retained_boundary(&stream, at).await?;
         let commit = {
             let mut state = stream.lock();
@@ -173,7 +196,7 @@ impl StreamService {
                 return Err(StreamError::Conflict("retention cannot move backward"));
             }
             if at == first {
-                return Ok(());
+                return Ok(at);
             }
             if state.meta.snapshot.as_ref().is_none_or(|s| at > s.offset) {
                 return Err(StreamError::Conflict(
@@ -188,7 +211,7 @@ impl StreamService {
         };
         commit.await?;
         stream.publish(|d| d.first = d.first.max(at));
-        Ok(())
+        Ok(at)
     }
 
     /// Everything a client needs to start: the snapshot, then the records after it.

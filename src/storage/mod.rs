@@ -173,6 +173,7 @@ mod contract {
             epoch: 2,
             last_seq: 9,
             records: (3, 4),
+            earlier: Vec::new(),
         };
         engine
             .commit(vec![
@@ -202,6 +203,7 @@ mod contract {
                         epoch: 0,
                         last_seq: 0,
                         records: (0, 1),
+                        earlier: Vec::new(),
                     },
                 ),
             ])
