@@ -149,7 +149,29 @@ mod tests {
             epoch,
             last_seq,
             records: (0, 0),
+            earlier: Vec::new(),
         }
+    }
+
+    #[test]
+    fn recent_appends_keep_their_record_ranges_within_one_epoch() {
+        let mut state = ProducerState::advance(None, 1, 0, (0, 2));
+        for seq in 1..40 {
+            state = ProducerState::advance(Some(&state), 1, seq, (seq * 10, seq * 10 + 1));
+        }
+        assert_eq!(state.records_of(39), Some((390, 391)));
+        assert_eq!(state.records_of(30), Some((300, 301)));
+        let oldest_kept = 40 - REMEMBERED_APPENDS as u64;
+        assert_eq!(
+            state.records_of(oldest_kept),
+            Some((oldest_kept * 10, oldest_kept * 10 + 1))
+        );
+        assert_eq!(state.records_of(oldest_kept - 1), None);
+        let bumped = ProducerState::advance(Some(&state), 2, 0, (500, 501));
+        assert!(
+            bumped.earlier.is_empty(),
+            "a new epoch starts a new history"
+        );
     }
 
     #[test]
