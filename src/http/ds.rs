@@ -492,11 +492,11 @@ pub(super) fn render<'a>(read: &'a Read, records: &[Record]) -> (&'a str, Bytes)
         ),
         View::Records(RecordView::Values) => (
             records::NDJSON,
-            lines(records.iter().map(|r| r.body.to_vec())),
+            lines(visible(records).map(|r| r.body.to_vec())),
         ),
         View::Records(RecordView::Envelope) => (
             records::ENVELOPE_NDJSON,
-            lines(records.iter().map(|r| records::envelope(r.seq, &r.body))),
+            lines(visible(records).map(|r| records::envelope(r.seq, &r.body))),
         ),
     }
 }
@@ -513,19 +513,24 @@ fn lines(lines: impl Iterator<Item = Vec<u8>>) -> Bytes {
 /// The base protocol's body of a read: the records' bytes, or for JSON one array of them.
 pub(super) fn canonical_body(json_mode: bool, records: &[Record]) -> Bytes {
     if json_mode {
-        return Bytes::from(json::array_of(records.iter().map(|r| r.body.as_ref())));
+        return Bytes::from(json::array_of(visible(records).map(|r| r.body.as_ref())));
     }
     match records {
         [] => Bytes::new(),
-        [only] => only.body.clone(),
+        [only] if !only.command => only.body.clone(),
         many => {
-            let mut out = Vec::with_capacity(many.iter().map(|r| r.body.len()).sum());
+            let mut out = Vec::with_capacity(many.iter().map(|r| r.byte_len() as usize).sum());
             for record in many {
-                out.extend_from_slice(&record.body);
+                out.extend_from_slice(record.visible_body());
             }
             Bytes::from(out)
         }
     }
+}
+
+/// The records Durable Streams readers see: all but S2 command records.
+pub(super) fn visible(records: &[Record]) -> impl Iterator<Item = &Record> {
+    records.iter().filter(|r| !r.command)
 }
 
 pub(super) fn next_cursor(client: Option<u64>) -> u64 {

@@ -126,6 +126,12 @@ pub fn describe(error: &StreamError) -> (StatusCode, Vec<(&'static str, String)>
                 ("producer-received-seq", received.to_string()),
             ],
         ),
+        StreamError::Invalid(_) => (StatusCode::UNPROCESSABLE_ENTITY, vec![]),
+        StreamError::FencingMismatch { .. } | StreamError::SeqNumMismatch { .. } => {
+            (StatusCode::PRECONDITION_FAILED, vec![])
+        }
+        StreamError::BeyondTail { .. } => (StatusCode::RANGE_NOT_SATISFIABLE, vec![]),
+        StreamError::AlreadyExists(_) => (StatusCode::CONFLICT, vec![]),
         StreamError::Storage(_) => (
             StatusCode::SERVICE_UNAVAILABLE,
             vec![("retry-after", "1".into())],
@@ -154,6 +160,11 @@ pub fn error_code(error: &StreamError) -> &'static str {
         StreamError::Producer(ProducerError::StaleEpoch { .. }) => "stale_producer_epoch",
         StreamError::Producer(ProducerError::EpochBumpNotAtZero) => "producer_epoch_seq",
         StreamError::Producer(ProducerError::SequenceGap { .. }) => "producer_seq_gap",
+        StreamError::Invalid(_) => "invalid",
+        StreamError::FencingMismatch { .. } => "fencing_token_mismatch",
+        StreamError::SeqNumMismatch { .. } => "seq_num_mismatch",
+        StreamError::BeyondTail { .. } => "beyond_tail",
+        StreamError::AlreadyExists(_) => "resource_already_exists",
         StreamError::Storage(_) => "unavailable",
     }
 }

@@ -246,7 +246,7 @@ async fn bootstrap(app: &AppState, key: &str, query: Option<&str>) -> Handled {
                     return;
                 }
             };
-            for record in chunk.records {
+            for record in chunk.records.into_iter().filter(|r| !r.command) {
                 yield Ok(record_header.clone());
                 yield Ok(record.body);
             }

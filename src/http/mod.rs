@@ -6,6 +6,7 @@ mod ds;
 mod error;
 mod extensions;
 mod request;
+mod s2;
 mod sse;
 
 use std::sync::Arc;
@@ -41,6 +42,7 @@ pub fn router(state: AppState) -> Router {
     Router::new()
         .route("/healthz", get(|| async { "ok\n" }))
         .route("/v1/stream/{*path}", any(ds::base_stream))
+        .merge(s2::routes())
         .route("/{bucket}", any(buckets::bucket))
         .route("/{bucket}/{stream}", any(buckets::stream))
         .route("/{bucket}/{stream}/{extension}", any(extensions::extension))

@@ -11,7 +11,7 @@ use bytes::Bytes;
 use tokio::time::Instant;
 
 use super::AppState;
-use super::ds::{Read, View, canonical_body, next_cursor};
+use super::ds::{Read, View, canonical_body, next_cursor, visible};
 use crate::model::content_type::sse_needs_base64;
 use crate::model::records::{self, RecordView};
 use crate::service::ReadChunk;
@@ -45,8 +45,9 @@ pub fn respond(app: &AppState, read: Read) -> Response {
                 let mut events = Vec::new();
                 if envelope {
                     // One envelope object per data event, each followed by its control event.
-                    for (i, record) in chunk.records.iter().enumerate() {
-                        let last = i + 1 == chunk.records.len();
+                    let shown: Vec<_> = visible(&chunk.records).collect();
+                    for (i, record) in shown.iter().enumerate() {
+                        let last = i + 1 == shown.len();
                         let step = ReadChunk {
                             start: record.offset(),
                             records: Vec::new(),

@@ -37,6 +37,13 @@ pub fn messages(body: &[u8], empty: EmptyArray) -> Result<Vec<Bytes>, JsonError>
     Ok(values.iter().map(canonical).collect())
 }
 
+/// One JSON value (never flattened), serialised compactly.
+pub fn canonical_value(body: &[u8]) -> Result<Bytes, JsonError> {
+    let value: Value =
+        serde_json::from_slice(body).map_err(|e| JsonError::Invalid(e.to_string()))?;
+    Ok(canonical(&value))
+}
+
 fn canonical(value: &Value) -> Bytes {
     // Serialising a `Value` cannot fail: its keys are strings and it holds no foreign types.
     Bytes::from(serde_json::to_vec(value).unwrap_or_default())

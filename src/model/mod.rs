@@ -11,6 +11,7 @@ pub mod offset;
 pub mod producer;
 pub mod record;
 pub mod records;
+pub mod s2;
 pub mod stream;
 
 pub use offset::{Offset, ReadFrom};

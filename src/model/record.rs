@@ -19,12 +19,29 @@ pub struct Record {
     /// Name/value pairs that S2 clients attach; Durable Streams reads never show them.
     pub headers: Vec<(Bytes, Bytes)>,
     pub body: Bytes,
+    /// An S2 command record (fence, trim): it takes a sequence number but no bytes of the
+    /// canonical byte stream, so Durable Streams reads never show it.
+    pub command: bool,
 }
 
 impl Record {
     /// The offset just after this record.
     pub fn next_offset(&self) -> Offset {
-        Offset::new(self.seq + 1, self.pos + self.body.len() as u64)
+        Offset::new(self.seq + 1, self.pos + self.byte_len())
+    }
+
+    /// How many bytes of the canonical byte stream this record holds.
+    pub fn byte_len(&self) -> u64 {
+        if self.command {
+            0
+        } else {
+            self.body.len() as u64
+        }
+    }
+
+    /// The bytes Durable Streams readers see.
+    pub fn visible_body(&self) -> &[u8] {
+        if self.command { &[] } else { &self.body }
     }
 
     /// The offset at this record's first byte.
@@ -47,6 +64,7 @@ pub fn lay_out(tail: Offset, timestamp_ms: i64, bodies: Vec<Bytes>) -> Vec<Recor
                 starts_unit: i == 0,
                 headers: Vec::new(),
                 body,
+                command: false,
             };
             at = record.next_offset();
             record

@@ -36,6 +36,12 @@ pub struct StreamMeta {
     /// The first retained position: reads before it are gone (410).
     #[serde(default)]
     pub retained_from: Offset,
+    /// S2's fencing token ("" until a fence command sets it).
+    #[serde(default)]
+    pub fencing_token: String,
+    /// S2 stream configuration, as a JSON object that parses as `s2::StreamConfig`.
+    #[serde(default)]
+    pub s2_config: Option<serde_json::Value>,
 }
 
 /// The visible snapshot of a stream: its offset, the blob's content type and digest.
@@ -50,6 +56,9 @@ pub struct SnapshotInfo {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct BucketMeta {
     pub created_ms: i64,
+    /// S2 basin configuration, as a JSON object that parses as `s2::BasinConfig`.
+    #[serde(default)]
+    pub s2_config: Option<serde_json::Value>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -164,6 +173,8 @@ mod tests {
             attrs: None,
             snapshot: None,
             retained_from: Offset::START,
+            fencing_token: String::new(),
+            s2_config: None,
         }
     }
 

@@ -42,6 +42,8 @@ pub struct AppendAck {
     pub records: (u64, u64),
     /// The stream is a JSON stream, so `records` are record coordinates worth reporting.
     pub record_aware: bool,
+    /// The timestamp of the stream's last record after this append.
+    pub timestamp_ms: i64,
 }
 
 /// What the stream lock decided for one append.
@@ -86,7 +88,7 @@ impl StreamService {
                 if let Some(commit) = commit {
                     commit.await?;
                 }
-                stream.publish_tail(ack.tail, ack.closed);
+                stream.publish_tail(ack.tail, ack.timestamp_ms, ack.closed);
                 Ok(ack)
             }
             Decision::Acknowledge { ack, wait_for_seq } => {
@@ -168,14 +170,14 @@ impl StreamService {
                 return Ok(results);
             }
             if let Some(last) = results.iter().filter_map(|r| r.as_ref().ok()).next_back() {
-                stream.publish_tail(last.tail, false);
+                stream.publish_tail(last.tail, last.timestamp_ms, false);
             }
         }
         Ok(results)
     }
 
     /// Caches the records and submits them with the stream's updated metadata.
-    fn submit(
+    pub(super) fn submit(
         &self,
         stream: &Stream,
         state: &mut State,
@@ -243,6 +245,7 @@ fn decide(
             duplicate: true,
             records,
             record_aware: stream.json,
+            timestamp_ms: state.meta.last_timestamp_ms,
         };
         return Ok(Decision::Acknowledge {
             ack,
@@ -273,6 +276,7 @@ fn decide(
             duplicate: true,
             records,
             record_aware: stream.json,
+            timestamp_ms: state.meta.last_timestamp_ms,
         };
         return Ok(Decision::Acknowledge {
             ack,
@@ -339,6 +343,7 @@ fn decide(
         duplicate: false,
         records: range,
         record_aware: stream.json,
+        timestamp_ms: timestamp,
     };
     Ok(Decision::Write {
         ack,

@@ -11,6 +11,7 @@ use crate::storage::Change;
 #[derive(Clone, Debug)]
 pub struct BucketInfo {
     pub created_ms: i64,
+    pub s2_config: Option<serde_json::Value>,
     /// Streams in the bucket that clients can see.
     pub streams: usize,
 }
@@ -33,14 +34,20 @@ pub struct Listing {
 }
 
 impl StreamService {
-    pub async fn create_bucket(&self, bucket: &str) -> StreamResult<()> {
+    /// Creates a bucket (an S2 basin, with its S2 configuration when created through S2).
+    pub async fn create_bucket(
+        &self,
+        bucket: &str,
+        s2_config: Option<serde_json::Value>,
+    ) -> StreamResult<()> {
         let meta = BucketMeta {
             created_ms: now_ms(),
+            s2_config,
         };
         let commit = {
             let mut registry = self.lock_registry();
             if registry.buckets.contains_key(bucket) {
-                return Err(StreamError::Conflict("bucket already exists"));
+                return Err(StreamError::AlreadyExists("bucket"));
             }
             registry.buckets.insert(bucket.to_string(), meta.clone());
             self.engine
@@ -67,6 +74,7 @@ impl StreamService {
         let streams = members.iter().filter(|s| visible(s, now)).count();
         Ok(BucketInfo {
             created_ms: meta.created_ms,
+            s2_config: meta.s2_config,
             streams,
         })
     }
@@ -89,6 +97,28 @@ impl StreamService {
         };
         commit.await?;
         Ok(())
+    }
+
+    /// Buckets whose names start with `prefix`, after `after`, sorted by name, with whether more
+    /// follow.
+    pub fn list_buckets(
+        &self,
+        prefix: &str,
+        after: Option<&str>,
+        limit: usize,
+    ) -> (Vec<(String, BucketMeta)>, bool) {
+        let registry = self.lock_registry();
+        let mut page: Vec<(String, BucketMeta)> = registry
+            .buckets
+            .range(prefix.to_string()..)
+            .take_while(|(name, _)| name.starts_with(prefix))
+            .filter(|(name, _)| after.is_none_or(|a| name.as_str() > a))
+            .take(limit + 1)
+            .map(|(name, meta)| (name.clone(), meta.clone()))
+            .collect();
+        let has_more = page.len() > limit;
+        page.truncate(limit);
+        (page, has_more)
     }
 
     /// Streams of a bucket whose ids start with `prefix`, after `after`, sorted by id.

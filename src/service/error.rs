@@ -46,6 +46,16 @@ pub enum StreamError {
     NotRecordAware,
     #[error("no such snapshot")]
     SnapshotNotFound,
+    #[error("{0}")]
+    Invalid(String),
+    #[error("fencing token does not match")]
+    FencingMismatch { current: String },
+    #[error("match_seq_num does not match the tail {next}")]
+    SeqNumMismatch { next: u64 },
+    #[error("the position is beyond the tail")]
+    BeyondTail { tail: u64, timestamp_ms: i64 },
+    #[error("{0} already exists")]
+    AlreadyExists(&'static str),
     #[error(transparent)]
     Storage(#[from] StorageError),
 }

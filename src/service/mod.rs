@@ -10,6 +10,7 @@ mod cache;
 mod error;
 mod fork;
 mod read;
+mod s2;
 mod snapshots;
 mod stream;
 #[cfg(test)]
@@ -36,6 +37,10 @@ pub use cache::CacheLimits;
 pub use error::{StreamError, StreamResult};
 pub use fork::ForkRequest;
 pub use read::ReadChunk;
+pub use s2::{
+    S2Ack, S2Append, S2Batch, S2Limits, S2Position, S2Record, S2Start,
+    parse_config as parse_s2_config,
+};
 pub use snapshots::{Bootstrap, Position};
 pub use stream::{Durable, Stream};
 
@@ -184,6 +189,7 @@ impl StreamService {
         let durable = Durable {
             tail: recovered.meta.tail,
             first: recovered.meta.retained_from,
+            last_timestamp_ms: recovered.meta.last_timestamp_ms,
             closed: recovered.meta.closed,
             ready: true,
             removed: false,
@@ -446,6 +452,8 @@ impl StreamService {
             attrs: requested.attrs.clone(),
             snapshot: None,
             retained_from: Offset::START,
+            fencing_token: String::new(),
+            s2_config: None,
         };
         if let Some(plan) = plan {
             let mut source = plan.source.lock();
@@ -458,6 +466,7 @@ impl StreamService {
         let durable = Durable {
             tail,
             first: Offset::START,
+            last_timestamp_ms: now,
             closed: requested.closed,
             ready: false,
             removed: false,

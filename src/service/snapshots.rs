@@ -189,28 +189,20 @@ impl StreamService {
             return Err(StreamError::Conflict("retention cannot move backward"));
         }
         let at = self.retained_boundary(&stream, at).await?;
-        let commit = {
-            let mut state = stream.lock();
-            let first = state.meta.retained_from;
-            if at < first {
+        {
+            let state = stream.lock();
+            if at < state.meta.retained_from {
                 return Err(StreamError::Conflict("retention cannot move backward"));
             }
-            if at == first {
-                return Ok(at);
-            }
-            if state.meta.snapshot.as_ref().is_none_or(|s| at > s.offset) {
+            if at > state.meta.retained_from
+                && state.meta.snapshot.as_ref().is_none_or(|s| at > s.offset)
+            {
                 return Err(StreamError::Conflict(
                     "retention cannot pass the latest snapshot",
                 ));
             }
-            state.meta.retained_from = at;
-            self.engine.commit(vec![
-                Change::PutStream(stream.id, Box::new(state.meta.clone())),
-                Change::TrimRecords(stream.id, at.seq),
-            ])
-        };
-        commit.await?;
-        stream.publish(|d| d.first = d.first.max(at));
+        }
+        self.move_retention(&stream, at).await?;
         Ok(at)
     }
 

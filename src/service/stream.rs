@@ -19,6 +19,8 @@ pub struct Durable {
     pub tail: Offset,
     /// The first retained position; reads before it are gone.
     pub first: Offset,
+    /// The timestamp of the last durable record (S2's tail timestamp).
+    pub last_timestamp_ms: i64,
     pub closed: bool,
     /// The stream's creation is durable.
     pub ready: bool,
@@ -107,9 +109,10 @@ impl Stream {
     }
 
     /// Marks everything up to `tail` durable (commits complete in order, so later wins).
-    pub(super) fn publish_tail(&self, tail: Offset, closed: bool) {
+    pub(super) fn publish_tail(&self, tail: Offset, timestamp_ms: i64, closed: bool) {
         self.publish(|d| {
             d.tail = d.tail.max(tail);
+            d.last_timestamp_ms = d.last_timestamp_ms.max(timestamp_ms);
             d.closed |= closed;
         });
     }

@@ -11,6 +11,7 @@ use crate::model::Record;
 
 const RECORD_VERSION: u8 = 1;
 const FLAG_STARTS_UNIT: u8 = 1;
+const FLAG_COMMAND: u8 = 2;
 
 pub fn stream_key(id: StreamId) -> [u8; 8] {
     id.to_be_bytes()
@@ -48,11 +49,8 @@ pub fn encode_record(record: &Record) -> Vec<u8> {
         .sum();
     let mut out = Vec::with_capacity(22 + header_bytes + record.body.len());
     out.push(RECORD_VERSION);
-    out.push(if record.starts_unit {
-        FLAG_STARTS_UNIT
-    } else {
-        0
-    });
+    let flag = |set: bool, bit: u8| if set { bit } else { 0 };
+    out.push(flag(record.starts_unit, FLAG_STARTS_UNIT) | flag(record.command, FLAG_COMMAND));
     out.extend_from_slice(&record.pos.to_be_bytes());
     out.extend_from_slice(&record.timestamp_ms.to_be_bytes());
     out.extend_from_slice(&(record.headers.len() as u32).to_be_bytes());
@@ -95,6 +93,7 @@ pub fn decode_record(seq: u64, value: Bytes) -> Result<Record, StorageError> {
         starts_unit: flags & FLAG_STARTS_UNIT != 0,
         headers,
         body,
+        command: flags & FLAG_COMMAND != 0,
     })
 }
 
@@ -136,6 +135,7 @@ mod tests {
         #[test]
         fn records_round_trip(
             seq in any::<u64>(), pos in any::<u64>(), ts in any::<i64>(), starts in any::<bool>(),
+            command in any::<bool>(),
             headers in proptest::collection::vec((any::<Vec<u8>>(), any::<Vec<u8>>()), 0..4),
             body in any::<Vec<u8>>(),
         ) {
@@ -143,6 +143,7 @@ mod tests {
                 seq, pos, timestamp_ms: ts, starts_unit: starts,
                 headers: headers.into_iter().map(|(n, v)| (Bytes::from(n), Bytes::from(v))).collect(),
                 body: Bytes::from(body),
+                command,
             };
             prop_assert_eq!(decode_record(seq, Bytes::from(encode_record(&record))).unwrap(), record);
         }

@@ -138,6 +138,8 @@ mod contract {
             attrs: None,
             snapshot: None,
             retained_from: Offset::START,
+            fencing_token: String::new(),
+            s2_config: None,
         }
     }
 

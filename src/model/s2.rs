@@ -1,0 +1,364 @@
+//! The S2 records model (seed 002): metering, record commands, timestamps, configuration.
+//! Pure rules; the S2 face in `http/s2` translates the wire format and `service/` applies them.
+
+use bytes::Bytes;
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+/// The most records one append may carry.
+pub const MAX_BATCH_RECORDS: usize = 1000;
+/// The most metered bytes one append (and one record) may carry.
+pub const MAX_BATCH_METERED: u64 = 1 << 20;
+/// The longest fencing token.
+pub const MAX_FENCING_TOKEN: usize = 36;
+/// Unary reads return at most this many records and metered bytes.
+pub const UNARY_MAX_RECORDS: u64 = 1000;
+pub const UNARY_MAX_BYTES: u64 = 1 << 20;
+/// The longest a unary read waits for new records.
+pub const UNARY_MAX_WAIT_SECS: u64 = 60;
+
+/// S2's metered size of a record: 8 bytes of overhead, 2 per header, and every byte of the
+/// header names, values and body.
+pub fn metered_size(headers: &[(Bytes, Bytes)], body: &[u8]) -> u64 {
+    let header_bytes: usize = headers.iter().map(|(n, v)| 2 + n.len() + v.len()).sum();
+    (8 + header_bytes + body.len()) as u64
+}
+
+/// A command record: exactly one header, with an empty name; its value names the command.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Command {
+    /// Set the fencing token to the body.
+    Fence(String),
+    /// Trim records before this seq_num (capped at the trim record itself).
+    Trim(u64),
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum RecordError {
+    #[error("a header with an empty name is only allowed alone, in a command record")]
+    EmptyHeaderName,
+    #[error("unknown command {0:?}")]
+    UnknownCommand(String),
+    #[error("a fencing token is at most {MAX_FENCING_TOKEN} bytes of UTF-8")]
+    BadFencingToken,
+    #[error("a trim command carries an 8-byte big-endian sequence number")]
+    BadTrim,
+}
+
+/// Recognises a command record; `Ok(None)` for an ordinary record.
+pub fn command_of(headers: &[(Bytes, Bytes)], body: &[u8]) -> Result<Option<Command>, RecordError> {
+    let empty_names = headers.iter().filter(|(name, _)| name.is_empty()).count();
+    if empty_names == 0 {
+        return Ok(None);
+    }
+    if headers.len() != 1 {
+        return Err(RecordError::EmptyHeaderName);
+    }
+    match headers[0].1.as_ref() {
+        b"fence" => {
+            let token = std::str::from_utf8(body).map_err(|_| RecordError::BadFencingToken)?;
+            if token.len() > MAX_FENCING_TOKEN {
+                return Err(RecordError::BadFencingToken);
+            }
+            Ok(Some(Command::Fence(token.to_string())))
+        }
+        b"trim" => {
+            let point: [u8; 8] = body.try_into().map_err(|_| RecordError::BadTrim)?;
+            Ok(Some(Command::Trim(u64::from_be_bytes(point))))
+        }
+        other => Err(RecordError::UnknownCommand(
+            String::from_utf8_lossy(other).into_owned(),
+        )),
+    }
+}
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum TimestampingMode {
+    #[default]
+    ClientPrefer,
+    ClientRequire,
+    Arrival,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Timestamping {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mode: Option<TimestampingMode>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub uncapped: Option<bool>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RetentionPolicy {
+    Age(u64),
+    Infinite(serde_json::Map<String, Value>),
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DeleteOnEmpty {
+    #[serde(default)]
+    pub min_age_secs: u64,
+}
+
+/// An S2 stream's configuration. Unknown fields are refused, as S2 does.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StreamConfig {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub storage_class: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retention_policy: Option<RetentionPolicy>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timestamping: Option<Timestamping>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub delete_on_empty: Option<DeleteOnEmpty>,
+}
+
+/// An S2 basin's configuration.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BasinConfig {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub default_stream_config: Option<StreamConfig>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stream_cipher: Option<String>,
+    #[serde(default)]
+    pub create_stream_on_append: bool,
+    #[serde(default)]
+    pub create_stream_on_read: bool,
+}
+
+/// Applies a reconfiguration: absent fields stay, `null` resets, values replace (objects merge
+/// field by field). This is JSON Merge Patch (RFC 7386).
+pub fn merge_patch(target: &mut Value, patch: &Value) {
+    let Value::Object(patch) = patch else {
+        *target = patch.clone();
+        return;
+    };
+    if !target.is_object() {
+        *target = Value::Object(serde_json::Map::new());
+    }
+    if let Value::Object(target) = target {
+        for (key, value) in patch {
+            if value.is_null() {
+                target.remove(key);
+            } else {
+                merge_patch(target.entry(key.clone()).or_insert(Value::Null), value);
+            }
+        }
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum TimestampError {
+    #[error("this stream requires a client timestamp on every record")]
+    Required,
+}
+
+/// The timestamp a record gets: the client's or the arrival time per the stream's mode, capped at
+/// the arrival time unless uncapped, and never below `floor` (the stream's latest timestamp).
+pub fn assign_timestamp(
+    timestamping: &Timestamping,
+    client: Option<u64>,
+    arrival: u64,
+    floor: u64,
+) -> Result<u64, TimestampError> {
+    let chosen = match (timestamping.mode.unwrap_or_default(), client) {
+        (TimestampingMode::Arrival, _) | (TimestampingMode::ClientPrefer, None) => arrival,
+        (TimestampingMode::ClientRequire, None) => return Err(TimestampError::Required),
+        (_, Some(client)) if timestamping.uncapped.unwrap_or(false) => client,
+        (_, Some(client)) => client.min(arrival),
+    };
+    Ok(chosen.max(floor))
+}
+
+/// Basin names created through S2: 8–48 bytes of `[a-z0-9-]`, starting and ending with a letter or
+/// digit.
+pub fn is_valid_basin_name(name: &str) -> bool {
+    let bytes = name.as_bytes();
+    (8..=48).contains(&bytes.len())
+        && bytes
+            .iter()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || *b == b'-')
+        && bytes.first().is_some_and(|b| *b != b'-')
+        && bytes.last().is_some_and(|b| *b != b'-')
+}
+
+/// The SSE event id `seq_num,count,bytes`: last record delivered and the session's totals.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct EventId {
+    pub last_seq: u64,
+    pub count: u64,
+    pub bytes: u64,
+}
+
+impl EventId {
+    pub fn parse(text: &str) -> Option<EventId> {
+        let mut parts = text.split(',').map(|p| p.trim().parse::<u64>().ok());
+        let id = EventId {
+            last_seq: parts.next()??,
+            count: parts.next()??,
+            bytes: parts.next()??,
+        };
+        parts.next().is_none().then_some(id)
+    }
+}
+
+impl std::fmt::Display for EventId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{},{},{}", self.last_seq, self.count, self.bytes)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn header(name: &str, value: &str) -> (Bytes, Bytes) {
+        (
+            Bytes::copy_from_slice(name.as_bytes()),
+            Bytes::copy_from_slice(value.as_bytes()),
+        )
+    }
+
+    #[test]
+    fn metered_size_counts_overhead_headers_and_body() {
+        assert_eq!(metered_size(&[], b""), 8);
+        assert_eq!(metered_size(&[header("k", "vv")], b"body"), 8 + 2 + 3 + 4);
+        assert_eq!(metered_size(&[header("", "trim")], &[0; 8]), 8 + 2 + 4 + 8);
+    }
+
+    #[test]
+    fn command_records_have_one_empty_named_header() {
+        assert_eq!(
+            command_of(&[header("", "fence")], b"tok"),
+            Ok(Some(Command::Fence("tok".into())))
+        );
+        assert_eq!(
+            command_of(&[header("", "trim")], &10u64.to_be_bytes()),
+            Ok(Some(Command::Trim(10)))
+        );
+        assert_eq!(command_of(&[header("k", "v")], b"x"), Ok(None));
+        assert_eq!(
+            command_of(&[header("", "fence"), header("k", "v")], b""),
+            Err(RecordError::EmptyHeaderName)
+        );
+        assert!(matches!(
+            command_of(&[header("", "nope")], b""),
+            Err(RecordError::UnknownCommand(_))
+        ));
+        assert_eq!(
+            command_of(&[header("", "trim")], b"short"),
+            Err(RecordError::BadTrim)
+        );
+        assert_eq!(
+            command_of(&[header("", "fence")], &[b'x'; 37]),
+            Err(RecordError::BadFencingToken)
+        );
+    }
+
+    #[test]
+    fn timestamps_follow_the_mode_cap_and_floor() {
+        let prefer = Timestamping::default();
+        assert_eq!(assign_timestamp(&prefer, Some(5), 100, 0), Ok(5));
+        assert_eq!(assign_timestamp(&prefer, None, 100, 0), Ok(100));
+        assert_eq!(
+            assign_timestamp(&prefer, Some(500), 100, 0),
+            Ok(100),
+            "capped at arrival"
+        );
+        assert_eq!(
+            assign_timestamp(&prefer, Some(5), 100, 50),
+            Ok(50),
+            "never below the floor"
+        );
+        let uncapped = Timestamping {
+            mode: None,
+            uncapped: Some(true),
+        };
+        assert_eq!(assign_timestamp(&uncapped, Some(500), 100, 0), Ok(500));
+        let require = Timestamping {
+            mode: Some(TimestampingMode::ClientRequire),
+            uncapped: None,
+        };
+        assert_eq!(
+            assign_timestamp(&require, None, 100, 0),
+            Err(TimestampError::Required)
+        );
+        let arrival = Timestamping {
+            mode: Some(TimestampingMode::Arrival),
+            uncapped: None,
+        };
+        assert_eq!(assign_timestamp(&arrival, Some(5), 100, 0), Ok(100));
+    }
+
+    #[test]
+    fn merge_patch_keeps_resets_and_merges() {
+        let mut config = serde_json::json!({"a": 1, "t": {"mode": "arrival", "uncapped": true}});
+        merge_patch(
+            &mut config,
+            &serde_json::json!({"a": null, "t": {"uncapped": false}, "b": 2}),
+        );
+        assert_eq!(
+            config,
+            serde_json::json!({"t": {"mode": "arrival", "uncapped": false}, "b": 2})
+        );
+    }
+
+    #[test]
+    fn configs_parse_from_s2_json() {
+        let config: StreamConfig = serde_json::from_value(serde_json::json!({
+            "retention_policy": {"age": 3600},
+            "timestamping": {"mode": "client-require", "uncapped": true}
+        }))
+        .unwrap();
+        assert_eq!(config.retention_policy, Some(RetentionPolicy::Age(3600)));
+        let infinite: StreamConfig =
+            serde_json::from_value(serde_json::json!({"retention_policy": {"infinite": {}}}))
+                .unwrap();
+        assert!(matches!(
+            infinite.retention_policy,
+            Some(RetentionPolicy::Infinite(_))
+        ));
+        assert!(serde_json::from_value::<StreamConfig>(serde_json::json!({"bogus": 1})).is_err());
+    }
+
+    #[test]
+    fn basin_names_follow_s2_rules() {
+        assert!(is_valid_basin_name("my-basin-1"));
+        for bad in [
+            "short",
+            "-leading-dash",
+            "trailing-dash-",
+            "UPPERCASE",
+            "under_score",
+            &"x".repeat(49),
+        ] {
+            assert!(!is_valid_basin_name(bad), "{bad}");
+        }
+    }
+
+    #[test]
+    fn event_ids_round_trip() {
+        let id = EventId {
+            last_seq: 9,
+            count: 10,
+            bytes: 1530,
+        };
+        assert_eq!(EventId::parse(&id.to_string()), Some(id));
+        assert_eq!(EventId::parse("1,2"), None);
+        assert_eq!(EventId::parse("1,2,x"), None);
+    }
+
+    proptest! {
+        #[test]
+        fn parsers_never_panic(s in "\\PC*", body in proptest::collection::vec(any::<u8>(), 0..16)) {
+            let _ = EventId::parse(&s);
+            let _ = command_of(&[(Bytes::new(), Bytes::from(s.clone()))], &body);
+            let _ = is_valid_basin_name(&s);
+        }
+    }
+}

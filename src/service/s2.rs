@@ -1,0 +1,574 @@
+//! The S2 records API's rules over Runnel streams (seed 002): appends with headers, timestamps,
+//! fencing and command records; reads by sequence number, timestamp or tail offset with S2's
+//! limits; stream and basin configuration.
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+use serde_json::Value;
+
+use super::stream::State;
+use super::{CreateRequest, Stream, StreamError, StreamResult, StreamService, now_ms};
+use crate::model::json;
+use crate::model::record::Record;
+use crate::model::s2::{self, BasinConfig, Command, StreamConfig, Timestamping};
+use crate::model::{Offset, names};
+use crate::storage::Change;
+
+/// A record as an S2 client sends it, already decoded from its wire format.
+#[derive(Clone, Debug, Default)]
+pub struct S2Record {
+    pub timestamp: Option<u64>,
+    pub headers: Vec<(Bytes, Bytes)>,
+    pub body: Bytes,
+}
+
+#[derive(Clone, Debug, Default)]
+pub struct S2Append {
+    pub records: Vec<S2Record>,
+    pub match_seq_num: Option<u64>,
+    pub fencing_token: Option<String>,
+}
+
+/// A sequence number with the timestamp of the record there (S2's `StreamPosition`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct S2Position {
+    pub seq_num: u64,
+    pub timestamp: u64,
+}
+
+#[derive(Clone, Copy, Debug)]
+pub struct S2Ack {
+    pub start: S2Position,
+    pub end: S2Position,
+    pub tail: S2Position,
+}
+
+/// Where an S2 read starts.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum S2Start {
+    SeqNum(u64),
+    Timestamp(u64),
+    TailOffset(u64),
+}
+
+/// Bounds of an S2 read, counted over the whole session.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct S2Limits {
+    pub count: Option<u64>,
+    /// Metered bytes.
+    pub bytes: Option<u64>,
+    /// Exclusive timestamp.
+    pub until: Option<u64>,
+}
+
+/// Records read in one step, and why the read stopped there.
+#[derive(Clone, Debug)]
+pub struct S2Batch {
+    pub records: Vec<Record>,
+    /// Where the next read continues.
+    pub next_seq: u64,
+    /// Metered bytes of `records`.
+    pub metered: u64,
+    /// A limit (count, bytes or until) was reached: the session is over.
+    pub limit_reached: bool,
+    /// The batch ends at the durable tail.
+    pub at_tail: bool,
+    pub tail: S2Position,
+}
+
+fn ms(timestamp: i64) -> u64 {
+    u64::try_from(timestamp).unwrap_or(0)
+}
+
+fn stream_config(value: Option<&Value>) -> StreamConfig {
+    value
+        .and_then(|v| serde_json::from_value(v.clone()).ok())
+        .unwrap_or_default()
+}
+
+/// Parses and checks an S2 configuration object.
+pub fn parse_config<T: serde::de::DeserializeOwned>(value: &Value) -> StreamResult<T> {
+    serde_json::from_value(value.clone())
+        .map_err(|e| StreamError::Invalid(format!("invalid config: {e}")))
+}
+
+impl StreamService {
+    pub fn tail_position(&self, stream: &Stream) -> S2Position {
+        let durable = stream.durable();
+        S2Position {
+            seq_num: durable.tail.seq,
+            timestamp: ms(durable.last_timestamp_ms),
+        }
+    }
+
+    /// The basin's S2 configuration.
+    pub fn basin_config(&self, basin: &str) -> StreamResult<BasinConfig> {
+        let info = self.bucket_info(basin)?;
+        Ok(info
+            .s2_config
+            .as_ref()
+            .map(parse_config)
+            .transpose()?
+            .unwrap_or_default())
+    }
+
+    /// Finds an S2 stream, creating it first when the basin says so for this operation.
+    pub async fn s2_stream(
+        &self,
+        basin: &str,
+        name: &str,
+        auto_create: Option<&Value>,
+    ) -> StreamResult<Arc<Stream>> {
+        let key = names::bucket_stream_key(basin, name)
+            .map_err(|e| StreamError::BadRequest(e.to_string()))?;
+        match self.find(&key, true).await {
+            Err(StreamError::NotFound) => {
+                let config = self.basin_config(basin)?;
+                let Some(requested) = auto_create else {
+                    return Err(StreamError::NotFound);
+                };
+                let stream_config = match requested {
+                    Value::Null => config
+                        .default_stream_config
+                        .map(|c| serde_json::to_value(c).unwrap_or(Value::Null)),
+                    given => Some(given.clone()),
+                };
+                match self.create_s2_stream(basin, name, stream_config).await {
+                    Ok(()) | Err(StreamError::AlreadyExists(_)) => self.find(&key, true).await,
+                    Err(e) => Err(e),
+                }
+            }
+            other => other,
+        }
+    }
+
+    /// Creates an S2 stream: a byte stream in the basin, with its S2 configuration.
+    pub async fn create_s2_stream(
+        &self,
+        basin: &str,
+        name: &str,
+        config: Option<Value>,
+    ) -> StreamResult<()> {
+        let key = names::bucket_stream_key(basin, name)
+            .map_err(|e| StreamError::BadRequest(e.to_string()))?;
+        if let Some(config) = &config {
+            parse_config::<StreamConfig>(config)?;
+        }
+        self.basin_config(basin)?;
+        let outcome = self
+            .create(CreateRequest {
+                name: key.clone(),
+                content_type: Some(crate::model::content_type::DEFAULT_CONTENT_TYPE.to_string()),
+                ..Default::default()
+            })
+            .await?;
+        if !outcome.created {
+            return Err(StreamError::AlreadyExists("stream"));
+        }
+        if config.is_some() {
+            self.reconfigure_stream(&key, config.as_ref().unwrap_or(&Value::Null))
+                .await?;
+        }
+        Ok(())
+    }
+
+    /// The stream's S2 configuration, as stored.
+    pub fn stream_config_of(&self, stream: &Stream) -> Value {
+        stream
+            .lock()
+            .meta
+            .s2_config
+            .clone()
+            .unwrap_or_else(|| Value::Object(Default::default()))
+    }
+
+    /// Applies an S2 reconfiguration (JSON Merge Patch over the stored configuration).
+    pub async fn reconfigure_stream(&self, key: &str, patch: &Value) -> StreamResult<Value> {
+        let stream = self.find(key, false).await?;
+        let (config, commit) = {
+            let mut state = stream.lock();
+            let mut config = state
+                .meta
+                .s2_config
+                .clone()
+                .unwrap_or_else(|| Value::Object(Default::default()));
+            s2::merge_patch(&mut config, patch);
+            parse_config::<StreamConfig>(&config)?;
+            state.meta.s2_config = Some(config.clone());
+            (
+                config,
+                self.engine.commit(vec![Change::PutStream(
+                    stream.id,
+                    Box::new(state.meta.clone()),
+                )]),
+            )
+        };
+        commit.await?;
+        Ok(config)
+    }
+
+    /// Applies an S2 reconfiguration to a basin.
+    pub async fn reconfigure_basin(&self, basin: &str, patch: &Value) -> StreamResult<Value> {
+        let (config, commit) = {
+            let mut registry = self.lock_registry();
+            let meta = registry
+                .buckets
+                .get_mut(basin)
+                .ok_or(StreamError::BucketNotFound)?;
+            let mut config = meta
+                .s2_config
+                .clone()
+                .unwrap_or_else(|| Value::Object(Default::default()));
+            s2::merge_patch(&mut config, patch);
+            parse_config::<BasinConfig>(&config)?;
+            meta.s2_config = Some(config.clone());
+            (
+                config,
+                self.engine
+                    .commit(vec![Change::PutBucket(basin.to_string(), meta.clone())]),
+            )
+        };
+        commit.await?;
+        Ok(config)
+    }
+
+    /// Deletes a basin with every stream in it (S2 semantics; the bucket API only deletes empty
+    /// buckets).
+    pub async fn delete_basin(&self, basin: &str) -> StreamResult<()> {
+        loop {
+            let listing = self.list_streams(basin, "", None, 1000)?;
+            if listing.streams.is_empty() {
+                break;
+            }
+            for summary in listing.streams {
+                let key = names::bucket_stream_key(basin, &summary.stream_id)
+                    .map_err(|e| StreamError::BadRequest(e.to_string()))?;
+                match self.delete(&key).await {
+                    Ok(()) | Err(StreamError::NotFound) | Err(StreamError::Gone) => {}
+                    Err(e) => return Err(e),
+                }
+            }
+        }
+        self.delete_bucket(basin).await
+    }
+
+    /// Appends an S2 batch atomically.
+    pub async fn s2_append(&self, stream: &Arc<Stream>, append: S2Append) -> StreamResult<S2Ack> {
+        let prepared = prepare(stream, append.records)?;
+        let _permit = self
+            .commit_permits
+            .acquire()
+            .await
+            .map_err(|_| crate::storage::StorageError::Failed)?;
+        let (ack, new_tail, trim, commit) = {
+            let mut state = stream.lock();
+            let (ack, records, trim) = sequence(
+                &mut state,
+                prepared,
+                &append.fencing_token,
+                append.match_seq_num,
+            )?;
+            let commit = self.submit(stream, &mut state, records, std::iter::empty());
+            (ack, state.meta.tail, trim, commit)
+        };
+        commit.await?;
+        stream.publish_tail(
+            new_tail,
+            i64::try_from(ack.end.timestamp).unwrap_or(i64::MAX),
+            false,
+        );
+        if let Some(trim) = trim {
+            self.trim(stream, trim).await?;
+        }
+        Ok(ack)
+    }
+
+    /// Moves the stream's first record to `seq` (an S2 trim): older records are gone.
+    pub(super) async fn trim(&self, stream: &Arc<Stream>, seq: u64) -> StreamResult<()> {
+        let durable = stream.durable();
+        if seq <= durable.first.seq {
+            return Ok(());
+        }
+        let at = self
+            .record_offset(stream, seq.min(durable.tail.seq), durable.tail)
+            .await?;
+        self.move_retention(stream, at).await
+    }
+
+    /// Where an S2 read starts, as a sequence number; 416 (`BeyondTail`) past the tail unless
+    /// `clamp`.
+    pub async fn s2_resolve(
+        &self,
+        stream: &Arc<Stream>,
+        start: S2Start,
+        clamp: bool,
+    ) -> StreamResult<u64> {
+        let durable = stream.durable();
+        let (first, tail) = (durable.first.seq, durable.tail.seq);
+        let beyond = || StreamError::BeyondTail {
+            tail,
+            timestamp_ms: durable.last_timestamp_ms,
+        };
+        match start {
+            S2Start::SeqNum(seq) if seq > tail => {
+                if clamp {
+                    Ok(tail)
+                } else {
+                    Err(beyond())
+                }
+            }
+            S2Start::SeqNum(seq) => Ok(seq.max(first)),
+            S2Start::TailOffset(n) => Ok(tail.saturating_sub(n).max(first)),
+            S2Start::Timestamp(ts) => {
+                if ts > ms(durable.last_timestamp_ms) || first == tail {
+                    return if clamp || first == tail && ts <= ms(durable.last_timestamp_ms) {
+                        Ok(tail)
+                    } else {
+                        Err(beyond())
+                    };
+                }
+                self.first_at_or_after(stream, ts, first, tail).await
+            }
+        }
+    }
+
+    /// The first retained record with a timestamp at or after `ts`. Timestamps never decrease
+    /// along a stream, so a binary search over sequence numbers finds it.
+    async fn first_at_or_after(
+        &self,
+        stream: &Arc<Stream>,
+        ts: u64,
+        mut low: u64,
+        mut high: u64,
+    ) -> StreamResult<u64> {
+        while low < high {
+            let mid = low + (high - low) / 2;
+            let found = self.collect(stream, mid, mid + 1, 0).await?;
+            let Some(record) = found.first() else {
+                return Ok(high);
+            };
+            if ms(record.timestamp_ms) >= ts {
+                high = mid;
+            } else {
+                low = mid + 1;
+            }
+        }
+        Ok(low)
+    }
+
+    /// Reads the next records from `from`, within `limits` (already reduced by what the session
+    /// delivered) and at most `max_records` / `max_bytes` in this step.
+    pub async fn s2_read(
+        &self,
+        stream: &Arc<Stream>,
+        from: u64,
+        limits: S2Limits,
+        max_records: u64,
+        max_bytes: u64,
+    ) -> StreamResult<S2Batch> {
+        let durable = stream.durable();
+        let tail = S2Position {
+            seq_num: durable.tail.seq,
+            timestamp: ms(durable.last_timestamp_ms),
+        };
+        let from = from.max(durable.first.seq);
+        let count_cap = limits.count.unwrap_or(u64::MAX).min(max_records);
+        let bytes_cap = limits.bytes.unwrap_or(u64::MAX).min(max_bytes);
+        let until = durable.tail.seq.min(from.saturating_add(count_cap));
+        let candidates = if from < until {
+            self.collect(
+                stream,
+                from,
+                until,
+                usize::try_from(bytes_cap).unwrap_or(usize::MAX),
+            )
+            .await?
+        } else {
+            Vec::new()
+        };
+        let mut records = Vec::with_capacity(candidates.len());
+        let mut metered = 0u64;
+        let mut limit_reached =
+            limits.count.is_some_and(|c| c == 0) || limits.bytes.is_some_and(|b| b == 0);
+        for record in candidates {
+            if limits
+                .until
+                .is_some_and(|until| ms(record.timestamp_ms) >= until)
+            {
+                limit_reached = true;
+                break;
+            }
+            let size = s2::metered_size(&record.headers, &record.body);
+            if metered + size > bytes_cap {
+                limit_reached |= limits.bytes.is_some_and(|b| metered + size > b);
+                break;
+            }
+            metered += size;
+            records.push(record);
+        }
+        let delivered = records.len() as u64;
+        limit_reached |= limits.count.is_some_and(|c| delivered >= c);
+        limit_reached |= limits.bytes.is_some_and(|b| metered >= b);
+        let next_seq = records.last().map_or(from, |r| r.seq + 1);
+        Ok(S2Batch {
+            records,
+            next_seq,
+            metered,
+            limit_reached,
+            at_tail: next_seq >= durable.tail.seq,
+            tail,
+        })
+    }
+}
+
+/// An S2 record checked and decoded before the stream lock: its command, and its body as stored.
+struct Prepared {
+    record: S2Record,
+    command: Option<Command>,
+}
+
+fn prepare(stream: &Stream, records: Vec<S2Record>) -> StreamResult<Vec<Prepared>> {
+    if records.is_empty() || records.len() > s2::MAX_BATCH_RECORDS {
+        return Err(StreamError::Invalid(format!(
+            "a batch holds 1 to {} records",
+            s2::MAX_BATCH_RECORDS
+        )));
+    }
+    let mut total = 0u64;
+    let mut prepared = Vec::with_capacity(records.len());
+    for mut record in records {
+        let size = s2::metered_size(&record.headers, &record.body);
+        total += size;
+        if size > s2::MAX_BATCH_METERED || total > s2::MAX_BATCH_METERED {
+            return Err(StreamError::Invalid(
+                "a batch holds at most 1 MiB of metered bytes".into(),
+            ));
+        }
+        let command = s2::command_of(&record.headers, &record.body)
+            .map_err(|e| StreamError::Invalid(e.to_string()))?;
+        if command.is_none() && stream.json {
+            let value = json::canonical_value(&record.body).map_err(|e| {
+                StreamError::Invalid(format!(
+                    "records on a JSON stream carry one JSON value each: {e}"
+                ))
+            })?;
+            record.body = value;
+        }
+        prepared.push(Prepared { record, command });
+    }
+    Ok(prepared)
+}
+
+/// Checks the append's conditions against the stream and sequences its records.
+fn sequence(
+    state: &mut State,
+    prepared: Vec<Prepared>,
+    fencing_token: &Option<String>,
+    match_seq_num: Option<u64>,
+) -> StreamResult<(S2Ack, Vec<Record>, Option<u64>)> {
+    if state.removed {
+        return Err(StreamError::NotFound);
+    }
+    if state.meta.soft_deleted {
+        return Err(StreamError::Gone);
+    }
+    if state.meta.closed {
+        return Err(StreamError::Invalid(
+            "the stream is closed to appends".into(),
+        ));
+    }
+    if let Some(token) = fencing_token {
+        if token.len() > s2::MAX_FENCING_TOKEN {
+            return Err(StreamError::Invalid(
+                "a fencing token is at most 36 bytes".into(),
+            ));
+        }
+        if *token != state.meta.fencing_token {
+            return Err(StreamError::FencingMismatch {
+                current: state.meta.fencing_token.clone(),
+            });
+        }
+    }
+    let tail = state.meta.tail;
+    if match_seq_num.is_some_and(|expected| expected != tail.seq) {
+        return Err(StreamError::SeqNumMismatch { next: tail.seq });
+    }
+    let timestamping: Timestamping = stream_config(state.meta.s2_config.as_ref())
+        .timestamping
+        .unwrap_or_default();
+    let arrival = ms(now_ms());
+    let mut floor = ms(state.meta.last_timestamp_ms);
+    let mut at = tail;
+    let mut records = Vec::with_capacity(prepared.len());
+    let mut fence = None;
+    let mut trim = None;
+    for (i, Prepared { record, command }) in prepared.into_iter().enumerate() {
+        let timestamp = s2::assign_timestamp(&timestamping, record.timestamp, arrival, floor)
+            .map_err(|e| StreamError::Invalid(e.to_string()))?;
+        floor = timestamp;
+        match &command {
+            Some(Command::Fence(token)) => fence = Some(token.clone()),
+            Some(Command::Trim(point)) => {
+                // A trim never reaches past the trim record itself.
+                let point = (*point).min(at.seq + 1);
+                trim = Some(trim.map_or(point, |t: u64| t.max(point)));
+            }
+            None => {}
+        }
+        let stored = Record {
+            seq: at.seq,
+            pos: at.pos,
+            timestamp_ms: i64::try_from(timestamp).unwrap_or(i64::MAX),
+            starts_unit: i == 0,
+            headers: record.headers,
+            body: record.body,
+            command: command.is_some(),
+        };
+        at = stored.next_offset();
+        records.push(stored);
+    }
+    let first_ts = records.first().map_or(floor, |r| ms(r.timestamp_ms));
+    state.meta.tail = at;
+    state.meta.last_timestamp_ms = i64::try_from(floor).unwrap_or(i64::MAX);
+    if let Some(token) = fence {
+        state.meta.fencing_token = token;
+    }
+    let end = S2Position {
+        seq_num: at.seq,
+        timestamp: floor,
+    };
+    let ack = S2Ack {
+        start: S2Position {
+            seq_num: tail.seq,
+            timestamp: first_ts,
+        },
+        end,
+        tail: end,
+    };
+    Ok((ack, records, trim))
+}
+
+impl StreamService {
+    /// Moves the first retained offset forward (no snapshot rule: used by S2 trims).
+    pub(super) async fn move_retention(
+        &self,
+        stream: &Arc<Stream>,
+        at: Offset,
+    ) -> StreamResult<()> {
+        let commit = {
+            let mut state = stream.lock();
+            if at <= state.meta.retained_from {
+                return Ok(());
+            }
+            state.meta.retained_from = at;
+            self.engine.commit(vec![
+                Change::PutStream(stream.id, Box::new(state.meta.clone())),
+                Change::TrimRecords(stream.id, at.seq),
+            ])
+        };
+        commit.await?;
+        stream.publish(|d| d.first = d.first.max(at));
+        Ok(())
+    }
+}
