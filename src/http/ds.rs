@@ -186,6 +186,7 @@ async fn create(
             .transpose()
             .map_err(|e| Rejection::bad_request(e.to_string()))?
             .flatten(),
+        cipher: None,
     };
     let outcome = app.service.create(request).await?;
     let (info, created) = (&outcome.info, outcome.created);

@@ -131,7 +131,8 @@ pub fn describe(error: &StreamError) -> (StatusCode, Vec<(&'static str, String)>
             (StatusCode::PRECONDITION_FAILED, vec![])
         }
         StreamError::BeyondTail { .. } => (StatusCode::RANGE_NOT_SATISFIABLE, vec![]),
-        StreamError::AlreadyExists(_) => (StatusCode::CONFLICT, vec![]),
+        StreamError::AlreadyExists(_) | StreamError::Encrypted => (StatusCode::CONFLICT, vec![]),
+        StreamError::KeyRequired | StreamError::Cipher(_) => (StatusCode::BAD_REQUEST, vec![]),
         StreamError::Storage(_) => (
             StatusCode::SERVICE_UNAVAILABLE,
             vec![("retry-after", "1".into())],
@@ -165,6 +166,9 @@ pub fn error_code(error: &StreamError) -> &'static str {
         StreamError::SeqNumMismatch { .. } => "seq_num_mismatch",
         StreamError::BeyondTail { .. } => "beyond_tail",
         StreamError::AlreadyExists(_) => "resource_already_exists",
+        StreamError::Encrypted => "encrypted",
+        StreamError::KeyRequired => "bad_header",
+        StreamError::Cipher(_) => "decryption_failed",
         StreamError::Storage(_) => "unavailable",
     }
 }

@@ -19,6 +19,7 @@ use tokio::time::Instant;
 
 use super::AppState;
 use super::request::{self, Query, Rejection};
+use crate::model::cipher::{CipherError, RecordKey};
 use crate::model::headers::format_timestamp;
 use crate::model::s2::{self, BasinConfig, EventId, StreamConfig};
 use crate::model::{Offset, Record, names};
@@ -101,6 +102,12 @@ impl From<StreamError> for S2Error {
             StreamError::AlreadyExists(_) => (StatusCode::CONFLICT, "resource_already_exists"),
             StreamError::Conflict(_) => (StatusCode::CONFLICT, "transaction_conflict"),
             StreamError::Storage(_) => (StatusCode::SERVICE_UNAVAILABLE, "unavailable"),
+            StreamError::KeyRequired | StreamError::Cipher(CipherError::BadKey) => {
+                (StatusCode::BAD_REQUEST, "bad_header")
+            }
+            StreamError::Cipher(CipherError::DecryptionFailed) => {
+                (StatusCode::BAD_REQUEST, "decryption_failed")
+            }
             _ => (StatusCode::UNPROCESSABLE_ENTITY, "invalid"),
         };
         S2Error::new(status, code, message)
@@ -283,7 +290,7 @@ async fn create_basin(State(app): State<AppState>, headers: HeaderMap, body: Bod
                 "basin names are 8-48 characters of a-z, 0-9 and '-', starting and ending with a letter or digit",
             ));
         }
-        let config = validated::<BasinConfig>(request.config)?;
+        let config = validated_basin(&app, request.config)?;
         app.service.create_bucket(&request.basin, config).await?;
         let info = app.service.bucket_info(&request.basin)?;
         Ok::<_, S2Error>(json_response(
@@ -305,6 +312,29 @@ fn validated<T: serde::de::DeserializeOwned>(
             Ok(Some(value))
         }
     }
+}
+
+fn validated_basin(app: &AppState, config: Option<Value>) -> Result<Option<Value>, S2Error> {
+    match config {
+        None | Some(Value::Null) => Ok(None),
+        Some(value) => {
+            app.service.check_basin_config(&value)?;
+            Ok(Some(value))
+        }
+    }
+}
+
+/// The `s2-encryption-key` header, when sent.
+fn key_of(headers: &HeaderMap) -> Result<Option<RecordKey>, S2Error> {
+    headers
+        .get("s2-encryption-key")
+        .map(|value| {
+            let text = value
+                .to_str()
+                .map_err(|_| bad("bad_header", "s2-encryption-key is not text"))?;
+            RecordKey::from_base64(text).map_err(|e| bad("bad_header", e))
+        })
+        .transpose()
 }
 
 #[derive(Deserialize, Default)]
@@ -333,7 +363,7 @@ async fn basin(
             Method::PUT => {
                 let request: Reconfigure =
                     json_body(&app, &headers, body).await?.unwrap_or_default();
-                let config = validated::<BasinConfig>(request.config)?;
+                let config = validated_basin(&app, request.config)?;
                 match app.service.create_bucket(&basin, config.clone()).await {
                     Ok(()) => {
                         let info = app.service.bucket_info(&basin)?;
@@ -656,7 +686,10 @@ async fn append(app: &AppState, name: &str, headers: &HeaderMap, body: Body) -> 
         match_seq_num: input.match_seq_num,
         fencing_token: input.fencing_token,
     };
-    let ack = app.service.s2_append(&stream, append).await?;
+    let ack = app
+        .service
+        .s2_append(&stream, append, key_of(headers)?.as_ref())
+        .await?;
     Ok(json_response(
         StatusCode::OK,
         json!({ "start": position_json(ack.start), "end": position_json(ack.end), "tail": position_json(ack.tail) }),
@@ -737,6 +770,7 @@ fn wants_sse(headers: &HeaderMap) -> bool {
 
 async fn read(app: &AppState, name: &str, query: Option<&str>, headers: &HeaderMap) -> S2Result {
     let format = Format::of(headers)?;
+    let key = key_of(headers)?;
     let mut request = parse_read(query)?;
     let sse = wants_sse(headers);
     let resume = match headers.get("last-event-id") {
@@ -777,18 +811,21 @@ async fn read(app: &AppState, name: &str, query: Option<&str>, headers: &HeaderM
         }
         .into());
     }
+    if stream.encrypted && key.is_none() {
+        return Err(StreamError::KeyRequired.into());
+    }
     if sse {
         let idle = request.wait.map(Duration::from_secs);
-        return Ok(sse_session(
-            app,
-            stream,
+        let session = Session {
             start,
-            request.limits,
+            limits: request.limits,
             may_follow,
             idle,
             resume,
             format,
-        ));
+            key,
+        };
+        return Ok(sse_session(app, stream, session));
     }
     let mut batch = app
         .service
@@ -816,6 +853,8 @@ async fn read(app: &AppState, name: &str, query: Option<&str>, headers: &HeaderM
             )
             .await?;
     }
+    app.service
+        .s2_open(&stream, key.as_ref(), &mut batch.records)?;
     Ok(json_response(StatusCode::OK, batch_json(&batch, format)))
 }
 
@@ -848,20 +887,31 @@ fn batch_json(batch: &S2Batch, format: Format) -> Value {
     out
 }
 
-/// An SSE read session: `batch` events, a `ping` on catching up and while idle, `[DONE]` when a
-/// limit or the idle wait ends it, an `error` event when it fails.
-#[allow(clippy::too_many_arguments)]
-fn sse_session(
-    app: &AppState,
-    stream: Arc<Stream>,
+/// What an SSE read session was asked for.
+struct Session {
     start: u64,
     limits: S2Limits,
     may_follow: bool,
+    /// How long the session may go without a new record before it ends.
     idle: Option<Duration>,
     resume: Option<EventId>,
     format: Format,
-) -> Response {
+    key: Option<RecordKey>,
+}
+
+/// An SSE read session: `batch` events, a `ping` on catching up and while idle, `[DONE]` when a
+/// limit or the idle wait ends it, an `error` event when it fails.
+fn sse_session(app: &AppState, stream: Arc<Stream>, session: Session) -> Response {
     let service = app.service.clone();
+    let Session {
+        start,
+        limits,
+        may_follow,
+        idle,
+        resume,
+        format,
+        key,
+    } = session;
     let events = async_stream::stream! {
         let mut next = start;
         let mut count = resume.map_or(0, |r| r.count);
@@ -870,7 +920,10 @@ fn sse_session(
         let mut caught_up = false;
         let mut idle_deadline = idle.map(|d| Instant::now() + d);
         loop {
-            let batch = match service.s2_read(&stream, next, remaining, s2::UNARY_MAX_RECORDS, s2::UNARY_MAX_BYTES).await {
+            let read = service.s2_read(&stream, next, remaining, s2::UNARY_MAX_RECORDS, s2::UNARY_MAX_BYTES).await;
+            let batch = match read.and_then(|mut batch| {
+                service.s2_open(&stream, key.as_ref(), &mut batch.records).map(|()| batch)
+            }) {
                 Ok(batch) => batch,
                 Err(e) => {
                     yield Ok::<Bytes, std::io::Error>(error_event(e));

@@ -2,6 +2,7 @@
 
 pub mod attrs;
 pub mod batch;
+pub mod cipher;
 pub mod content_type;
 pub mod cursor;
 pub mod headers;

@@ -42,6 +42,12 @@ pub struct StreamMeta {
     /// S2 stream configuration, as a JSON object that parses as `s2::StreamConfig`.
     #[serde(default)]
     pub s2_config: Option<serde_json::Value>,
+    /// The cipher record bodies are sealed with (S2 streams in a basin with `stream_cipher`).
+    #[serde(default)]
+    pub cipher: Option<String>,
+    /// Identifies the key the stream's records are sealed with (never the key itself).
+    #[serde(default)]
+    pub key_fingerprint: Option<String>,
 }
 
 /// The visible snapshot of a stream: its offset, the blob's content type and digest.
@@ -86,6 +92,8 @@ pub struct RequestedConfig {
     pub closed: bool,
     pub fork: Option<RequestedFork>,
     pub attrs: Attrs,
+    /// The cipher for record bodies; fixed at creation and not compared on repeats.
+    pub cipher: Option<String>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -175,6 +183,8 @@ mod tests {
             retained_from: Offset::START,
             fencing_token: String::new(),
             s2_config: None,
+            cipher: None,
+            key_fingerprint: None,
         }
     }
 
@@ -186,6 +196,7 @@ mod tests {
             closed: false,
             fork: None,
             attrs: None,
+            cipher: None,
         }
     }
 

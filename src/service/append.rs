@@ -219,6 +219,9 @@ fn decide(
     if state.meta.soft_deleted {
         return Err(StreamError::Gone);
     }
+    if stream.encrypted {
+        return Err(StreamError::Encrypted);
+    }
     let tail = state.meta.tail;
 
     if state.meta.closed {

@@ -56,6 +56,12 @@ pub enum StreamError {
     BeyondTail { tail: u64, timestamp_ms: i64 },
     #[error("{0} already exists")]
     AlreadyExists(&'static str),
+    #[error("the stream is encrypted: read and write it through S2 with its s2-encryption-key")]
+    Encrypted,
+    #[error("this stream is encrypted: send its key in s2-encryption-key")]
+    KeyRequired,
+    #[error(transparent)]
+    Cipher(#[from] crate::model::cipher::CipherError),
     #[error(transparent)]
     Storage(#[from] StorageError),
 }

@@ -93,6 +93,8 @@ pub struct CreateRequest {
     pub body: Bytes,
     pub fork: Option<ForkRequest>,
     pub attrs: crate::model::attrs::Attrs,
+    /// Seal record bodies with this cipher (S2 streams in an encrypting basin).
+    pub cipher: Option<String>,
 }
 
 /// A stream's metadata as faces report it.
@@ -304,6 +306,7 @@ impl StreamService {
             expires_at_ms,
             closed: request.closed,
             attrs: request.attrs.clone(),
+            cipher: request.cipher.clone(),
             fork: request.fork.as_ref().map(|f| RequestedFork {
                 source_name: f.source.clone(),
                 offset: f.offset,
@@ -454,6 +457,8 @@ impl StreamService {
             retained_from: Offset::START,
             fencing_token: String::new(),
             s2_config: None,
+            cipher: requested.cipher.clone(),
+            key_fingerprint: None,
         };
         if let Some(plan) = plan {
             let mut source = plan.source.lock();

@@ -24,6 +24,9 @@ pub struct ReadChunk {
 impl StreamService {
     /// Where a read that asks for `from` begins.
     pub async fn resolve(&self, stream: &Arc<Stream>, from: ReadFrom) -> StreamResult<Offset> {
+        if stream.encrypted {
+            return Err(StreamError::Encrypted);
+        }
         let durable = stream.durable();
         match from {
             ReadFrom::Start => Ok(durable.first),
@@ -43,6 +46,9 @@ impl StreamService {
     ) -> StreamResult<Offset> {
         if !stream.json {
             return Err(StreamError::NotRecordAware);
+        }
+        if stream.encrypted {
+            return Err(StreamError::Encrypted);
         }
         let durable = stream.durable();
         let (first, next) = (durable.first.seq, durable.tail.seq);

@@ -9,6 +9,7 @@ use serde_json::Value;
 
 use super::stream::State;
 use super::{CreateRequest, Stream, StreamError, StreamResult, StreamService, now_ms};
+use crate::model::cipher::{self, CipherError, RecordKey};
 use crate::model::json;
 use crate::model::record::Record;
 use crate::model::s2::{self, BasinConfig, Command, StreamConfig, Timestamping};
@@ -155,11 +156,12 @@ impl StreamService {
         if let Some(config) = &config {
             parse_config::<StreamConfig>(config)?;
         }
-        self.basin_config(basin)?;
+        let basin_config = self.basin_config(basin)?;
         let outcome = self
             .create(CreateRequest {
                 name: key.clone(),
                 content_type: Some(crate::model::content_type::DEFAULT_CONTENT_TYPE.to_string()),
+                cipher: basin_config.stream_cipher,
                 ..Default::default()
             })
             .await?;
@@ -253,9 +255,30 @@ impl StreamService {
         self.delete_bucket(basin).await
     }
 
-    /// Appends an S2 batch atomically.
-    pub async fn s2_append(&self, stream: &Arc<Stream>, append: S2Append) -> StreamResult<S2Ack> {
-        let prepared = prepare(stream, append.records)?;
+    /// Checks a basin configuration, including that its cipher is one Runnel offers.
+    pub fn check_basin_config(&self, config: &Value) -> StreamResult<()> {
+        let config: BasinConfig = parse_config(config)?;
+        if let Some(cipher) = &config.stream_cipher {
+            cipher::check_cipher(cipher)?;
+        }
+        Ok(())
+    }
+
+    /// Appends an S2 batch atomically. On an encrypted stream, bodies are sealed with `key`.
+    pub async fn s2_append(
+        &self,
+        stream: &Arc<Stream>,
+        append: S2Append,
+        key: Option<&RecordKey>,
+    ) -> StreamResult<S2Ack> {
+        let mut prepared = prepare(stream, append.records)?;
+        if stream.encrypted {
+            let key = key.ok_or(StreamError::KeyRequired)?;
+            self.check_key(stream, key).await?;
+            for p in prepared.iter_mut().filter(|p| p.command.is_none()) {
+                p.record.body = key.seal(&p.record.body);
+            }
+        }
         let _permit = self
             .commit_permits
             .acquire()
@@ -282,6 +305,45 @@ impl StreamService {
             self.trim(stream, trim).await?;
         }
         Ok(ack)
+    }
+
+    /// Refuses a key other than the one the stream's records are sealed with; the first key used
+    /// becomes the stream's key.
+    async fn check_key(&self, stream: &Stream, key: &RecordKey) -> StreamResult<()> {
+        let fingerprint = key.fingerprint();
+        let commit = {
+            let mut state = stream.lock();
+            match &state.meta.key_fingerprint {
+                Some(known) if *known == fingerprint => return Ok(()),
+                Some(_) => return Err(CipherError::DecryptionFailed.into()),
+                None => {
+                    state.meta.key_fingerprint = Some(fingerprint);
+                    self.engine.commit(vec![Change::PutStream(
+                        stream.id,
+                        Box::new(state.meta.clone()),
+                    )])
+                }
+            }
+        };
+        commit.await?;
+        Ok(())
+    }
+
+    /// Opens the sealed bodies of records read from an encrypted stream.
+    pub fn s2_open(
+        &self,
+        stream: &Stream,
+        key: Option<&RecordKey>,
+        records: &mut [Record],
+    ) -> StreamResult<()> {
+        if !stream.encrypted {
+            return Ok(());
+        }
+        let key = key.ok_or(StreamError::KeyRequired)?;
+        for record in records.iter_mut().filter(|r| !r.command) {
+            record.body = key.open(&record.body)?;
+        }
+        Ok(())
     }
 
     /// Moves the stream's first record to `seq` (an S2 trim): older records are gone.

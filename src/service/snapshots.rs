@@ -209,6 +209,9 @@ impl StreamService {
     /// Everything a client needs to start: the snapshot, then the records after it.
     pub async fn bootstrap(&self, name: &str) -> StreamResult<Bootstrap> {
         let stream = self.find(name, true).await?;
+        if stream.encrypted {
+            return Err(StreamError::Encrypted);
+        }
         let snapshot = self.visible_snapshot(&stream).await?;
         let durable = stream.durable();
         let start = snapshot

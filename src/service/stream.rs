@@ -36,6 +36,8 @@ pub struct Stream {
     pub json: bool,
     /// Created with a TTL or an expiry time (fixed at creation).
     pub may_expire: bool,
+    /// Record bodies are sealed with the S2 client's key: only S2 reads with that key see them.
+    pub encrypted: bool,
     /// The stream this one was forked from: reads below the fork offset go there.
     pub source: Option<Arc<Stream>>,
     pub(super) state: Mutex<State>,
@@ -69,6 +71,7 @@ impl Stream {
             name: meta.name.clone(),
             json: crate::model::content_type::is_json(&meta.content_type),
             may_expire: meta.ttl_secs.is_some() || meta.expires_at_ms.is_some(),
+            encrypted: meta.cipher.is_some(),
             content_type: meta.content_type.clone(),
             source,
             state: Mutex::new(State {

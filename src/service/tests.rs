@@ -234,6 +234,8 @@ async fn restart_removes_soft_deleted_streams_no_fork_reads_any_more() {
         retained_from: Offset::START,
         fencing_token: String::new(),
         s2_config: None,
+        cipher: None,
+        key_fingerprint: None,
     };
     let origin = |source_id, source_name: &str| ForkOrigin {
         source_id,

@@ -140,6 +140,8 @@ mod contract {
             retained_from: Offset::START,
             fencing_token: String::new(),
             s2_config: None,
+            cipher: None,
+            key_fingerprint: None,
         }
     }
 
