@@ -24,12 +24,14 @@ use crate::model::headers::format_timestamp;
 use crate::model::s2::{self, BasinConfig, EventId, StreamConfig};
 use crate::model::{Offset, Record, names};
 use crate::service::{
-    S2Append, S2Batch, S2Limits, S2Position, S2Record, S2Start, Stream, StreamError, now_ms,
+    S2Append, S2Batch, S2Limits, S2Position, S2Record, S2Start, Stream, StreamError, StreamSummary,
+    now_ms,
 };
 
 /// How often an idle SSE session hears a `ping`.
 const PING_INTERVAL: Duration = Duration::from_secs(10);
 const MAX_LIST_LIMIT: usize = 1000;
+const BASIN_NAME_RULE: &str = "basin names are 8-48 characters of a-z, 0-9 and '-', starting and ending with a letter or digit";
 
 pub fn routes() -> Router<AppState> {
     Router::new()
@@ -108,6 +110,7 @@ impl From<StreamError> for S2Error {
             StreamError::Cipher(CipherError::DecryptionFailed) => {
                 (StatusCode::BAD_REQUEST, "decryption_failed")
             }
+            StreamError::BadRequest(_) => (StatusCode::BAD_REQUEST, "bad_json"),
             _ => (StatusCode::UNPROCESSABLE_ENTITY, "invalid"),
         };
         S2Error::new(status, code, message)
@@ -351,6 +354,12 @@ async fn basin(
     body: Body,
 ) -> Response {
     let result = async {
+        if method == Method::PUT
+            && !s2::is_valid_basin_name(&basin)
+            && names::validate_bucket_id(&basin).is_err()
+        {
+            return Err(bad("invalid", BASIN_NAME_RULE));
+        }
         names::validate_bucket_id(&basin).map_err(|e| bad("bad_path", e))?;
         match method {
             Method::GET => {
@@ -364,6 +373,9 @@ async fn basin(
                 let request: Reconfigure =
                     json_body(&app, &headers, body).await?.unwrap_or_default();
                 let config = validated_basin(&app, request.config)?;
+                if app.service.bucket_info(&basin).is_err() && !s2::is_valid_basin_name(&basin) {
+                    return Err(bad("invalid", BASIN_NAME_RULE));
+                }
                 match app.service.create_bucket(&basin, config.clone()).await {
                     Ok(()) => {
                         let info = app.service.bucket_info(&basin)?;
@@ -411,8 +423,19 @@ async fn basin(
 
 // ---- streams ---------------------------------------------------------------------------------
 
-fn stream_info(name: &str, created_ms: i64) -> Value {
-    json!({ "name": name, "created_at": format_timestamp(created_ms), "deleted_at": null })
+fn stream_info(summary: &StreamSummary) -> Value {
+    json!({
+        "name": summary.stream_id,
+        "created_at": format_timestamp(summary.created_ms),
+        "deleted_at": null,
+        "cipher": summary.cipher,
+    })
+}
+
+/// The `StreamInfo` of a stream just created or confirmed.
+async fn stream_info_of(app: &AppState, key: &str) -> Result<Value, S2Error> {
+    let stream = app.service.find(key, false).await?;
+    Ok(stream_info(&app.service.stream_summary(&stream)))
 }
 
 async fn list_streams(
@@ -430,11 +453,7 @@ async fn list_streams(
             query.get("start_after")?,
             limit_of(&query)?,
         )?;
-        let streams: Vec<Value> = listing
-            .streams
-            .iter()
-            .map(|s| stream_info(&s.stream_id, s.created_ms))
-            .collect();
+        let streams: Vec<Value> = listing.streams.iter().map(stream_info).collect();
         Ok::<_, S2Error>(json_response(
             StatusCode::OK,
             json!({ "streams": streams, "has_more": listing.has_more }),
@@ -461,9 +480,10 @@ async fn create_stream(State(app): State<AppState>, headers: HeaderMap, body: Bo
         app.service
             .create_s2_stream(&basin, &request.stream, config)
             .await?;
+        let key = stream_key(&basin, &request.stream)?;
         Ok::<_, S2Error>(json_response(
             StatusCode::CREATED,
-            stream_info(&request.stream, now_ms()),
+            stream_info_of(&app, &key).await?,
         ))
     };
     result.await.unwrap_or_else(IntoResponse::into_response)
@@ -499,13 +519,16 @@ async fn stream(
                 {
                     Ok(()) => Ok(json_response(
                         StatusCode::CREATED,
-                        stream_info(&name, now_ms()),
+                        stream_info_of(&app, &key).await?,
                     )),
                     Err(StreamError::AlreadyExists(_)) => {
                         if let Some(config) = config {
                             app.service.reconfigure_stream(&key, &config).await?;
                         }
-                        Ok(json_response(StatusCode::OK, stream_info(&name, now_ms())))
+                        Ok(json_response(
+                            StatusCode::OK,
+                            stream_info_of(&app, &key).await?,
+                        ))
                     }
                     Err(e) => Err(e.into()),
                 }

@@ -4,7 +4,7 @@ use std::sync::Arc;
 
 use super::{Stream, StreamError, StreamResult, StreamService, now_ms};
 use crate::model::Offset;
-use crate::model::names::bucket_prefix;
+use crate::model::names::{self, bucket_prefix};
 use crate::model::stream::BucketMeta;
 use crate::storage::Change;
 
@@ -25,6 +25,8 @@ pub struct StreamSummary {
     pub tail: Offset,
     pub created_ms: i64,
     pub last_write_ms: i64,
+    /// The cipher of an encrypted S2 stream.
+    pub cipher: Option<String>,
 }
 
 #[derive(Clone, Debug)]
@@ -97,6 +99,14 @@ impl StreamService {
         };
         commit.await?;
         Ok(())
+    }
+
+    /// How a bucket listing shows this stream.
+    pub fn stream_summary(&self, stream: &Stream) -> StreamSummary {
+        let prefix = names::bucket_of(&stream.name)
+            .map(bucket_prefix)
+            .unwrap_or_default();
+        summary(stream, &prefix)
     }
 
     /// Buckets whose names start with `prefix`, after `after`, sorted by name, with whether more
@@ -184,6 +194,8 @@ fn summary(stream: &Stream, key_prefix: &str) -> StreamSummary {
         content_type: stream.content_type.clone(),
         tail: durable.tail,
         created_ms: state.meta.created_ms,
-        last_write_ms: state.meta.last_timestamp_ms,
+        // An empty stream was last written when it was created.
+        last_write_ms: state.meta.last_timestamp_ms.max(state.meta.created_ms),
+        cipher: state.meta.cipher.clone(),
     }
 }

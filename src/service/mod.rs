@@ -434,6 +434,13 @@ impl StreamService {
         };
         records.extend(lay_out(start, now, bodies.to_vec()));
         let tail = records.last().map_or(start, Record::next_offset);
+        // An empty stream's latest timestamp is 0 (S2's tail of a new stream); a fork starts from
+        // its inherited history.
+        let last_timestamp_ms = records
+            .last()
+            .map(|r| r.timestamp_ms)
+            .or(plan.map(|p| p.source.durable().last_timestamp_ms))
+            .unwrap_or(0);
         let meta = StreamMeta {
             name: name.to_string(),
             content_type: requested.content_type.clone(),
@@ -442,7 +449,7 @@ impl StreamService {
             closed: requested.closed,
             closed_by: None,
             tail,
-            last_timestamp_ms: now,
+            last_timestamp_ms,
             last_stream_seq: None,
             fork: plan.map(|p| ForkOrigin {
                 source_id: p.source.id,
@@ -471,7 +478,7 @@ impl StreamService {
         let durable = Durable {
             tail,
             first: Offset::START,
-            last_timestamp_ms: now,
+            last_timestamp_ms,
             closed: requested.closed,
             ready: false,
             removed: false,

@@ -88,10 +88,10 @@ fn stream_config(value: Option<&Value>) -> StreamConfig {
         .unwrap_or_default()
 }
 
-/// Parses and checks an S2 configuration object.
+/// Parses an S2 configuration object; a malformed one is a bad request.
 pub fn parse_config<T: serde::de::DeserializeOwned>(value: &Value) -> StreamResult<T> {
     serde_json::from_value(value.clone())
-        .map_err(|e| StreamError::Invalid(format!("invalid config: {e}")))
+        .map_err(|e| StreamError::BadRequest(format!("invalid config: {e}")))
 }
 
 impl StreamService {
@@ -157,6 +157,12 @@ impl StreamService {
             parse_config::<StreamConfig>(config)?;
         }
         let basin_config = self.basin_config(basin)?;
+        let config = config.or_else(|| {
+            basin_config
+                .default_stream_config
+                .as_ref()
+                .and_then(|c| serde_json::to_value(c).ok())
+        });
         let outcome = self
             .create(CreateRequest {
                 name: key.clone(),

@@ -1,0 +1,123 @@
+"""`s2-encryption-key` (may not be implemented yet; independent of the other
+files, run it alone with `tests/s2/run test_encryption.py` or leave it out with
+`--ignore=test_encryption.py`). Streams in a basin whose config has
+"stream_cipher": "aes-256-gcm" need the same base64 32-byte key on every
+append and read: a missing key is 400 bad_header, a wrong one 400
+decryption_failed, ciphertext is never returned as data, and Durable Streams
+reads of an encrypted stream are an error, never ciphertext."""
+
+import os
+
+import pytest
+
+import s2lib as s2
+from s2lib import Basin, b64, batch_records, check, expect_error, json_of, rec
+
+CIPHER = "aes-256-gcm"
+PLAINTEXT = "attack at dawn"
+
+
+def new_key():
+    return b64(os.urandom(32))
+
+
+@pytest.fixture
+def cbasin(c):
+    return Basin.create(c, config={"stream_cipher": CIPHER})
+
+
+@pytest.fixture
+def key():
+    return new_key()
+
+
+@pytest.fixture
+def estream(cbasin, key):
+    """An encrypted stream holding PLAINTEXT (with a header) and "second"."""
+    name = cbasin.create_stream()
+    cbasin.ack(name, [rec(PLAINTEXT, headers=[["secret-name", "secret-value"]]), "second"],
+               headers={"s2-encryption-key": key})
+    return name
+
+
+def with_key(k):
+    return {"s2-encryption-key": k}
+
+
+def test_basin_stream_cipher_round_trips(c, cbasin):
+    assert json_of(c.get(s2.basin_path(cbasin.name))).get("stream_cipher") == CIPHER
+
+
+def test_streams_in_the_basin_are_listed_with_the_cipher(c, cbasin, estream):
+    listed = json_of(c.get("/v1/streams", headers=cbasin.headers()))["streams"]
+    assert [(s["name"], s.get("cipher")) for s in listed] == [(estream, CIPHER)]
+
+
+def test_append_and_read_with_the_same_key_round_trip(cbasin, estream, key):
+    got = cbasin.records(estream, headers=with_key(key), seq_num=0)
+    assert s2.bodies(got) == [PLAINTEXT, "second"]
+    assert got[0]["headers"] == [["secret-name", "secret-value"]]
+
+
+def test_sse_read_with_the_key_decrypts(cbasin, estream, key):
+    with cbasin.sse(estream, headers=with_key(key), seq_num=0, count=2) as s:
+        events = s.expect_ok().rest()
+    assert s2.bodies(batch_records(events)) == [PLAINTEXT, "second"]
+
+
+def test_append_without_the_key_is_400_bad_header(cbasin, estream):
+    expect_error(cbasin.append(estream, ["x"], status=400), 400, "bad_header")
+    assert cbasin.tail(estream)["seq_num"] == 2
+
+
+def test_read_without_the_key_is_400_bad_header(cbasin, estream):
+    expect_error(cbasin.read(estream, status=400, seq_num=0), 400, "bad_header")
+
+
+def test_read_with_a_wrong_key_is_400_decryption_failed(cbasin, estream):
+    r = cbasin.read(estream, status=400, headers=with_key(new_key()), seq_num=0)
+    expect_error(r, 400, "decryption_failed")
+    assert PLAINTEXT.encode() not in r.content
+
+
+def test_sse_read_with_a_wrong_key_never_sends_data(cbasin, estream):
+    with cbasin.sse(estream, headers=with_key(new_key()), seq_num=0, count=2) as s:
+        if s.response.status_code != 200:
+            expect_error(s.response, 400, "decryption_failed")
+            return
+        events = s.rest()
+    assert batch_records(events) == [], events
+    errors = [e for e in events if e.type == "error"]
+    assert errors and errors[-1].json()["code"] == "decryption_failed", events
+
+
+def test_appends_under_another_key_are_refused_and_write_nothing(cbasin, estream):
+    # Runnel binds a stream to the first key it is written with, so one stream never mixes
+    # records that no single key can read.
+    other = new_key()
+    tail_before = cbasin.tail(estream)
+    r = cbasin.append(estream, ["third"], status=400, headers=with_key(other))
+    expect_error(r, 400, "decryption_failed")
+    assert cbasin.tail(estream) == tail_before
+
+
+@pytest.mark.parametrize("bad", ["not base64!", b64(os.urandom(16)), b64(os.urandom(33)), ""])
+def test_malformed_key_is_400_bad_header(cbasin, estream, bad):
+    expect_error(cbasin.append(estream, ["x"], status=400, headers=with_key(bad)), 400,
+                 "bad_header")
+    expect_error(cbasin.read(estream, status=400, headers=with_key(bad), seq_num=0), 400,
+                 "bad_header")
+
+
+def test_durable_streams_read_of_an_encrypted_stream_is_an_error_never_ciphertext(c, cbasin,
+                                                                                   estream):
+    r = c.get(s2.ds_path(cbasin.name, estream), params={"offset": "-1"})
+    assert r.status_code >= 400, s2.describe(r)
+    assert PLAINTEXT.encode() not in r.content
+
+
+def test_stream_without_cipher_basin_needs_no_key(c):
+    b = Basin.create(c)
+    stream = b.create_stream()
+    b.ack(stream, ["clear"])
+    check(b.read(stream, seq_num=0), 200)
