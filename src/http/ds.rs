@@ -273,6 +273,12 @@ pub(super) fn advertise_records(response: &mut Response) {
     set(response, "stream-extensions", records::EXTENSION_TOKEN);
 }
 
+/// `Stream-Record-First` / `Stream-Record-Next`: the retained records of a JSON stream.
+pub(super) fn set_record_bounds(response: &mut Response, first: u64, next: u64) {
+    set(response, "stream-record-first", &first.to_string());
+    set(response, "stream-record-next", &next.to_string());
+}
+
 /// `Stream-Record-Start` / `Stream-Record-Next` of an operation that created records.
 pub(super) fn set_record_range(response: &mut Response, (start, next): (u64, u64)) {
     set(response, "stream-record-start", &start.to_string());
@@ -300,16 +306,7 @@ async fn head(app: &AppState, name: &str) -> Handled {
     let mut response = empty(StatusCode::OK);
     describe(&mut response, &info);
     if info.json {
-        set(
-            &mut response,
-            "stream-record-first",
-            &info.first.seq.to_string(),
-        );
-        set(
-            &mut response,
-            "stream-record-next",
-            &info.tail.seq.to_string(),
-        );
+        set_record_bounds(&mut response, info.first.seq, info.tail.seq);
     }
     if let Some(snapshot) = &info.snapshot {
         set(

@@ -10,7 +10,7 @@ use bytes::Bytes;
 use serde_json::{Value, json};
 
 use super::buckets::json_response;
-use super::ds::{advertise_records, method_not_allowed};
+use super::ds::{advertise_records, method_not_allowed, set_record_bounds};
 use super::error::{self, Failure, Handled, empty, set};
 use super::request::{self, Query, Rejection};
 use super::{AppState, text_error};
@@ -181,16 +181,7 @@ async fn read_snapshot(app: &AppState, key: &str, at: Offset, method: Method) ->
         },
     );
     if stream.json {
-        set(
-            &mut response,
-            "stream-record-first",
-            &durable.first.seq.to_string(),
-        );
-        set(
-            &mut response,
-            "stream-record-next",
-            &durable.tail.seq.to_string(),
-        );
+        set_record_bounds(&mut response, durable.first.seq, durable.tail.seq);
     }
     Ok(response)
 }
@@ -265,12 +256,11 @@ async fn bootstrap(app: &AppState, key: &str, query: Option<&str>) -> Handled {
     set(&mut response, "cache-control", "no-store");
     if stream.json {
         advertise_records(&mut response);
-        set(
+        set_record_bounds(
             &mut response,
-            "stream-record-first",
-            &start.seq.max(stream.durable().first.seq).to_string(),
+            start.seq.max(stream.durable().first.seq),
+            tail.seq,
         );
-        set(&mut response, "stream-record-next", &tail.seq.to_string());
     }
     Ok(response)
 }

@@ -130,6 +130,14 @@ impl From<Rejection> for S2Error {
 
 type S2Result = Result<Response, S2Error>;
 
+fn method_not_allowed() -> S2Error {
+    S2Error::new(
+        StatusCode::METHOD_NOT_ALLOWED,
+        "bad_request",
+        "method not allowed",
+    )
+}
+
 fn bad(code: &str, message: impl std::fmt::Display) -> S2Error {
     let status = if code == "invalid" {
         StatusCode::UNPROCESSABLE_ENTITY
@@ -411,11 +419,7 @@ async fn basin(
                 app.service.delete_basin(&basin).await?;
                 Ok(StatusCode::ACCEPTED.into_response())
             }
-            _ => Err(S2Error::new(
-                StatusCode::METHOD_NOT_ALLOWED,
-                "bad_request",
-                "method not allowed",
-            )),
+            _ => Err(method_not_allowed()),
         }
     };
     result.await.unwrap_or_else(IntoResponse::into_response)
@@ -549,11 +553,7 @@ async fn stream(
                 app.service.delete(&key).await?;
                 Ok(StatusCode::ACCEPTED.into_response())
             }
-            _ => Err(S2Error::new(
-                StatusCode::METHOD_NOT_ALLOWED,
-                "bad_request",
-                "method not allowed",
-            )),
+            _ => Err(method_not_allowed()),
         }
     };
     result.await.unwrap_or_else(IntoResponse::into_response)
@@ -676,11 +676,7 @@ async fn records(
     let result = match method {
         Method::POST => append(&app, &name, &headers, body).await,
         Method::GET => read(&app, &name, query.as_deref(), &headers).await,
-        _ => Err(S2Error::new(
-            StatusCode::METHOD_NOT_ALLOWED,
-            "bad_request",
-            "method not allowed",
-        )),
+        _ => Err(method_not_allowed()),
     };
     result.unwrap_or_else(IntoResponse::into_response)
 }

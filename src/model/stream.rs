@@ -105,6 +105,31 @@ pub struct RequestedFork {
 }
 
 impl StreamMeta {
+    /// An empty, open stream with no options: the starting point of every stream's metadata.
+    pub fn new(name: &str, content_type: &str) -> StreamMeta {
+        StreamMeta {
+            name: name.to_string(),
+            content_type: content_type.to_string(),
+            ttl_secs: None,
+            expires_at_ms: None,
+            closed: false,
+            closed_by: None,
+            tail: Offset::START,
+            last_timestamp_ms: 0,
+            last_stream_seq: None,
+            fork: None,
+            soft_deleted: false,
+            created_ms: 0,
+            attrs: None,
+            snapshot: None,
+            retained_from: Offset::START,
+            fencing_token: String::new(),
+            s2_config: None,
+            cipher: None,
+            key_fingerprint: None,
+        }
+    }
+
     /// Why an existing stream does not match a repeated create, or `None` when it does.
     pub fn mismatch(&self, requested: &RequestedConfig) -> Option<&'static str> {
         if !same_media_type(&self.content_type, &requested.content_type) {
@@ -166,25 +191,8 @@ mod tests {
 
     fn meta() -> StreamMeta {
         StreamMeta {
-            name: "s".into(),
-            content_type: "text/plain".into(),
             ttl_secs: Some(60),
-            expires_at_ms: None,
-            closed: false,
-            closed_by: None,
-            tail: Offset::START,
-            last_timestamp_ms: 0,
-            last_stream_seq: None,
-            fork: None,
-            soft_deleted: false,
-            created_ms: 0,
-            attrs: None,
-            snapshot: None,
-            retained_from: Offset::START,
-            fencing_token: String::new(),
-            s2_config: None,
-            cipher: None,
-            key_fingerprint: None,
+            ..StreamMeta::new("s", "text/plain")
         }
     }
 

@@ -10,6 +10,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use crate::model::Record;
+use crate::storage::ByteBudget;
 
 #[derive(Clone, Copy, Debug)]
 pub struct CacheLimits {
@@ -70,12 +71,12 @@ impl TailCache {
         let first = self.records.front()?.seq;
         let skip = usize::try_from(from.checked_sub(first)?).ok()?;
         let mut out = Vec::new();
-        let mut total = 0usize;
+        let mut budget = ByteBudget::new(max_bytes);
         for record in self.records.iter().skip(skip).take_while(|r| r.seq < until) {
-            if !out.is_empty() && total >= max_bytes {
+            if !budget.has_room() {
                 break;
             }
-            total += record.body.len();
+            budget.spend(record);
             out.push(record.clone());
         }
         Some(out)

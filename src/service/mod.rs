@@ -442,30 +442,21 @@ impl StreamService {
             .or(plan.map(|p| p.source.durable().last_timestamp_ms))
             .unwrap_or(0);
         let meta = StreamMeta {
-            name: name.to_string(),
-            content_type: requested.content_type.clone(),
             ttl_secs: requested.ttl_secs,
             expires_at_ms: requested.expires_at_ms,
             closed: requested.closed,
-            closed_by: None,
             tail,
             last_timestamp_ms,
-            last_stream_seq: None,
             fork: plan.map(|p| ForkOrigin {
                 source_id: p.source.id,
                 source_name: p.source.name.clone(),
                 offset: p.anchor,
                 sub_offset: p.sub_offset,
             }),
-            soft_deleted: false,
             created_ms: now,
             attrs: requested.attrs.clone(),
-            snapshot: None,
-            retained_from: Offset::START,
-            fencing_token: String::new(),
-            s2_config: None,
             cipher: requested.cipher.clone(),
-            key_fingerprint: None,
+            ..StreamMeta::new(name, &requested.content_type)
         };
         if let Some(plan) = plan {
             let mut source = plan.source.lock();

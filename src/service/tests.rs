@@ -217,25 +217,9 @@ async fn recovery_restores_forks_soft_deletes_and_producers() {
 async fn restart_removes_soft_deleted_streams_no_fork_reads_any_more() {
     use crate::model::stream::{ForkOrigin, StreamMeta};
     let meta = |name: &str, soft_deleted: bool, fork: Option<ForkOrigin>| StreamMeta {
-        name: name.into(),
-        content_type: "text/plain".into(),
-        ttl_secs: None,
-        expires_at_ms: None,
-        closed: false,
-        closed_by: None,
-        tail: Offset::START,
-        last_timestamp_ms: 0,
-        last_stream_seq: None,
         fork,
         soft_deleted,
-        created_ms: 0,
-        attrs: None,
-        snapshot: None,
-        retained_from: Offset::START,
-        fencing_token: String::new(),
-        s2_config: None,
-        cipher: None,
-        key_fingerprint: None,
+        ..StreamMeta::new(name, "text/plain")
     };
     let origin = |source_id, source_name: &str| ForkOrigin {
         source_id,

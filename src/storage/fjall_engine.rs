@@ -15,7 +15,7 @@ use futures::future::BoxFuture;
 use tokio::sync::oneshot;
 
 use super::codec::{self, decode_record, encode_record};
-use super::{Change, Engine, Recovered, RecoveredStream, StorageError, StreamId};
+use super::{ByteBudget, Change, Engine, Recovered, RecoveredStream, StorageError, StreamId};
 use crate::model::Record;
 
 /// Whether an acknowledged batch is synced to stable storage first.
@@ -116,12 +116,12 @@ impl FjallEngine {
         max_bytes: usize,
     ) -> Result<Vec<Record>, StorageError> {
         let mut out = Vec::new();
-        let mut total = 0usize;
+        let mut budget = ByteBudget::new(max_bytes);
         if until <= from {
             return Ok(out);
         }
         for guard in records.range(codec::record_key(id, from)..codec::record_key(id, until)) {
-            if !out.is_empty() && total >= max_bytes {
+            if !budget.has_room() {
                 break;
             }
             let (key, value) = guard.into_inner().map_err(io)?;
@@ -131,7 +131,7 @@ impl FjallEngine {
                     .map_err(|_| StorageError::Corrupt("record key length".into()))?,
             );
             let record = decode_record(seq, Bytes::copy_from_slice(&value))?;
-            total += record.body.len();
+            budget.spend(&record);
             out.push(record);
         }
         Ok(out)

@@ -6,7 +6,7 @@ use std::sync::Mutex;
 use bytes::Bytes;
 use futures::future::{self, BoxFuture};
 
-use super::{Change, Engine, Recovered, RecoveredStream, StorageError, StreamId, within_budget};
+use super::{ByteBudget, Change, Engine, Recovered, RecoveredStream, StorageError, StreamId};
 use crate::model::Record;
 use crate::model::producer::ProducerState;
 use crate::model::stream::{BucketMeta, StreamMeta};
@@ -93,19 +93,14 @@ impl Engine for MemoryEngine {
     ) -> BoxFuture<'static, Result<Vec<Record>, StorageError>> {
         let state = self.lock();
         let mut records = Vec::new();
-        let mut total = 0usize;
-        for record in state
-            .records
-            .range((id, from)..(id, until.max(from)))
-            .map(|(_, r)| r)
-        {
-            if !records.is_empty() && total >= max_bytes {
+        let mut budget = ByteBudget::new(max_bytes);
+        for (_, record) in state.records.range((id, from)..(id, until.max(from))) {
+            if !budget.has_room() {
                 break;
             }
-            total += record.body.len();
+            budget.spend(record);
             records.push(record.clone());
         }
-        within_budget(&mut records, max_bytes);
         Box::pin(future::ready(Ok(records)))
     }
 

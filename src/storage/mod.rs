@@ -98,18 +98,32 @@ pub trait Engine: Send + Sync + 'static {
 
 pub type SharedEngine = Arc<dyn Engine>;
 
-/// Stops adding records once their bodies reach `max_bytes`; always keeps the first.
-pub(crate) fn within_budget(records: &mut Vec<Record>, max_bytes: usize) {
-    let mut total = 0usize;
-    let mut keep = records.len();
-    for (i, record) in records.iter().enumerate() {
-        if i > 0 && total >= max_bytes {
-            keep = i;
-            break;
+/// A read's byte budget: reading stops once the bodies read reach it, but the first record is
+/// always read, however large, so every read makes progress.
+pub(crate) struct ByteBudget {
+    max: usize,
+    used: usize,
+    records: usize,
+}
+
+impl ByteBudget {
+    pub(crate) fn new(max: usize) -> Self {
+        ByteBudget {
+            max,
+            used: 0,
+            records: 0,
         }
-        total += record.body.len();
     }
-    records.truncate(keep);
+
+    /// Whether another record may still be read.
+    pub(crate) fn has_room(&self) -> bool {
+        self.records == 0 || self.used < self.max
+    }
+
+    pub(crate) fn spend(&mut self, record: &Record) {
+        self.used += record.body.len();
+        self.records += 1;
+    }
 }
 
 #[cfg(test)]
@@ -123,25 +137,12 @@ mod contract {
 
     fn meta(name: &str, tail: Offset) -> StreamMeta {
         StreamMeta {
-            name: name.into(),
-            content_type: "text/plain".into(),
             ttl_secs: Some(30),
-            expires_at_ms: None,
-            closed: false,
-            closed_by: None,
             tail,
             last_timestamp_ms: 7,
             last_stream_seq: Some("a".into()),
-            fork: None,
-            soft_deleted: false,
             created_ms: 1,
-            attrs: None,
-            snapshot: None,
-            retained_from: Offset::START,
-            fencing_token: String::new(),
-            s2_config: None,
-            cipher: None,
-            key_fingerprint: None,
+            ..StreamMeta::new(name, "text/plain")
         }
     }
 
