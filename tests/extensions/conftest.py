@@ -1,5 +1,6 @@
 """Fixtures for the seed 000 extension tests: real Runnel server processes on
-loopback ports, each with its own data directory.
+loopback ports, each with its own data directory. The server machinery is
+tests/pylib/runnel_harness.py, shared with tests/s2.
 
     RUNNEL_BIN       server binary (default: <repo>/target/release/runnel)
     EXTENSIONS_URL   test an already running server instead of starting one;
@@ -13,273 +14,40 @@ Fixtures:
     bucket        a new, uniquely named bucket on `server`
 """
 
-import os
-import queue
-import re
-import shutil
-import signal
-import subprocess
-import tempfile
-import threading
+import sys
 from pathlib import Path
 
-import httpx
 import pytest
 
-import helpers
+PYLIB = str(Path(__file__).resolve().parents[1] / "pylib")
+if PYLIB not in sys.path:
+    sys.path.insert(0, PYLIB)
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
-RUNNEL_BIN = os.environ.get("RUNNEL_BIN") or str(REPO_ROOT / "target" / "release" / "runnel")
-EXTERNAL_URL = os.environ.get("EXTENSIONS_URL", "").rstrip("/")
+import helpers  # noqa: E402
+import runnel_harness as harness  # noqa: E402
+from runnel_harness import (_server_log_on_failure, c, pytest_runtest_makereport,  # noqa: E402,F401
+                            server, start_server)
 
-# The one line the server prints on stdout once it accepts connections.
-LISTENING = re.compile(r"^runnel listening on (127\.0\.0\.1:\d+)$")
-START_TIMEOUT_S = 20.0
-STOP_TIMEOUT_S = 10.0
-ANSI = re.compile(r"\x1b\[[0-9;]*m")
-
-
-def _die_with_parent():
-    """Runs in the child before exec: SIGKILL it if pytest dies (Linux)."""
-    try:
-        import ctypes
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        pass
+SUITE = harness.Suite(url_env="EXTENSIONS_URL", tmp_prefix="runnel-ext-")
 
 
-class Server:
-    """A `runnel serve` process. `url` changes on every (re)start, since each
-    start listens on a port the OS picks; clients made by `client()` follow."""
-
-    restartable = True
-
-    def __init__(self, data_dir, extra_args=()):
-        self.data_dir = Path(data_dir)
-        self.extra_args = list(extra_args)
-        self.log_path = self.data_dir.parent / (self.data_dir.name + ".log")
-        self.proc = None
-        self.url = None
-        self._clients = []
-        self._reader = None
-
-    def start(self):
-        assert self.proc is None, "server already running"
-        args = [RUNNEL_BIN, "serve", "--listen", "127.0.0.1:0",
-                "--data-dir", str(self.data_dir), "--long-poll-timeout-ms", "500",
-                *self.extra_args]
-        # Flags have RUNNEL_* environment twins: keep the caller's out of it.
-        env = {k: v for k, v in os.environ.items() if not k.startswith("RUNNEL_")}
-        env["NO_COLOR"] = "1"
-        log = open(self.log_path, "ab")
-        log.write(f"--- start: {' '.join(args)}\n".encode())
-        log.flush()
-        try:
-            self.proc = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                         stderr=log, env=env, preexec_fn=_die_with_parent)
-        finally:
-            log.close()
-        lines = queue.Queue()
-        proc = self.proc
-
-        def pump():
-            # First stdout line to the queue, everything (incl. it) to the log.
-            with open(self.log_path, "ab") as out:
-                for raw in proc.stdout:
-                    out.write(b"[stdout] " + raw)
-                    out.flush()
-                    lines.put(raw.decode("utf-8", "replace").rstrip("\r\n"))
-            lines.put(None)
-
-        self._reader = threading.Thread(target=pump, daemon=True)
-        self._reader.start()
-        try:
-            first = lines.get(timeout=START_TIMEOUT_S)
-        except queue.Empty:
-            self.kill()
-            raise RuntimeError(f"server printed no address within {START_TIMEOUT_S:.0f} s\n"
-                               + self.log_tail())
-        m = LISTENING.match(first or "")
-        if not m:
-            self.kill()
-            raise RuntimeError(f"unexpected first stdout line from the server: {first!r}\n"
-                               + self.log_tail())
-        self.url = f"http://{m.group(1)}"
-        for client in self._clients:
-            if not client.is_closed:
-                client.base_url = self.url
-        return self
-
-    def _wait(self, timeout):
-        try:
-            self.proc.wait(timeout=timeout)
-            return True
-        except subprocess.TimeoutExpired:
-            return False
-
-    def stop(self):
-        """Graceful stop (SIGTERM, then SIGKILL after STOP_TIMEOUT_S)."""
-        if self.proc is None:
-            return
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            if not self._wait(STOP_TIMEOUT_S):
-                self.proc.kill()
-                self._wait(STOP_TIMEOUT_S)
-        self._finish()
-
-    def kill(self):
-        """SIGKILL: no shutdown code runs."""
-        if self.proc is None:
-            return
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGKILL)
-            self._wait(STOP_TIMEOUT_S)
-        self._finish()
-
-    def _finish(self):
-        if self._reader is not None:
-            self._reader.join(timeout=STOP_TIMEOUT_S)
-        if self.proc.stdout:
-            self.proc.stdout.close()
-        self.proc = None
-        self.url = None
-
-    def restart(self, kill=True):
-        """SIGKILL (or graceful stop) and start again on the same data dir."""
-        self.kill() if kill else self.stop()
-        return self.start()
-
-    def client(self, **kwargs):
-        """An httpx.Client on this server; it follows the server across restarts."""
-        kwargs.setdefault("timeout", helpers.WAIT_S)
-        client = httpx.Client(base_url=self.url, **kwargs)
-        self._clients.append(client)
-        return client
-
-    def log_tail(self, n=40):
-        try:
-            text = self.log_path.read_text("utf-8", "replace")
-        except OSError:
-            return "(no server log)"
-        lines = ANSI.sub("", text).splitlines()[-n:]
-        return f"--- last {len(lines)} lines of {self.log_path} ---\n" + "\n".join(lines)
-
-    def close_clients(self):
-        for client in self._clients:
-            client.close()
-        self._clients.clear()
-
-
-class ExternalServer(Server):
-    """A server someone else runs (EXTENSIONS_URL): no restarts, no flags."""
-
-    restartable = False
-
-    def __init__(self, url):
-        super().__init__(tempfile.gettempdir() + "/external")
-        self.url = url
-
-    def start(self):
-        return self
-
-    def stop(self):
-        pass
-
-    def kill(self):
-        pytest.skip("needs a server this suite starts (EXTENSIONS_URL is set)")
-
-    def restart(self, kill=True):
-        pytest.skip("needs a server this suite starts (EXTENSIONS_URL is set)")
-
-    def log_tail(self, n=40):
-        return "(external server: no log)"
-
-
-_live_servers = []
-
-
-def _new_server(extra_args=()):
-    root = tempfile.mkdtemp(prefix="runnel-ext-")
-    srv = Server(Path(root) / "data", extra_args)
-    srv.root = root
-    _live_servers.append(srv)
-    return srv.start()
-
-
-def _dispose(srv):
-    srv.close_clients()
-    srv.stop()
-    if srv in _live_servers:
-        _live_servers.remove(srv)
-    shutil.rmtree(getattr(srv, "root", ""), ignore_errors=True)
+@pytest.fixture(scope="session")
+def runnel_suite():
+    return SUITE
 
 
 def pytest_report_header(config):
-    target = EXTERNAL_URL or f"{RUNNEL_BIN} (a server per module / per test)"
+    target = SUITE.external_url or f"{harness.RUNNEL_BIN} (a server per module / per test)"
     return [f"runnel: {target}", f"random seed: {helpers.SEED} (set EXTENSIONS_SEED to repeat)"]
 
 
 def pytest_sessionstart(session):
-    if not EXTERNAL_URL and not os.access(RUNNEL_BIN, os.X_OK):
-        raise pytest.UsageError(f"no server binary at {RUNNEL_BIN} "
-                                "(build it, or set RUNNEL_BIN or EXTENSIONS_URL)")
-
-
-@pytest.hookimpl(hookwrapper=True)
-def pytest_runtest_makereport(item, call):
-    outcome = yield
-    rep = outcome.get_result()
-    setattr(item, "rep_" + rep.when, rep)
-
-
-@pytest.fixture(autouse=True)
-def _server_log_on_failure(request):
-    """On a failed test, print the end of every running server's log."""
-    yield
-    rep = getattr(request.node, "rep_call", None)
-    if rep is not None and rep.failed:
-        for srv in list(_live_servers):
-            print(srv.log_tail())
-
-
-@pytest.fixture(scope="module")
-def server():
-    if EXTERNAL_URL:
-        yield ExternalServer(EXTERNAL_URL)
-        return
-    srv = _new_server()
-    yield srv
-    _dispose(srv)
-
-
-@pytest.fixture
-def start_server():
-    """Factory for servers of this test alone, e.g. with extra flags."""
-    if EXTERNAL_URL:
-        pytest.skip("needs a server this suite starts (EXTENSIONS_URL is set)")
-    started = []
-
-    def start(*extra_args):
-        srv = _new_server(extra_args)
-        started.append(srv)
-        return srv
-
-    yield start
-    for srv in started:
-        _dispose(srv)
+    SUITE.check_binary()
 
 
 @pytest.fixture
 def fresh_server(start_server):
     return start_server()
-
-
-@pytest.fixture
-def c(server):
-    client = server.client()
-    yield client
-    client.close()
 
 
 @pytest.fixture

@@ -1,6 +1,8 @@
 """Small helpers shared by the extension tests: request shortcuts, response
 checks, a multipart/mixed parser (Python's email package), an SSE reader,
-Append Batch framing and a raw HTTP/1.1 sender for oversized bodies."""
+Append Batch framing and a raw HTTP/1.1 sender for oversized bodies. The
+response checks and the SSE reader are tests/pylib/runnel_harness.py's (shared
+with tests/s2; conftest.py puts it on sys.path)."""
 
 import json
 import os
@@ -9,25 +11,19 @@ import select
 import socket
 import struct
 import threading
-import time
 import uuid
 from dataclasses import dataclass
 from email import policy
 from email.parser import BytesParser
 from urllib.parse import quote, unquote, urlsplit
 
-import httpx
-
-# How long to wait for something the server should do promptly.
-WAIT_S = 10.0
+import runnel_harness as harness
+from runnel_harness import JSON_CT, OCTET, TEXT, WAIT_S, check, describe, media_type  # noqa: F401
 
 # Seed of every randomised test in this run (printed in the pytest header).
 SEED = int(os.environ.get("EXTENSIONS_SEED") or random.SystemRandom().randrange(2**32))
 
 START = "0000000000000000_0000000000000000"
-OCTET = "application/octet-stream"
-JSON_CT = "application/json"
-TEXT = "text/plain"
 NDJSON = "application/x-ndjson"
 ENVELOPE_NDJSON = "application/vnd.durable-stream-records+ndjson"
 ENVELOPE_SSE = "application/vnd.durable-stream-record+json"
@@ -58,27 +54,7 @@ def forge_offset(seq, pos):
     return f"{seq:016d}_{pos:016d}"
 
 
-# --- checks -----------------------------------------------------------------
-
-def describe(r):
-    try:
-        body = r.content[:300]
-    except httpx.ResponseNotRead:
-        body = "(body not read)"
-    return (f"{r.request.method} {r.request.url} -> {r.status_code}\n"
-            f"headers: {dict(r.headers)}\nbody: {body!r}")
-
-
-def check(r, status):
-    """Asserts the status (an int or a tuple of acceptable ints); returns r."""
-    ok = r.status_code in status if isinstance(status, tuple) else r.status_code == status
-    assert ok, f"expected {status}\n{describe(r)}"
-    return r
-
-
-def media_type(value):
-    return (value or "").split(";")[0].strip().lower()
-
+# --- checks (describe, check, media_type: runnel_harness) ---------------------
 
 def extension_tokens(r):
     value = r.headers.get("stream-extensions")
@@ -222,68 +198,14 @@ def multipart(r):
 
 # --- SSE --------------------------------------------------------------------
 
-@dataclass
-class Event:
-    type: str
-    data: str
-
-    def json(self):
-        return json.loads(self.data)
-
-
-class SSE:
+class SSE(harness.SSE):
     """Reads an SSE response event by event, with bounded waits.
 
         with SSE(c, path, offset="-1", live="sse") as s:
             events = s.until(lambda e: e.type == "control" and e.json().get("upToDate"))
     """
     def __init__(self, client, path, **params):
-        self.client, self.path, self.params = client, path, params
-        self.events = []
-
-    def __enter__(self):
-        self._cm = self.client.stream("GET", self.path, params=self.params,
-                                      timeout=httpx.Timeout(WAIT_S))
-        self.response = self._cm.__enter__()
-        self._lines = self.response.iter_lines()
-        return self
-
-    def __exit__(self, *exc):
-        return self._cm.__exit__(*exc)
-
-    def next_event(self):
-        """The next event, or None at the end of the response."""
-        etype, data, seen = "message", [], False
-        for line in self._lines:
-            if line == "":
-                if seen:
-                    ev = Event(etype, "\n".join(data))
-                    self.events.append(ev)
-                    return ev
-                continue
-            if line.startswith(":"):
-                continue
-            name, _, value = line.partition(":")
-            if value.startswith(" "):
-                value = value[1:]
-            if name == "event":
-                etype, seen = value, True
-            elif name == "data":
-                data.append(value)
-                seen = True
-        return None
-
-    def until(self, pred, timeout=WAIT_S):
-        """Events read until pred(event) holds for one; fails on end or timeout."""
-        got = []
-        deadline = time.monotonic() + timeout
-        while True:
-            assert time.monotonic() < deadline, f"no matching SSE event within {timeout} s: {got}"
-            ev = self.next_event()
-            assert ev is not None, f"SSE response ended before a matching event: {got}"
-            got.append(ev)
-            if pred(ev):
-                return got
+        super().__init__(client, path, params)
 
     def until_up_to_date(self, timeout=WAIT_S):
         return self.until(lambda e: e.type == "control" and e.json().get("upToDate") is True,

@@ -1,7 +1,9 @@
 """Helpers shared by the S2 face tests: names and paths, a basin-bound request
 helper, error and response checks, S2's metered size, an SSE reader for S2's
 `batch` / `ping` / `error` / `[DONE]` events, and Durable Streams shortcuts
-for the cross-face tests."""
+for the cross-face tests. The response checks and the SSE reader are
+tests/pylib/runnel_harness.py's (shared with tests/extensions; conftest.py puts
+it on sys.path)."""
 
 import base64
 import json
@@ -9,19 +11,13 @@ import struct
 import threading
 import time
 import uuid
-from dataclasses import dataclass
 from urllib.parse import quote
 
-import httpx
-
-# How long to wait for something the server should do promptly.
-WAIT_S = 10.0
+import runnel_harness as harness
+from runnel_harness import (JSON_CT, OCTET, SSE_CT, TEXT, WAIT_S, check, describe,  # noqa: F401
+                            media_type)
 
 MIB = 1024 * 1024
-OCTET = "application/octet-stream"
-JSON_CT = "application/json"
-TEXT = "text/plain"
-SSE_CT = "text/event-stream"
 # Durable Streams offset of the start of a stream (ARCHITECTURE.md).
 DS_START = "0000000000000000_0000000000000000"
 U64_MAX = 2**64 - 1
@@ -128,28 +124,7 @@ def seq_nums(records):
     return [r["seq_num"] for r in records]
 
 
-# --- checks -------------------------------------------------------------------
-
-def describe(r):
-    try:
-        body = r.content[:400]
-    except httpx.ResponseNotRead:
-        body = "(body not read)"
-    return (f"{r.request.method} {r.request.url} -> {r.status_code}\n"
-            f"request headers: {dict(r.request.headers)}\n"
-            f"headers: {dict(r.headers)}\nbody: {body!r}")
-
-
-def media_type(value):
-    return (value or "").split(";")[0].strip().lower()
-
-
-def check(r, status):
-    """Asserts the status (an int or a tuple of acceptable ints); returns r."""
-    ok = r.status_code in status if isinstance(status, tuple) else r.status_code == status
-    assert ok, f"expected {status}\n{describe(r)}"
-    return r
-
+# --- checks (describe, check, media_type: runnel_harness) ------------------------
 
 def json_of(r, status=200):
     """Asserts the status and a JSON body; returns the decoded body."""
@@ -285,103 +260,30 @@ class Basin:
     def sse(self, stream, fmt=None, headers=None, **params):
         h = self.headers(headers, fmt)
         h["accept"] = SSE_CT
-        return SSE(self.c, records_path(stream), h, params)
+        return SSE(self.c, records_path(stream), params, h)
 
 
 # --- SSE ----------------------------------------------------------------------
 
-@dataclass
-class Event:
-    type: str        # "batch", "ping", "error", or "message" (no event: line)
-    id: object       # the id: field, or None
-    data: str
-
-    def json(self):
-        return json.loads(self.data)
+class Event(harness.Event):
+    """An S2 SSE event: type "batch", "ping", "error", or "message" (no event: line)."""
 
     @property
     def done(self):
         return self.type == "message" and self.data == "[DONE]"
 
 
-class SSE:
+class SSE(harness.SSE):
     """Reads an S2 SSE read session event by event, with bounded waits.
 
         with basin.sse(stream, seq_num=0) as s:
             s.until(lambda e: e.type == "ping")
     """
 
-    def __init__(self, client, path, headers, params):
-        self.client, self.path, self.headers, self.params = client, path, headers, params
-        self.events = []
-
-    def __enter__(self):
-        self._cm = self.client.stream("GET", self.path, params=self.params, headers=self.headers,
-                                      timeout=httpx.Timeout(WAIT_S))
-        self.response = self._cm.__enter__()
-        if self.response.status_code != 200:
-            self.response.read()
-        self._lines = self.response.iter_lines()
-        return self
-
-    def __exit__(self, *exc):
-        return self._cm.__exit__(*exc)
-
-    def expect_ok(self):
-        r = self.response
-        assert r.status_code == 200, describe(r)
-        assert media_type(r.headers.get("content-type")) == SSE_CT, describe(r)
-        return self
-
-    def next_event(self):
-        """The next event, or None at the end of the response."""
-        etype, eid, data, seen = None, None, [], False
-        for line in self._lines:
-            if line == "":
-                if seen:
-                    ev = Event(etype or "message", eid, "\n".join(data))
-                    self.events.append(ev)
-                    return ev
-                continue
-            if line.startswith(":"):
-                continue
-            name, _, value = line.partition(":")
-            if value.startswith(" "):
-                value = value[1:]
-            if name == "event":
-                etype, seen = value, True
-            elif name == "data":
-                data.append(value)
-                seen = True
-            elif name == "id":
-                eid, seen = value, True
-        return None
-
-    def until(self, pred, timeout=WAIT_S):
-        """Events read until pred(event) holds for one; fails on end or timeout."""
-        got = []
-        deadline = time.monotonic() + timeout
-        while True:
-            assert time.monotonic() < deadline, f"no matching SSE event within {timeout} s: {got}"
-            ev = self.next_event()
-            assert ev is not None, f"SSE response ended before a matching event: {got}"
-            got.append(ev)
-            if pred(ev):
-                return got
+    event_class = Event
 
     def until_ping(self, timeout=WAIT_S):
         return self.until(lambda e: e.type == "ping", timeout)
-
-    def rest(self, timeout=WAIT_S):
-        """Every remaining event, up to the end of the response (which must come)."""
-        got = []
-        deadline = time.monotonic() + timeout
-        while True:
-            assert time.monotonic() < deadline, f"SSE response did not end within {timeout} s: {got}"
-            ev = self.next_event()
-            if ev is None:
-                return got
-            got.append(ev)
 
 
 def batches(events):
