@@ -14,6 +14,7 @@ pub mod record;
 pub mod records;
 pub mod s2;
 pub mod stream;
+pub mod streamld;
 
 pub use offset::{Offset, ReadFrom};
 pub use record::Record;

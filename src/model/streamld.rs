@@ -1,0 +1,375 @@
+//! StreamLD messages (seed 003 and the StreamLD core): JSON-LD objects with an `@type`, whose
+//! terms live in the `https://openfaster.org/streamld#` namespace. Receivers accept the short
+//! names, `streamld:`-prefixed names and full IRIs alike; senders use short names under an
+//! `@context` that maps them.
+//!
+//! Runnel carries what a faithful mirror needs beyond the StreamLD envelope in `runnel:` terms
+//! (see docs/streamld.md): the record's offset, timestamp, headers and kind, and whole-stream
+//! state messages.
+
+use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value, json};
+
+pub const NAMESPACE: &str = "https://openfaster.org/streamld#";
+pub const RUNNEL_NAMESPACE: &str = "https://runnel.dev/ns#";
+/// `Link` relation of the WebSocket replication endpoint.
+pub const REL_WEBSOCKET: &str = "https://openfaster.org/streamld#websocket-replication";
+/// `Link` relation of the SSE binding endpoint.
+pub const REL_SSE: &str = "https://openfaster.org/streamld#sse";
+
+/// The `@context` every message Runnel sends carries.
+pub fn context() -> Value {
+    json!({ "@vocab": NAMESPACE, "streamld": NAMESPACE, "runnel": RUNNEL_NAMESPACE })
+}
+
+/// A subscriber asks for every event after `after` (absent or 0: from the beginning).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct SubscriptionRequest {
+    pub stream: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub after: Option<u64>,
+    /// Runnel: per-stream cursors when `stream` names a bucket.
+    #[serde(
+        default,
+        rename = "runnel:cursors",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub cursors: Option<std::collections::BTreeMap<String, u64>>,
+}
+
+/// One event of a stream: its sequence number (from 1), the stream, and the payload.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct EventEnvelope {
+    pub sequence: u64,
+    pub stream_id: String,
+    pub is_snapshot: bool,
+    pub payload: Value,
+    /// Runnel: how `payload` encodes the record body.
+    #[serde(
+        default,
+        rename = "runnel:encoding",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub encoding: Option<PayloadEncoding>,
+    /// Runnel: the Durable Streams offset at the record's first byte.
+    #[serde(
+        default,
+        rename = "runnel:offset",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub offset: Option<String>,
+    #[serde(
+        default,
+        rename = "runnel:timestamp",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub timestamp: Option<i64>,
+    /// Runnel: S2 record headers, base64 name and value.
+    #[serde(
+        default,
+        rename = "runnel:headers",
+        skip_serializing_if = "Vec::is_empty"
+    )]
+    pub headers: Vec<(String, String)>,
+    /// Runnel: an S2 command record (fence, trim).
+    #[serde(
+        default,
+        rename = "runnel:command",
+        skip_serializing_if = "std::ops::Not::not"
+    )]
+    pub command: bool,
+    /// Runnel: the record begins an append unit.
+    #[serde(
+        default,
+        rename = "runnel:startsUnit",
+        skip_serializing_if = "std::ops::Not::not"
+    )]
+    pub starts_unit: bool,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum PayloadEncoding {
+    /// The payload is the record's JSON value.
+    Json,
+    /// The payload is the record's UTF-8 text.
+    Text,
+    /// The payload is the record's bytes in standard base64.
+    Base64,
+}
+
+/// An event delivered for replication, positioned by its cursor (= its sequence).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ReplicationFrame {
+    pub cursor: u64,
+    pub event: EventEnvelope,
+}
+
+/// The requested cursor cannot be served; events from `oldest_available` on still can.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct GapSignal {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub oldest_available: Option<u64>,
+    /// Runnel: the stream the gap is about (on a bucket subscription).
+    #[serde(
+        default,
+        rename = "runnel:stream",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub stream: Option<String>,
+}
+
+/// Runnel: everything about a stream beside its records, sent on join and whenever it changes.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct StreamState {
+    pub stream: String,
+    pub content_type: String,
+    pub closed: bool,
+    #[serde(default)]
+    pub attrs: Option<Map<String, Value>>,
+    #[serde(default)]
+    pub ttl_secs: Option<u64>,
+    #[serde(default)]
+    pub expires_at_ms: Option<i64>,
+    /// The first retained offset and record.
+    pub retained_from: String,
+    pub first_sequence: u64,
+    /// The upstream's tail: next offset and next sequence.
+    pub tail: String,
+    pub next_sequence: u64,
+    #[serde(default)]
+    pub snapshot: Option<SnapshotRef>,
+    pub created_ms: i64,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct SnapshotRef {
+    pub offset: String,
+    pub content_type: String,
+    pub digest: String,
+}
+
+/// Runnel: the stream is gone upstream.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StreamDeleted {
+    pub stream: String,
+}
+
+/// Any message of the replication binding.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Message {
+    Subscribe(SubscriptionRequest),
+    Frame(Box<ReplicationFrame>),
+    Gap(GapSignal),
+    State(Box<StreamState>),
+    Deleted(StreamDeleted),
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum MessageError {
+    #[error("not a JSON object: {0}")]
+    NotJson(String),
+    #[error("unknown or missing @type {0:?}")]
+    UnknownType(String),
+    #[error("malformed {kind}: {reason}")]
+    Malformed { kind: &'static str, reason: String },
+}
+
+/// Strips the StreamLD namespace from a term, in any of its three spellings.
+fn short_term(term: &str) -> String {
+    for prefix in [NAMESPACE, "streamld:"] {
+        if let Some(short) = term.strip_prefix(prefix) {
+            return short.to_string();
+        }
+    }
+    if let Some(short) = term.strip_prefix(RUNNEL_NAMESPACE) {
+        return format!("runnel:{short}");
+    }
+    term.to_string()
+}
+
+/// Rewrites every key (and `@type` value) to its short name, recursively, dropping `@context`.
+fn compact(value: Value) -> Value {
+    match value {
+        Value::Object(map) => Value::Object(
+            map.into_iter()
+                .filter(|(key, _)| key != "@context")
+                .map(|(key, value)| {
+                    let value = match (key.as_str(), value) {
+                        ("@type", Value::String(t)) => Value::String(short_term(&t)),
+                        (_, other) => compact(other),
+                    };
+                    (short_term(&key), value)
+                })
+                .collect(),
+        ),
+        Value::Array(items) => Value::Array(items.into_iter().map(compact).collect()),
+        other => other,
+    }
+}
+
+fn typed<T: serde::de::DeserializeOwned>(
+    kind: &'static str,
+    value: Value,
+) -> Result<T, MessageError> {
+    serde_json::from_value(value).map_err(|e| MessageError::Malformed {
+        kind,
+        reason: e.to_string(),
+    })
+}
+
+impl Message {
+    pub fn parse(text: &str) -> Result<Message, MessageError> {
+        let value: Value =
+            serde_json::from_str(text).map_err(|e| MessageError::NotJson(e.to_string()))?;
+        let Value::Object(mut object) = compact(value) else {
+            return Err(MessageError::NotJson("expected an object".into()));
+        };
+        let kind = object
+            .remove("@type")
+            .and_then(|t| t.as_str().map(str::to_string))
+            .unwrap_or_default();
+        let body = Value::Object(object);
+        match kind.as_str() {
+            "SubscriptionRequest" => typed("SubscriptionRequest", body).map(Message::Subscribe),
+            "ReplicationFrame" => {
+                typed("ReplicationFrame", body).map(|f| Message::Frame(Box::new(f)))
+            }
+            "GapSignal" => typed("GapSignal", body).map(Message::Gap),
+            "runnel:StreamState" => typed("StreamState", body).map(|s| Message::State(Box::new(s))),
+            "runnel:StreamDeleted" => typed("StreamDeleted", body).map(Message::Deleted),
+            _ => Err(MessageError::UnknownType(kind)),
+        }
+    }
+
+    pub fn to_json(&self) -> String {
+        let (kind, body) = match self {
+            Message::Subscribe(m) => ("SubscriptionRequest", serde_json::to_value(m)),
+            Message::Frame(m) => ("ReplicationFrame", serde_json::to_value(m)),
+            Message::Gap(m) => ("GapSignal", serde_json::to_value(m)),
+            Message::State(m) => ("runnel:StreamState", serde_json::to_value(m)),
+            Message::Deleted(m) => ("runnel:StreamDeleted", serde_json::to_value(m)),
+        };
+        let mut object = match body {
+            Ok(Value::Object(object)) => object,
+            _ => Map::new(),
+        };
+        if let Message::Frame(_) = self
+            && let Some(Value::Object(event)) = object.get_mut("event")
+        {
+            event.insert("@type".into(), json!("EventEnvelope"));
+        }
+        object.insert("@type".into(), json!(kind));
+        object.insert("@context".into(), context());
+        Value::Object(object).to_string()
+    }
+}
+
+/// StreamLD numbers events from 1; a record with ordinal `seq` is event `seq + 1`.
+pub fn sequence_of(seq: u64) -> u64 {
+    seq + 1
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    #[test]
+    fn a_subscription_request_parses_with_short_names_and_context() {
+        let text = r#"{"@context":{"@vocab":"https://openfaster.org/streamld#"},
+            "@type":"SubscriptionRequest","stream":"http://up/b/s","after":41}"#;
+        assert_eq!(
+            Message::parse(text).unwrap(),
+            Message::Subscribe(SubscriptionRequest {
+                stream: "http://up/b/s".into(),
+                after: Some(41),
+                cursors: None
+            })
+        );
+    }
+
+    #[test]
+    fn full_iris_and_prefixed_names_are_accepted_too() {
+        let text = r#"{"@type":"https://openfaster.org/streamld#SubscriptionRequest",
+            "https://openfaster.org/streamld#stream":"http://up/b/s","streamld:after":0}"#;
+        let Message::Subscribe(request) = Message::parse(text).unwrap() else {
+            panic!()
+        };
+        assert_eq!(request.after, Some(0));
+        let gap =
+            r#"{"@type":"streamld:GapSignal","https://openfaster.org/streamld#oldestAvailable":7}"#;
+        assert_eq!(
+            Message::parse(gap).unwrap(),
+            Message::Gap(GapSignal {
+                oldest_available: Some(7),
+                stream: None
+            })
+        );
+    }
+
+    #[test]
+    fn a_frame_round_trips_with_its_envelope() {
+        let frame = Message::Frame(Box::new(ReplicationFrame {
+            cursor: 3,
+            event: EventEnvelope {
+                sequence: 3,
+                stream_id: "http://up/b/s".into(),
+                is_snapshot: false,
+                payload: json!({"n": 1}),
+                encoding: Some(PayloadEncoding::Json),
+                offset: Some("0000000000000002_0000000000000014".into()),
+                timestamp: Some(5),
+                headers: vec![("aw==".into(), "dg==".into())],
+                command: false,
+                starts_unit: true,
+            },
+        }));
+        let text = frame.to_json();
+        assert!(text.contains(r#""@type":"EventEnvelope""#) && text.contains("@context"));
+        assert_eq!(Message::parse(&text).unwrap(), frame);
+    }
+
+    #[test]
+    fn invalid_messages_are_rejected_with_a_reason() {
+        assert!(matches!(
+            Message::parse("[1]"),
+            Err(MessageError::NotJson(_))
+        ));
+        assert!(matches!(Message::parse("{"), Err(MessageError::NotJson(_))));
+        assert!(matches!(
+            Message::parse(r#"{"@type":"Nope"}"#),
+            Err(MessageError::UnknownType(_))
+        ));
+        assert!(matches!(
+            Message::parse(r#"{"stream":"x"}"#),
+            Err(MessageError::UnknownType(_))
+        ));
+        assert!(matches!(
+            Message::parse(r#"{"@type":"SubscriptionRequest","after":1}"#),
+            Err(MessageError::Malformed { .. })
+        ));
+        assert!(matches!(
+            Message::parse(r#"{"@type":"ReplicationFrame","cursor":-1,"event":{}}"#),
+            Err(MessageError::Malformed { .. })
+        ));
+    }
+
+    #[test]
+    fn sequences_count_from_one() {
+        assert_eq!(sequence_of(0), 1);
+    }
+
+    proptest! {
+        #[test]
+        fn arbitrary_text_never_panics(text in "\\PC*") {
+            let _ = Message::parse(&text);
+        }
+    }
+}
