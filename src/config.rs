@@ -60,6 +60,15 @@ pub struct ServeArgs {
     /// How long one SSE connection stays open before the server ends it [default: 60].
     #[arg(long, env = "RUNNEL_SSE_MAX_DURATION_SECS")]
     pub sse_max_duration_secs: Option<u64>,
+    /// Mirror an upstream Runnel bucket (http://host:port/bucket) or stream
+    /// (http://host:port/bucket/stream), read-only, over StreamLD replication. Repeatable; the
+    /// environment variable takes a comma-separated list.
+    #[arg(
+        long = "mirror-from",
+        env = "RUNNEL_MIRROR_FROM",
+        value_delimiter = ','
+    )]
+    pub mirror_from: Vec<String>,
     /// TOML file with any of the settings above (keys as the flags, with underscores).
     #[arg(long, env = "RUNNEL_CONFIG")]
     pub config: Option<PathBuf>,
@@ -76,6 +85,8 @@ struct FileConfig {
     long_poll_timeout_ms: Option<u64>,
     max_body_bytes: Option<usize>,
     sse_max_duration_secs: Option<u64>,
+    #[serde(default)]
+    mirror_from: Vec<String>,
 }
 
 /// Where streams are kept.
@@ -93,6 +104,8 @@ pub struct Settings {
     pub long_poll_timeout: Duration,
     pub max_body_bytes: usize,
     pub sse_max_duration: Duration,
+    /// Upstream buckets or streams to mirror.
+    pub mirror_from: Vec<String>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -122,6 +135,11 @@ impl ServeArgs {
             None => DEFAULT_LISTEN
                 .parse()
                 .map_err(|_| ConfigError::Invalid("bad default listen address".into()))?,
+        };
+        let mirror_from = if self.mirror_from.is_empty() {
+            file.mirror_from
+        } else {
+            self.mirror_from
         };
         let storage = if self.memory || file.memory.unwrap_or(false) {
             StorageSettings::Memory
@@ -158,6 +176,7 @@ impl ServeArgs {
                     .unwrap_or(DEFAULT_SSE_MAX_DURATION_SECS)
                     .max(1),
             ),
+            mirror_from,
         })
     }
 }

@@ -7,6 +7,7 @@
 pub mod config;
 pub mod http;
 pub mod model;
+pub mod replication;
 pub mod server;
 pub mod service;
 pub mod storage;

@@ -49,6 +49,14 @@ pub async fn serve(settings: Settings) -> anyhow::Result<()> {
         }
     });
 
+    for upstream in &settings.mirror_from {
+        tracing::info!(upstream = %upstream, "mirroring");
+        tokio::spawn(crate::replication::follow(
+            service.clone(),
+            upstream.clone(),
+        ));
+    }
+
     let state = AppState {
         service,
         config: Arc::new(HttpConfig {

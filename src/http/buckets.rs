@@ -23,6 +23,7 @@ pub async fn bucket(
     State(app): State<AppState>,
     Path(bucket): Path<String>,
     method: Method,
+    headers: HeaderMap,
 ) -> Response {
     let result = async {
         names::validate_bucket_id(&bucket).map_err(|e| Rejection::bad_request(e.to_string()))?;
@@ -38,7 +39,16 @@ pub async fn bucket(
                     "streams": info.streams,
                     "created_at_ms": info.created_ms,
                 });
-                Ok(json_response(StatusCode::OK, body.to_string()))
+                let mut response = json_response(StatusCode::OK, body.to_string());
+                let host = headers
+                    .get(header::HOST)
+                    .and_then(|h| h.to_str().ok())
+                    .unwrap_or("localhost");
+                let link = super::streamld::links(host, &format!("/{bucket}"), false);
+                if let Ok(value) = HeaderValue::from_str(&link) {
+                    response.headers_mut().insert(header::LINK, value);
+                }
+                Ok(response)
             }
             Method::DELETE => {
                 app.service.delete_bucket(&bucket).await?;

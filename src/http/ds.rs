@@ -60,8 +60,10 @@ pub async fn stream_request(
     headers: &HeaderMap,
     body: Body,
 ) -> Response {
+    let advertise =
+        matches!(method, Method::GET | Method::HEAD) && names::bucket_of(&key).is_some();
     let result = match method {
-        Method::PUT => create(app, key, uri, headers, body).await,
+        Method::PUT => create(app, key.clone(), uri, headers, body).await,
         Method::POST => append(app, &key, headers, body).await,
         Method::GET => read(app, &key, query, headers).await,
         Method::HEAD => head(app, &key).await,
@@ -69,7 +71,19 @@ pub async fn stream_request(
         Method::OPTIONS => Ok(preflight()),
         _ => Ok(method_not_allowed()),
     };
-    result.unwrap_or_else(|failure| failure.into_response())
+    let mut response = result.unwrap_or_else(|failure| failure.into_response_at(uri));
+    if advertise && response.status().is_success() {
+        let host = headers
+            .get(header::HOST)
+            .and_then(|h| h.to_str().ok())
+            .unwrap_or("localhost");
+        set(
+            &mut response,
+            "link",
+            &super::streamld::links(host, uri.path(), true),
+        );
+    }
+    response
 }
 
 pub fn preflight() -> Response {
@@ -187,6 +201,7 @@ async fn create(
             .map_err(|e| Rejection::bad_request(e.to_string()))?
             .flatten(),
         cipher: None,
+        mirror_of: None,
     };
     let outcome = app.service.create(request).await?;
     let (info, created) = (&outcome.info, outcome.created);

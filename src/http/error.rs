@@ -56,6 +56,25 @@ impl IntoResponse for Failure {
 
 pub type Handled = Result<Response, Failure>;
 
+impl Failure {
+    /// The response to a request for `uri`: a write to a mirrored stream is redirected to the
+    /// same path on its upstream.
+    pub fn into_response_at(self, uri: &axum::http::Uri) -> Response {
+        match self {
+            Failure::Stream(StreamError::Mirrored { upstream }) => {
+                let path = uri.path_and_query().map_or(uri.path(), |p| p.as_str());
+                let mut response = text_error(
+                    StatusCode::TEMPORARY_REDIRECT,
+                    &format!("this stream is a read-only mirror; write to {upstream}{path}"),
+                );
+                set(&mut response, "location", &format!("{upstream}{path}"));
+                response
+            }
+            other => other.into_response(),
+        }
+    }
+}
+
 pub fn stream_error(error: StreamError) -> Response {
     if let StreamError::Storage(e) = &error {
         tracing::error!(error = %e, "storage failure");
@@ -132,6 +151,10 @@ pub fn describe(error: &StreamError) -> (StatusCode, Vec<(&'static str, String)>
         }
         StreamError::BeyondTail { .. } => (StatusCode::RANGE_NOT_SATISFIABLE, vec![]),
         StreamError::AlreadyExists(_) | StreamError::Encrypted => (StatusCode::CONFLICT, vec![]),
+        StreamError::Mirrored { upstream } => (
+            StatusCode::TEMPORARY_REDIRECT,
+            vec![("location", upstream.clone())],
+        ),
         StreamError::KeyRequired | StreamError::Cipher(_) => (StatusCode::BAD_REQUEST, vec![]),
         StreamError::Storage(_) => (
             StatusCode::SERVICE_UNAVAILABLE,
@@ -167,6 +190,7 @@ pub fn error_code(error: &StreamError) -> &'static str {
         StreamError::BeyondTail { .. } => "beyond_tail",
         StreamError::AlreadyExists(_) => "resource_already_exists",
         StreamError::Encrypted => "encrypted",
+        StreamError::Mirrored { .. } => "mirrored",
         StreamError::KeyRequired => "bad_header",
         StreamError::Cipher(_) => "decryption_failed",
         StreamError::Storage(_) => "unavailable",

@@ -45,8 +45,17 @@ pub async fn extension(
             ("bootstrap", Method::GET) => bootstrap(&app, &key, query.as_deref()).await,
             ("append-batch", Method::POST) => append_batch(&app, &key, &headers, body).await,
             ("attrs", Method::GET) => read_attrs(&app, &key).await,
+            ("streamld", Method::GET) => {
+                let host = request::header(&headers, "host")?
+                    .unwrap_or("localhost")
+                    .to_string();
+                let after = Query::parse(query.as_deref())
+                    .get("after")?
+                    .and_then(|a| a.parse().ok());
+                Ok(super::streamld::sse(&app, &key, &host, &headers, after).await?)
+            }
             ("attrs", Method::PUT) => write_attrs(&app, &key, &headers, body).await,
-            ("snapshot" | "retention" | "bootstrap" | "append-batch" | "attrs", _) => {
+            ("snapshot" | "retention" | "bootstrap" | "append-batch" | "attrs" | "streamld", _) => {
                 Ok(method_not_allowed())
             }
             _ => Ok(text_error(
@@ -57,7 +66,7 @@ pub async fn extension(
     };
     result
         .await
-        .unwrap_or_else(|failure: Failure| failure.into_response())
+        .unwrap_or_else(|failure: Failure| failure.into_response_at(&uri))
 }
 
 /// `/{bucket}/{stream}/{extension}/{offset}`
@@ -65,6 +74,7 @@ pub async fn extension_at(
     State(app): State<AppState>,
     Path((bucket, stream, extension, offset)): Path<(String, String, String, String)>,
     method: Method,
+    uri: Uri,
     headers: HeaderMap,
     body: Body,
 ) -> Response {
@@ -93,7 +103,7 @@ pub async fn extension_at(
     };
     result
         .await
-        .unwrap_or_else(|failure: Failure| failure.into_response())
+        .unwrap_or_else(|failure: Failure| failure.into_response_at(&uri))
 }
 
 fn stream_key(bucket: &str, stream: &str) -> Result<String, Rejection> {

@@ -8,6 +8,7 @@ mod extensions;
 mod request;
 mod s2;
 mod sse;
+mod streamld;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -43,6 +44,7 @@ pub fn router(state: AppState) -> Router {
         .route("/healthz", get(|| async { "ok\n" }))
         .route("/v1/stream/{*path}", any(ds::base_stream))
         .merge(s2::routes())
+        .route("/v1/streamld/replication", get(streamld::replication))
         .route("/{bucket}", any(buckets::bucket))
         .route("/{bucket}/{stream}", any(buckets::stream))
         .route("/{bucket}/{stream}/{extension}", any(extensions::extension))

@@ -48,6 +48,9 @@ pub struct StreamMeta {
     /// Identifies the key the stream's records are sealed with (never the key itself).
     #[serde(default)]
     pub key_fingerprint: Option<String>,
+    /// The upstream server (`scheme://host:port`) this stream is a read-only mirror of.
+    #[serde(default)]
+    pub mirror_of: Option<String>,
 }
 
 /// The visible snapshot of a stream: its offset, the blob's content type and digest.
@@ -94,6 +97,8 @@ pub struct RequestedConfig {
     pub attrs: Attrs,
     /// The cipher for record bodies; fixed at creation and not compared on repeats.
     pub cipher: Option<String>,
+    /// The upstream of a mirrored stream; fixed at creation and not compared on repeats.
+    pub mirror_of: Option<String>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -127,6 +132,7 @@ impl StreamMeta {
             s2_config: None,
             cipher: None,
             key_fingerprint: None,
+            mirror_of: None,
         }
     }
 
@@ -205,6 +211,7 @@ mod tests {
             fork: None,
             attrs: None,
             cipher: None,
+            mirror_of: None,
         }
     }
 

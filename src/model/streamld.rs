@@ -7,8 +7,12 @@
 //! (see docs/streamld.md): the record's offset, timestamp, headers and kind, and whole-stream
 //! state messages.
 
+use base64::Engine as _;
+use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value, json};
+
+use super::{Offset, Record};
 
 pub const NAMESPACE: &str = "https://openfaster.org/streamld#";
 pub const RUNNEL_NAMESPACE: &str = "https://runnel.dev/ns#";
@@ -276,6 +280,83 @@ pub fn sequence_of(seq: u64) -> u64 {
     seq + 1
 }
 
+/// The envelope of one record: the JSON value on JSON streams, text on `text/*`, base64
+/// otherwise (and for S2 command records), with Runnel's exact coordinates beside it.
+pub fn envelope(url: &str, content_type: &str, record: &Record) -> EventEnvelope {
+    let json = super::content_type::is_json(content_type);
+    let b64 = |bytes: &[u8]| base64::engine::general_purpose::STANDARD.encode(bytes);
+    let (encoding, payload) = if record.command {
+        (PayloadEncoding::Base64, Value::String(b64(&record.body)))
+    } else if json {
+        match serde_json::from_slice(&record.body) {
+            Ok(value) => (PayloadEncoding::Json, value),
+            Err(_) => (PayloadEncoding::Base64, Value::String(b64(&record.body))),
+        }
+    } else if super::content_type::media_type(content_type).starts_with("text/") {
+        match std::str::from_utf8(&record.body) {
+            Ok(text) => (PayloadEncoding::Text, Value::String(text.to_string())),
+            Err(_) => (PayloadEncoding::Base64, Value::String(b64(&record.body))),
+        }
+    } else {
+        (PayloadEncoding::Base64, Value::String(b64(&record.body)))
+    };
+    EventEnvelope {
+        sequence: sequence_of(record.seq),
+        stream_id: url.to_string(),
+        is_snapshot: false,
+        payload,
+        encoding: Some(encoding),
+        offset: Some(record.offset().to_string()),
+        timestamp: Some(record.timestamp_ms),
+        headers: record
+            .headers
+            .iter()
+            .map(|(n, v)| (b64(n), b64(v)))
+            .collect(),
+        command: record.command,
+        starts_unit: record.starts_unit,
+    }
+}
+
+/// The record an envelope carries, exactly as the upstream stores it.
+pub fn record_of(event: &EventEnvelope) -> Option<Record> {
+    let b64 = |text: &str| {
+        base64::engine::general_purpose::STANDARD
+            .decode(text)
+            .ok()
+            .map(Bytes::from)
+    };
+    let offset = Offset::parse_token(event.offset.as_deref()?).ok()?;
+    let body = match (event.encoding?, &event.payload) {
+        (PayloadEncoding::Json, value) => Bytes::from(serde_json::to_vec(value).ok()?),
+        (PayloadEncoding::Text, Value::String(text)) => Bytes::copy_from_slice(text.as_bytes()),
+        (PayloadEncoding::Base64, Value::String(text)) => b64(text)?,
+        _ => return None,
+    };
+    let headers = event
+        .headers
+        .iter()
+        .map(|(n, v)| Some((b64(n)?, b64(v)?)))
+        .collect::<Option<Vec<_>>>()?;
+    (event.sequence == sequence_of(offset.seq)).then_some(Record {
+        seq: offset.seq,
+        pos: offset.pos,
+        timestamp_ms: event.timestamp?,
+        starts_unit: event.starts_unit,
+        headers,
+        body,
+        command: event.command,
+    })
+}
+
+/// The replication frame of one record.
+pub fn frame(url: &str, content_type: &str, record: &Record) -> ReplicationFrame {
+    ReplicationFrame {
+        cursor: sequence_of(record.seq),
+        event: envelope(url, content_type, record),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -359,6 +440,44 @@ mod tests {
             Message::parse(r#"{"@type":"ReplicationFrame","cursor":-1,"event":{}}"#),
             Err(MessageError::Malformed { .. })
         ));
+    }
+
+    #[test]
+    fn records_travel_in_envelopes_and_come_back_unchanged() {
+        let record = |body: &[u8], command: bool| Record {
+            seq: 4,
+            pos: 10,
+            timestamp_ms: 99,
+            starts_unit: true,
+            headers: vec![(Bytes::from("k"), Bytes::from_static(&[0, 255]))],
+            body: Bytes::copy_from_slice(body),
+            command,
+        };
+        for (content_type, body, encoding) in [
+            (
+                "application/json",
+                &br#"{"a":[1,2.50]}"#[..],
+                PayloadEncoding::Json,
+            ),
+            ("text/plain", b"caf\xc3\xa9", PayloadEncoding::Text),
+            (
+                "application/octet-stream",
+                &[0u8, 1, 255][..],
+                PayloadEncoding::Base64,
+            ),
+            ("text/plain", &[0xffu8, 0xfe][..], PayloadEncoding::Base64),
+        ] {
+            let original = record(body, false);
+            let event = envelope("http://up/b/s", content_type, &original);
+            assert_eq!(event.sequence, 5);
+            assert_eq!(event.encoding, Some(encoding), "{content_type}");
+            assert_eq!(record_of(&event), Some(original));
+        }
+        let command = record(b"tok", true);
+        assert_eq!(
+            record_of(&envelope("u", "application/json", &command)),
+            Some(command)
+        );
     }
 
     #[test]

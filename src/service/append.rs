@@ -61,6 +61,7 @@ enum Decision {
 impl StreamService {
     pub async fn append(&self, name: &str, request: AppendRequest) -> StreamResult<AppendAck> {
         let stream = self.find(name, true).await?;
+        Self::writable(&stream)?;
         let bodies = parse_bodies(&stream, &request.body);
         let _permit = self
             .commit_permits
@@ -118,6 +119,7 @@ impl StreamService {
         frames: Vec<Bytes>,
     ) -> StreamResult<Vec<StreamResult<AppendAck>>> {
         let stream = self.find(name, true).await?;
+        Self::writable(&stream)?;
         if !content_type::same_media_type(content_type, &stream.content_type) {
             return Err(StreamError::ContentTypeMismatch);
         }

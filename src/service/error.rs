@@ -58,6 +58,8 @@ pub enum StreamError {
     AlreadyExists(&'static str),
     #[error("the stream is encrypted: read and write it through S2 with its s2-encryption-key")]
     Encrypted,
+    #[error("this stream is a read-only mirror; write to its upstream {upstream}")]
+    Mirrored { upstream: String },
     #[error("this stream is encrypted: send its key in s2-encryption-key")]
     KeyRequired,
     #[error(transparent)]

@@ -10,6 +10,7 @@ mod cache;
 mod error;
 mod fork;
 mod read;
+mod replication;
 mod s2;
 mod snapshots;
 mod stream;
@@ -37,6 +38,7 @@ pub use cache::CacheLimits;
 pub use error::{StreamError, StreamResult};
 pub use fork::ForkRequest;
 pub use read::ReadChunk;
+pub use replication::ReplicatedState;
 pub use s2::{
     S2Ack, S2Append, S2Batch, S2Limits, S2Position, S2Record, S2Start,
     parse_config as parse_s2_config,
@@ -72,6 +74,8 @@ pub struct StreamService {
     next_id: AtomicU64,
     commit_permits: Semaphore,
     cache_budget: Arc<cache::CacheBudget>,
+    /// Bumped whenever a stream is created or removed, for bucket replication sessions.
+    streams_changed: tokio::sync::watch::Sender<u64>,
     config: ServiceConfig,
 }
 
@@ -95,6 +99,8 @@ pub struct CreateRequest {
     pub attrs: crate::model::attrs::Attrs,
     /// Seal record bodies with this cipher (S2 streams in an encrypting basin).
     pub cipher: Option<String>,
+    /// Create the stream as a read-only mirror of this upstream.
+    pub mirror_of: Option<String>,
 }
 
 /// A stream's metadata as faces report it.
@@ -142,6 +148,7 @@ impl StreamService {
             next_id: AtomicU64::new(recovered.next_id),
             commit_permits: Semaphore::new(config.max_inflight_commits),
             cache_budget: cache::CacheBudget::new(config.cache),
+            streams_changed: tokio::sync::watch::Sender::new(0),
             config,
         });
         let now = now_ms();
@@ -192,6 +199,7 @@ impl StreamService {
             tail: recovered.meta.tail,
             first: recovered.meta.retained_from,
             last_timestamp_ms: recovered.meta.last_timestamp_ms,
+            meta_version: 0,
             closed: recovered.meta.closed,
             ready: true,
             removed: false,
@@ -307,6 +315,7 @@ impl StreamService {
             closed: request.closed,
             attrs: request.attrs.clone(),
             cipher: request.cipher.clone(),
+            mirror_of: request.mirror_of.clone(),
             fork: request.fork.as_ref().map(|f| RequestedFork {
                 source_name: f.source.clone(),
                 offset: f.offset,
@@ -347,6 +356,7 @@ impl StreamService {
             return match commit.await {
                 Ok(()) => {
                     stream.publish(|d| d.ready = true);
+                    self.streams_changed.send_modify(|v| *v += 1);
                     let info = self.info(&stream);
                     let body_start = plan.as_ref().map_or(0, |p| p.tail().seq);
                     Ok(CreateOutcome {
@@ -456,6 +466,7 @@ impl StreamService {
             created_ms: now,
             attrs: requested.attrs.clone(),
             cipher: requested.cipher.clone(),
+            mirror_of: requested.mirror_of.clone(),
             ..StreamMeta::new(name, &requested.content_type)
         };
         if let Some(plan) = plan {
@@ -470,6 +481,7 @@ impl StreamService {
             tail,
             first: Offset::START,
             last_timestamp_ms,
+            meta_version: 0,
             closed: requested.closed,
             ready: false,
             removed: false,
@@ -507,6 +519,7 @@ impl StreamService {
 
     pub async fn delete(&self, name: &str) -> StreamResult<()> {
         let stream = self.find(name, false).await?;
+        Self::writable(&stream)?;
         self.remove(&stream).await.map(|_| ())
     }
 
@@ -546,6 +559,7 @@ impl StreamService {
             commit.await?;
             if removal == Removal::Hard {
                 stream.publish(|d| d.removed = true);
+                self.streams_changed.send_modify(|v| *v += 1);
                 self.release_source(stream).await;
             }
             Ok(removal)

@@ -67,7 +67,7 @@ impl StreamService {
     }
 
     /// The offset at the first byte of `record`, which must be retained and at most the tail.
-    pub(super) async fn record_offset(
+    pub async fn record_offset(
         &self,
         stream: &Arc<Stream>,
         record: u64,

@@ -277,6 +277,7 @@ impl StreamService {
         append: S2Append,
         key: Option<&RecordKey>,
     ) -> StreamResult<S2Ack> {
+        Self::writable(stream)?;
         let mut prepared = prepare(stream, append.records)?;
         if stream.encrypted {
             let key = key.ok_or(StreamError::KeyRequired)?;
@@ -636,7 +637,10 @@ impl StreamService {
             ])
         };
         commit.await?;
-        stream.publish(|d| d.first = d.first.max(at));
+        stream.publish(|d| {
+            d.first = d.first.max(at);
+            d.meta_version += 1;
+        });
         Ok(())
     }
 }

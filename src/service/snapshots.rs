@@ -79,6 +79,7 @@ impl StreamService {
         expected_digest: Option<&str>,
     ) -> StreamResult<(Offset, String)> {
         let stream = self.find(name, false).await?;
+        Self::writable(&stream)?;
         let at = self.retained_boundary(&stream, at).await?;
         let digest = digest(&content_type, &blob);
         let commit = {
@@ -111,6 +112,7 @@ impl StreamService {
             ])
         };
         commit.await?;
+        stream.publish_meta_change();
         Ok((at, digest))
     }
 
@@ -156,6 +158,7 @@ impl StreamService {
     /// stream's start).
     pub async fn delete_snapshot(&self, name: &str, at: Offset) -> StreamResult<()> {
         let stream = self.find(name, false).await?;
+        Self::writable(&stream)?;
         let commit = {
             let mut state = stream.lock();
             if state.meta.snapshot.as_ref().is_none_or(|s| s.offset != at) {
@@ -173,6 +176,7 @@ impl StreamService {
             ])
         };
         commit.await?;
+        stream.publish_meta_change();
         Ok(())
     }
 
@@ -180,6 +184,7 @@ impl StreamService {
     /// Returns the new first retained offset.
     pub async fn set_retention(&self, name: &str, at: Position) -> StreamResult<Offset> {
         let stream = self.find(name, false).await?;
+        Self::writable(&stream)?;
         let first = stream.durable().first;
         let backward = match at {
             Position::Offset(offset) => offset < first,
@@ -234,6 +239,7 @@ impl StreamService {
     /// Replaces the attributes. Allowed on closed streams: closing forbids appends only.
     pub async fn set_attrs(&self, name: &str, attrs: Attrs) -> StreamResult<()> {
         let stream = self.find(name, false).await?;
+        Self::writable(&stream)?;
         let commit = {
             let mut state = stream.lock();
             if state.meta.attrs == attrs {
@@ -246,6 +252,7 @@ impl StreamService {
             )])
         };
         commit.await?;
+        stream.publish_meta_change();
         Ok(())
     }
 }

@@ -21,6 +21,9 @@ pub struct Durable {
     pub first: Offset,
     /// The timestamp of the last durable record (S2's tail timestamp).
     pub last_timestamp_ms: i64,
+    /// Counts durable changes of the stream's metadata (attributes, snapshot, retention), so
+    /// replication sessions notice them.
+    pub meta_version: u64,
     pub closed: bool,
     /// The stream's creation is durable.
     pub ready: bool,
@@ -38,6 +41,8 @@ pub struct Stream {
     pub may_expire: bool,
     /// Record bodies are sealed with the S2 client's key: only S2 reads with that key see them.
     pub encrypted: bool,
+    /// The upstream server this stream mirrors (`scheme://host:port`): it is read-only here.
+    pub mirror_of: Option<String>,
     /// The stream this one was forked from: reads below the fork offset go there.
     pub source: Option<Arc<Stream>>,
     pub(super) state: Mutex<State>,
@@ -72,6 +77,7 @@ impl Stream {
             json: crate::model::content_type::is_json(&meta.content_type),
             may_expire: meta.ttl_secs.is_some() || meta.expires_at_ms.is_some(),
             encrypted: meta.cipher.is_some(),
+            mirror_of: meta.mirror_of.clone(),
             content_type: meta.content_type.clone(),
             source,
             state: Mutex::new(State {
@@ -118,6 +124,11 @@ impl Stream {
             d.last_timestamp_ms = d.last_timestamp_ms.max(timestamp_ms);
             d.closed |= closed;
         });
+    }
+
+    /// Marks a durable metadata change, waking replication sessions.
+    pub(super) fn publish_meta_change(&self) {
+        self.publish(|d| d.meta_version += 1);
     }
 
     /// Waits until the stream's creation is durable; false if it never will be.

@@ -1,0 +1,408 @@
+//! The StreamLD faces of the upstream: the WebSocket replication binding (seed 003) at
+//! `/v1/streamld/replication`, and the SSE binding at `/{bucket}/{stream}/streamld`. Both are
+//! advertised only through `Link` headers on the stream (and bucket) responses.
+//!
+//! A replication session reads each subscribed stream at its own pace, like any reader: a slow
+//! replica slows only its own session, never writers, and the session buffers a bounded number of
+//! messages. A replica that stops reading for longer than `SEND_TIMEOUT` is disconnected; it
+//! resumes from its persisted cursor when it reconnects.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::body::Body;
+use axum::extract::State;
+use axum::extract::ws::{Message as WsMessage, WebSocket, WebSocketUpgrade};
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use bytes::Bytes;
+use futures::{SinkExt, StreamExt};
+use serde_json::Value;
+use tokio::sync::mpsc;
+
+use super::AppState;
+use crate::model::Offset;
+use crate::model::names;
+use crate::model::streamld::{self, GapSignal, Message, SnapshotRef, StreamDeleted, StreamState};
+use crate::service::{ReplicatedState, Stream, StreamError};
+
+/// Messages queued per session before its pumps wait for the replica.
+const SESSION_QUEUE: usize = 256;
+/// How long one message may take to reach a replica before the session gives up on it.
+const SEND_TIMEOUT: Duration = Duration::from_secs(30);
+/// Records per frame batch read from storage.
+const READ_BATCH: u64 = 1000;
+
+/// `Link` header values advertising the StreamLD endpoints of a bucketed stream (or bucket).
+pub fn links(host: &str, path: &str, stream: bool) -> String {
+    let websocket = format!(
+        "<ws://{host}/v1/streamld/replication>; rel=\"{}\"",
+        streamld::REL_WEBSOCKET
+    );
+    if stream {
+        format!(
+            "{websocket}, <http://{host}{path}/streamld>; rel=\"{}\"",
+            streamld::REL_SSE
+        )
+    } else {
+        websocket
+    }
+}
+
+pub async fn replication(
+    State(app): State<AppState>,
+    headers: HeaderMap,
+    upgrade: WebSocketUpgrade,
+) -> Response {
+    let host = headers
+        .get(header::HOST)
+        .and_then(|h| h.to_str().ok())
+        .unwrap_or("localhost")
+        .to_string();
+    upgrade.on_upgrade(move |socket| session(app, socket, host))
+}
+
+/// One replica's connection: any number of subscriptions, each pumped by its own task into one
+/// bounded queue that the writer drains into the socket.
+async fn session(app: AppState, socket: WebSocket, host: String) {
+    let (mut sink, mut incoming) = socket.split();
+    let (queue, mut outgoing) = mpsc::channel::<Message>(SESSION_QUEUE);
+    let writer = tokio::spawn(async move {
+        while let Some(message) = outgoing.recv().await {
+            let sent = tokio::time::timeout(
+                SEND_TIMEOUT,
+                sink.send(WsMessage::Text(message.to_json().into())),
+            )
+            .await;
+            if !matches!(sent, Ok(Ok(()))) {
+                tracing::info!("replica too slow or gone; closing its session");
+                break;
+            }
+        }
+        let _ = sink.close().await;
+    });
+    let mut pumps: HashMap<String, tokio::task::JoinHandle<()>> = HashMap::new();
+    while let Some(Ok(frame)) = incoming.next().await {
+        let text = match frame {
+            WsMessage::Text(text) => text,
+            WsMessage::Close(_) => break,
+            _ => continue,
+        };
+        let request = match Message::parse(&text) {
+            Ok(Message::Subscribe(request)) => request,
+            Ok(_) => continue,
+            Err(e) => {
+                tracing::info!(error = %e, "ignoring a malformed replication message");
+                continue;
+            }
+        };
+        let Some(target) = target_of(&request.stream) else {
+            let gap = GapSignal {
+                oldest_available: None,
+                stream: Some(request.stream.clone()),
+            };
+            let _ = queue.send(Message::Gap(gap)).await;
+            continue;
+        };
+        match target {
+            Target::Stream(key) => {
+                let after = request.after.unwrap_or(0);
+                tracing::info!(stream = %key, after, "replication join");
+                if let Some(old) = pumps.remove(&key) {
+                    old.abort();
+                }
+                let pump = tokio::spawn(stream_pump(
+                    app.clone(),
+                    queue.clone(),
+                    host.clone(),
+                    key.clone(),
+                    after,
+                ));
+                pumps.insert(key, pump);
+            }
+            Target::Bucket(bucket) => {
+                tracing::info!(bucket = %bucket, cursors = ?request.cursors, "replication join");
+                let cursors = request.cursors.clone().unwrap_or_default();
+                let pump = tokio::spawn(bucket_pump(
+                    app.clone(),
+                    queue.clone(),
+                    host.clone(),
+                    bucket.clone(),
+                    cursors,
+                ));
+                pumps.insert(format!("bucket:{bucket}"), pump);
+            }
+        }
+    }
+    for pump in pumps.into_values() {
+        pump.abort();
+    }
+    drop(queue);
+    let _ = writer.await;
+}
+
+enum Target {
+    Stream(String),
+    Bucket(String),
+}
+
+/// What a subscription's `stream` IRI names on this server: a bucketed stream or a bucket.
+fn target_of(iri: &str) -> Option<Target> {
+    let path = iri
+        .split_once("://")
+        .map_or(iri, |(_, rest)| rest.find('/').map_or("", |i| &rest[i..]));
+    let path = percent_encoding::percent_decode_str(path.split(['?', '#']).next()?)
+        .decode_utf8()
+        .ok()?;
+    let mut segments = path.trim_start_matches('/').splitn(2, '/');
+    match (segments.next(), segments.next()) {
+        (Some(bucket), None | Some("")) => names::validate_bucket_id(bucket)
+            .ok()
+            .map(|()| Target::Bucket(bucket.to_string())),
+        (Some(bucket), Some(stream)) => names::bucket_stream_key(bucket, stream)
+            .ok()
+            .map(Target::Stream),
+        _ => None,
+    }
+}
+
+/// Follows every stream of a bucket, including streams created later.
+async fn bucket_pump(
+    app: AppState,
+    queue: mpsc::Sender<Message>,
+    host: String,
+    bucket: String,
+    cursors: std::collections::BTreeMap<String, u64>,
+) {
+    let mut changes = app.service.streams_changed();
+    let mut pumps: HashMap<String, tokio::task::JoinHandle<()>> = HashMap::new();
+    let prefix = names::bucket_prefix(&bucket);
+    loop {
+        for stream in app.service.bucket_streams(&bucket) {
+            if pumps.get(&stream.name).is_some_and(|p| !p.is_finished()) {
+                continue;
+            }
+            let id = &stream.name[prefix.len()..];
+            let after = if pumps.contains_key(&stream.name) {
+                0
+            } else {
+                cursors.get(id).copied().unwrap_or(0)
+            };
+            let pump = tokio::spawn(stream_pump(
+                app.clone(),
+                queue.clone(),
+                host.clone(),
+                stream.name.clone(),
+                after,
+            ));
+            pumps.insert(stream.name.clone(), pump);
+        }
+        if changes.changed().await.is_err() || queue.is_closed() {
+            break;
+        }
+    }
+    for pump in pumps.into_values() {
+        pump.abort();
+    }
+}
+
+/// Sends one stream's state, then its records after `after`, then every change, until the
+/// stream is deleted or the session ends.
+async fn stream_pump(
+    app: AppState,
+    queue: mpsc::Sender<Message>,
+    host: String,
+    key: String,
+    after: u64,
+) {
+    let url = format!("http://{host}{key}");
+    let stream = match app.service.find(&key, false).await {
+        Ok(stream) => stream,
+        Err(_) => {
+            let _ = queue
+                .send(Message::Deleted(StreamDeleted { stream: url }))
+                .await;
+            return;
+        }
+    };
+    if let Err(e) = pump(&app, &queue, &url, &stream, after).await {
+        tracing::info!(stream = %key, error = %e, "replication pump stopped");
+    }
+}
+
+async fn pump(
+    app: &AppState,
+    queue: &mpsc::Sender<Message>,
+    url: &str,
+    stream: &Arc<Stream>,
+    after: u64,
+) -> Result<(), StreamError> {
+    let send = |message: Message| async move {
+        queue.send(message).await.map_err(|_| StreamError::NotFound)
+    };
+    let mut state = app.service.replicated_state(stream);
+    send(state_message(url, &state)).await?;
+    let mut meta_version = stream.durable().meta_version;
+    let gap = |first: Offset| GapSignal {
+        oldest_available: Some(streamld::sequence_of(first.seq)),
+        stream: Some(url.to_string()),
+    };
+    if after < state.retained_from.seq || after > state.tail.seq {
+        return send(Message::Gap(gap(state.retained_from))).await;
+    }
+    let mut next = after;
+    let mut watch = stream.subscribe();
+    loop {
+        let durable = *watch.borrow_and_update();
+        if durable.removed {
+            return send(Message::Deleted(StreamDeleted {
+                stream: url.to_string(),
+            }))
+            .await;
+        }
+        if next < durable.tail.seq {
+            if next < durable.first.seq {
+                return send(Message::Gap(gap(durable.first))).await;
+            }
+            let at = app
+                .service
+                .record_offset(stream, next, durable.tail)
+                .await?;
+            let chunk = app.service.read_at(stream, at, Some(READ_BATCH)).await?;
+            if chunk.records.first().is_some_and(|r| r.seq != next) {
+                return send(Message::Gap(gap(stream.durable().first))).await;
+            }
+            for record in &chunk.records {
+                send(Message::Frame(Box::new(streamld::frame(
+                    url,
+                    &stream.content_type,
+                    record,
+                ))))
+                .await?;
+            }
+            next = chunk.next.seq.max(next);
+            continue;
+        }
+        let current = app.service.replicated_state(stream);
+        if durable.meta_version != meta_version || current != state {
+            meta_version = durable.meta_version;
+            state = current;
+            send(state_message(url, &state)).await?;
+        }
+        if watch.changed().await.is_err() {
+            return send(Message::Deleted(StreamDeleted {
+                stream: url.to_string(),
+            }))
+            .await;
+        }
+    }
+}
+
+fn state_message(url: &str, state: &ReplicatedState) -> Message {
+    Message::State(Box::new(StreamState {
+        stream: url.to_string(),
+        content_type: state.content_type.clone(),
+        closed: state.closed,
+        attrs: state.attrs.clone(),
+        ttl_secs: state.ttl_secs,
+        expires_at_ms: state.expires_at_ms,
+        retained_from: state.retained_from.to_string(),
+        first_sequence: streamld::sequence_of(state.retained_from.seq),
+        tail: state.tail.to_string(),
+        next_sequence: streamld::sequence_of(state.tail.seq),
+        snapshot: state.snapshot.as_ref().map(|s| SnapshotRef {
+            offset: s.offset.to_string(),
+            content_type: s.content_type.clone(),
+            digest: s.digest.clone(),
+        }),
+        created_ms: state.created_ms,
+    }))
+}
+
+/// The SSE binding: one event per record, `id` = its cursor; `Last-Event-ID` (or `?after=`)
+/// resumes; a cursor that cannot be served answers 409 with a `GapSignal`.
+pub async fn sse(
+    app: &AppState,
+    key: &str,
+    host: &str,
+    headers: &HeaderMap,
+    after: Option<u64>,
+) -> Result<Response, StreamError> {
+    let stream = app.service.find(key, true).await?;
+    let after = headers
+        .get("last-event-id")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.trim().parse::<u64>().ok())
+        .or(after)
+        .unwrap_or(0);
+    let url = format!("http://{host}{key}");
+    let durable = stream.durable();
+    if after < durable.first.seq || after > durable.tail.seq {
+        let gap = Message::Gap(GapSignal {
+            oldest_available: Some(streamld::sequence_of(durable.first.seq)),
+            stream: None,
+        });
+        return Ok((
+            StatusCode::CONFLICT,
+            [(header::CONTENT_TYPE, "application/ld+json")],
+            gap.to_json(),
+        )
+            .into_response());
+    }
+    let service = app.service.clone();
+    let events = async_stream::stream! {
+        let mut next = after;
+        let mut watch = stream.subscribe();
+        loop {
+            let durable = *watch.borrow_and_update();
+            if durable.removed {
+                return;
+            }
+            if next < durable.tail.seq {
+                let Ok(at) = service.record_offset(&stream, next, durable.tail).await else { return };
+                let Ok(chunk) = service.read_at(&stream, at, Some(READ_BATCH)).await else { return };
+                let mut out = String::new();
+                for record in &chunk.records {
+                    let event = streamld::envelope(&url, &stream.content_type, record);
+                    let mut json = serde_json::to_value(&event).unwrap_or(Value::Null);
+                    if let Value::Object(object) = &mut json {
+                        object.insert("@type".into(), Value::String("EventEnvelope".into()));
+                        object.insert("@context".into(), streamld::context());
+                    }
+                    out.push_str(&format!("id: {}\nevent: event\ndata: {json}\n\n", event.sequence));
+                }
+                next = chunk.next.seq.max(next + 1);
+                yield Ok::<Bytes, std::io::Error>(Bytes::from(out));
+                continue;
+            }
+            if durable.closed || watch.changed().await.is_err() {
+                return;
+            }
+        }
+    };
+    let mut response = (StatusCode::OK, Body::from_stream(events)).into_response();
+    let headers = response.headers_mut();
+    headers.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/event-stream"),
+    );
+    headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+    Ok(response)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn subscription_targets_are_buckets_or_bucketed_streams() {
+        assert!(matches!(target_of("http://up:1/docs"), Some(Target::Bucket(b)) if b == "docs"));
+        assert!(matches!(target_of("http://up:1/docs/"), Some(Target::Bucket(b)) if b == "docs"));
+        assert!(
+            matches!(target_of("http://up:1/docs/a%20b"), Some(Target::Stream(k)) if k == "/docs/a b")
+        );
+        assert!(target_of("http://up:1/v1/stream/x").is_none());
+        assert!(target_of("http://up:1/").is_none());
+    }
+}

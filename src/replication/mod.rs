@@ -1,0 +1,425 @@
+//! Mirror mode: follow an upstream Runnel's bucket or stream over the StreamLD WebSocket
+//! replication binding, reproducing it exactly and read-only.
+//!
+//! The mirror's cursor for a stream is its own tail: records and the tail are committed together,
+//! so after any crash the mirror resumes from exactly what it durably holds. A `GapSignal` (the
+//! upstream no longer has what comes next) rebuilds the stream from the upstream's retained
+//! start and snapshot, then follows again.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use futures::{FutureExt, SinkExt, StreamExt};
+use tokio_tungstenite::tungstenite::Message as WsMessage;
+
+use crate::model::stream::SnapshotInfo;
+use crate::model::streamld::{self, GapSignal, Message, StreamState, SubscriptionRequest};
+use crate::model::{Offset, Record, names};
+use crate::service::{ReplicatedState, Stream, StreamError, StreamService};
+
+const MIN_BACKOFF: Duration = Duration::from_millis(200);
+const MAX_BACKOFF: Duration = Duration::from_secs(30);
+/// Frames applied in one commit at most.
+const APPLY_BATCH: usize = 1000;
+
+#[derive(Debug, thiserror::Error)]
+pub enum MirrorError {
+    #[error(
+        "upstream {0} is not a bucket or bucketed stream URL (http://host:port/bucket[/stream])"
+    )]
+    BadUrl(String),
+    #[error("upstream request failed: {0}")]
+    Http(#[from] reqwest::Error),
+    #[error("upstream {0} advertises no StreamLD websocket-replication Link")]
+    NoEndpoint(String),
+    #[error("websocket: {0}")]
+    WebSocket(#[from] tokio_tungstenite::tungstenite::Error),
+    #[error("upstream sent an unusable message: {0}")]
+    BadMessage(String),
+    #[error(transparent)]
+    Stream(#[from] StreamError),
+}
+
+/// What a mirror follows.
+#[derive(Clone, Debug)]
+struct Upstream {
+    /// `scheme://host:port`
+    base: String,
+    bucket: String,
+    /// One stream of the bucket, or all of them.
+    stream: Option<String>,
+}
+
+impl Upstream {
+    fn parse(url: &str) -> Result<Upstream, MirrorError> {
+        let bad = || MirrorError::BadUrl(url.to_string());
+        let (scheme, rest) = url.split_once("://").ok_or_else(bad)?;
+        let (host, path) = rest.split_once('/').ok_or_else(bad)?;
+        let path = percent_encoding::percent_decode_str(path.trim_end_matches('/'))
+            .decode_utf8()
+            .map_err(|_| bad())?;
+        let mut segments = path.splitn(2, '/');
+        let bucket = segments
+            .next()
+            .filter(|b| names::validate_bucket_id(b).is_ok())
+            .ok_or_else(bad)?;
+        let stream = segments.next().map(str::to_string);
+        if let Some(stream) = &stream {
+            names::bucket_stream_key(bucket, stream).map_err(|_| bad())?;
+        }
+        Ok(Upstream {
+            base: format!("{scheme}://{host}"),
+            bucket: bucket.to_string(),
+            stream,
+        })
+    }
+
+    fn url(&self) -> String {
+        match &self.stream {
+            Some(stream) => format!("{}/{}/{}", self.base, self.bucket, encode(stream)),
+            None => format!("{}/{}", self.base, self.bucket),
+        }
+    }
+}
+
+fn encode(segment: &str) -> String {
+    percent_encoding::utf8_percent_encode(segment, percent_encoding::NON_ALPHANUMERIC).to_string()
+}
+
+/// Follows `url` for as long as the server runs, reconnecting with backoff.
+pub async fn follow(service: Arc<StreamService>, url: String) {
+    let upstream = match Upstream::parse(&url) {
+        Ok(upstream) => upstream,
+        Err(e) => {
+            tracing::error!(error = %e, "cannot mirror");
+            return;
+        }
+    };
+    let http = reqwest::Client::builder()
+        .timeout(Duration::from_secs(30))
+        .build()
+        .unwrap_or_default();
+    let mut backoff = MIN_BACKOFF;
+    loop {
+        let started = tokio::time::Instant::now();
+        match follow_once(&service, &http, &upstream).await {
+            Ok(()) => tracing::info!(upstream = %url, "replication session ended; reconnecting"),
+            Err(e) => {
+                tracing::warn!(upstream = %url, error = %e, "replication session failed; reconnecting")
+            }
+        }
+        if started.elapsed() > MAX_BACKOFF {
+            backoff = MIN_BACKOFF;
+        }
+        tokio::time::sleep(backoff).await;
+        backoff = (backoff * 2).min(MAX_BACKOFF);
+    }
+}
+
+/// Discovers the upstream's replication endpoint through its `Link` header.
+async fn discover(http: &reqwest::Client, upstream: &Upstream) -> Result<String, MirrorError> {
+    let response = http
+        .get(upstream.url())
+        .header("accept", "application/json")
+        .send()
+        .await?;
+    let links = response
+        .headers()
+        .get_all("link")
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .collect::<Vec<_>>()
+        .join(",");
+    links
+        .split(',')
+        .find(|link| link.contains(streamld::REL_WEBSOCKET))
+        .and_then(|link| {
+            link.split_once('<')?
+                .1
+                .split_once('>')
+                .map(|(url, _)| url.trim().to_string())
+        })
+        .ok_or_else(|| MirrorError::NoEndpoint(upstream.url()))
+}
+
+/// One connection: join with the cursors the mirror holds, then apply what arrives.
+async fn follow_once(
+    service: &Arc<StreamService>,
+    http: &reqwest::Client,
+    upstream: &Upstream,
+) -> Result<(), MirrorError> {
+    let endpoint = discover(http, upstream).await?;
+    let (socket, _) = tokio_tungstenite::connect_async(endpoint.as_str()).await?;
+    let (mut sink, mut incoming) = socket.split();
+    let join = match &upstream.stream {
+        Some(stream) => {
+            let key = stream_key(&upstream.bucket, stream)?;
+            let after = local_cursor(service, &key).await;
+            SubscriptionRequest {
+                stream: upstream.url(),
+                after: Some(after),
+                cursors: None,
+            }
+        }
+        None => {
+            let prefix = names::bucket_prefix(&upstream.bucket);
+            let cursors: BTreeMap<String, u64> = service
+                .bucket_streams(&upstream.bucket)
+                .iter()
+                .map(|s| (s.name[prefix.len()..].to_string(), s.durable().tail.seq))
+                .collect();
+            SubscriptionRequest {
+                stream: upstream.url(),
+                after: None,
+                cursors: Some(cursors),
+            }
+        }
+    };
+    tracing::info!(upstream = %upstream.url(), "joining upstream");
+    sink.send(WsMessage::Text(Message::Subscribe(join).to_json().into()))
+        .await?;
+
+    let mut mirror = Mirror {
+        service,
+        http,
+        upstream,
+        states: HashMap::new(),
+    };
+    while let Some(message) = incoming.next().await {
+        let text = match message? {
+            WsMessage::Text(text) => text,
+            WsMessage::Close(_) => return Ok(()),
+            _ => continue,
+        };
+        match Message::parse(&text).map_err(|e| MirrorError::BadMessage(e.to_string()))? {
+            Message::State(state) => mirror.apply_state(&state).await?,
+            Message::Frame(frame) => {
+                // Apply a run of frames in one commit: take whatever else has already arrived.
+                let mut records = vec![(frame.event.stream_id.clone(), record_of(&frame.event)?)];
+                while records.len() < APPLY_BATCH {
+                    let Some(Some(Ok(WsMessage::Text(next)))) = incoming.next().now_or_never()
+                    else {
+                        break;
+                    };
+                    match Message::parse(&next)
+                        .map_err(|e| MirrorError::BadMessage(e.to_string()))?
+                    {
+                        Message::Frame(frame) => {
+                            records.push((frame.event.stream_id.clone(), record_of(&frame.event)?))
+                        }
+                        other => {
+                            mirror.apply_records(std::mem::take(&mut records)).await?;
+                            mirror.apply(other, &mut sink).await?;
+                            break;
+                        }
+                    }
+                }
+                mirror.apply_records(records).await?;
+            }
+            other => mirror.apply(other, &mut sink).await?,
+        }
+    }
+    Ok(())
+}
+
+fn record_of(event: &streamld::EventEnvelope) -> Result<Record, MirrorError> {
+    streamld::record_of(event).ok_or_else(|| {
+        MirrorError::BadMessage(format!("event {} is not a Runnel record", event.sequence))
+    })
+}
+
+fn stream_key(bucket: &str, stream: &str) -> Result<String, MirrorError> {
+    names::bucket_stream_key(bucket, stream).map_err(|e| MirrorError::BadMessage(e.to_string()))
+}
+
+/// The cursor the mirror holds for a stream: the number of records it has, which is its tail.
+async fn local_cursor(service: &StreamService, key: &str) -> u64 {
+    service
+        .find(key, false)
+        .await
+        .map_or(0, |s| s.durable().tail.seq)
+}
+
+struct Mirror<'a> {
+    service: &'a Arc<StreamService>,
+    http: &'a reqwest::Client,
+    upstream: &'a Upstream,
+    /// The last state the upstream sent per stream URL, for rebuilding after a gap.
+    states: HashMap<String, ReplicatedState>,
+}
+
+type Sink = futures::stream::SplitSink<
+    tokio_tungstenite::WebSocketStream<tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>>,
+    WsMessage,
+>;
+
+impl Mirror<'_> {
+    /// The local key of an upstream stream URL, which must be in the mirrored bucket.
+    fn key_of(&self, url: &str) -> Result<String, MirrorError> {
+        let path = url.strip_prefix(&self.upstream.base).unwrap_or(url);
+        let decoded = percent_encoding::percent_decode_str(path)
+            .decode_utf8()
+            .map_err(|_| MirrorError::BadMessage(format!("stream URL {url}")))?;
+        let key = names::stream_key_of_path(&decoded)
+            .map_err(|e| MirrorError::BadMessage(e.to_string()))?;
+        if names::bucket_of(&key) != Some(self.upstream.bucket.as_str()) {
+            return Err(MirrorError::BadMessage(format!(
+                "stream {url} is outside the mirrored bucket"
+            )));
+        }
+        Ok(key)
+    }
+
+    async fn stream(&self, url: &str) -> Result<Arc<Stream>, MirrorError> {
+        let key = self.key_of(url)?;
+        let state = self
+            .states
+            .get(url)
+            .ok_or_else(|| MirrorError::BadMessage(format!("records of {url} before its state")))?;
+        Ok(self
+            .service
+            .mirror_stream(&key, &self.upstream.base, state)
+            .await?)
+    }
+
+    async fn apply_state(&mut self, message: &StreamState) -> Result<(), MirrorError> {
+        let bad = |what: &str| {
+            MirrorError::BadMessage(format!("{what} in the state of {}", message.stream))
+        };
+        let offset = |token: &str| Offset::parse_token(token).map_err(|_| bad("offset"));
+        let state = ReplicatedState {
+            content_type: message.content_type.clone(),
+            closed: message.closed,
+            attrs: message.attrs.clone(),
+            ttl_secs: message.ttl_secs,
+            expires_at_ms: message.expires_at_ms,
+            retained_from: offset(&message.retained_from)?,
+            tail: offset(&message.tail)?,
+            snapshot: match &message.snapshot {
+                Some(s) => Some(SnapshotInfo {
+                    offset: offset(&s.offset)?,
+                    content_type: s.content_type.clone(),
+                    digest: s.digest.clone(),
+                }),
+                None => None,
+            },
+            created_ms: message.created_ms,
+        };
+        self.states.insert(message.stream.clone(), state.clone());
+        let stream = self.stream(&message.stream).await?;
+        let blob = match &state.snapshot {
+            Some(snapshot) if !self.service.has_snapshot(&stream, snapshot) => {
+                Some(self.fetch_snapshot(&message.stream, snapshot).await?)
+            }
+            _ => None,
+        };
+        Ok(self.service.mirror_state(&stream, &state, blob).await?)
+    }
+
+    async fn fetch_snapshot(
+        &self,
+        url: &str,
+        snapshot: &SnapshotInfo,
+    ) -> Result<Bytes, MirrorError> {
+        let response = self
+            .http
+            .get(format!("{url}/snapshot/{}", snapshot.offset))
+            .send()
+            .await?
+            .error_for_status()?;
+        Ok(response.bytes().await?)
+    }
+
+    async fn apply_records(&mut self, records: Vec<(String, Record)>) -> Result<(), MirrorError> {
+        let mut run: Vec<Record> = Vec::new();
+        let mut run_url = String::new();
+        for (url, record) in records {
+            if url != run_url && !run.is_empty() {
+                let stream = self.stream(&run_url).await?;
+                self.service
+                    .mirror_records(&stream, std::mem::take(&mut run))
+                    .await?;
+            }
+            run_url = url;
+            run.push(record);
+        }
+        if !run.is_empty() {
+            let stream = self.stream(&run_url).await?;
+            self.service.mirror_records(&stream, run).await?;
+        }
+        Ok(())
+    }
+
+    async fn apply(&mut self, message: Message, sink: &mut Sink) -> Result<(), MirrorError> {
+        match message {
+            Message::State(state) => self.apply_state(&state).await,
+            Message::Deleted(deleted) => {
+                let key = self.key_of(&deleted.stream)?;
+                self.states.remove(&deleted.stream);
+                Ok(self.service.mirror_remove(&key).await?)
+            }
+            Message::Gap(gap) => self.rebuild(gap, sink).await,
+            Message::Frame(frame) => {
+                self.apply_records(vec![(
+                    frame.event.stream_id.clone(),
+                    record_of(&frame.event)?,
+                )])
+                .await
+            }
+            Message::Subscribe(_) => Ok(()),
+        }
+    }
+
+    /// The upstream no longer holds what the mirror needs next: start the stream over from the
+    /// upstream's retained start (its snapshot covers what came before), and join again there.
+    async fn rebuild(&mut self, gap: GapSignal, sink: &mut Sink) -> Result<(), MirrorError> {
+        let url = gap.stream.clone().unwrap_or_else(|| self.upstream.url());
+        let key = self.key_of(&url)?;
+        tracing::info!(stream = %key, oldest_available = ?gap.oldest_available, "gap: rebuilding the mirror from the upstream");
+        self.service.mirror_remove(&key).await?;
+        let Some(state) = self.states.get(&url).cloned() else {
+            return Err(MirrorError::BadMessage(format!(
+                "gap for {url} before its state"
+            )));
+        };
+        let stream = self
+            .service
+            .mirror_stream(&key, &self.upstream.base, &state)
+            .await?;
+        let blob = match &state.snapshot {
+            Some(snapshot) => Some(self.fetch_snapshot(&url, snapshot).await?),
+            None => None,
+        };
+        self.service.mirror_state(&stream, &state, blob).await?;
+        let join = SubscriptionRequest {
+            stream: url,
+            after: Some(stream.durable().tail.seq),
+            cursors: None,
+        };
+        sink.send(WsMessage::Text(Message::Subscribe(join).to_json().into()))
+            .await?;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn upstream_urls_name_a_bucket_or_one_of_its_streams() {
+        let bucket = Upstream::parse("http://127.0.0.1:9/docs").unwrap();
+        assert_eq!(
+            (bucket.base.as_str(), bucket.bucket.as_str(), bucket.stream),
+            ("http://127.0.0.1:9", "docs", None)
+        );
+        let stream = Upstream::parse("http://h:1/docs/a%20b/").unwrap();
+        assert_eq!(stream.stream.as_deref(), Some("a b"));
+        assert_eq!(stream.url(), "http://h:1/docs/a%20b");
+        for bad in ["docs", "http://h:1", "http://h:1/v1", "http://h:1/docs/a/b"] {
+            assert!(Upstream::parse(bad).is_err(), "{bad}");
+        }
+    }
+}

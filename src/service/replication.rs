@@ -1,0 +1,233 @@
+//! What StreamLD replication needs from the stream service: the whole-stream state a mirror
+//! reproduces, notifications of streams coming and going, and, on the mirror, applying the
+//! upstream's records and state exactly (same offsets, ordinals, bytes and metadata).
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+use tokio::sync::watch;
+
+use super::{CreateRequest, Stream, StreamError, StreamResult, StreamService};
+use crate::model::names;
+use crate::model::stream::SnapshotInfo;
+use crate::model::{Offset, Record};
+use crate::storage::Change;
+
+/// A stream's state beside its records, as replication carries it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ReplicatedState {
+    pub content_type: String,
+    pub closed: bool,
+    pub attrs: crate::model::attrs::Attrs,
+    pub ttl_secs: Option<u64>,
+    pub expires_at_ms: Option<i64>,
+    pub retained_from: Offset,
+    pub tail: Offset,
+    pub snapshot: Option<SnapshotInfo>,
+    pub created_ms: i64,
+}
+
+impl StreamService {
+    /// Refuses writes to a stream that mirrors another server.
+    pub(super) fn writable(stream: &Stream) -> StreamResult<()> {
+        match &stream.mirror_of {
+            Some(upstream) => Err(StreamError::Mirrored {
+                upstream: upstream.clone(),
+            }),
+            None => Ok(()),
+        }
+    }
+
+    /// Wakes on every stream creation and removal.
+    pub fn streams_changed(&self) -> watch::Receiver<u64> {
+        self.streams_changed.subscribe()
+    }
+
+    /// The streams of a bucket that clients can see, by key.
+    pub fn bucket_streams(&self, bucket: &str) -> Vec<Arc<Stream>> {
+        let prefix = names::bucket_prefix(bucket);
+        let registry = self.lock_registry();
+        registry
+            .streams
+            .range(prefix.clone()..)
+            .take_while(|(key, _)| key.starts_with(&prefix))
+            .filter(|(_, s)| {
+                let state = s.lock();
+                !state.removed && !state.meta.soft_deleted
+            })
+            .map(|(_, s)| s.clone())
+            .collect()
+    }
+
+    /// The durable state of a stream beside its records.
+    pub fn replicated_state(&self, stream: &Stream) -> ReplicatedState {
+        let durable = stream.durable();
+        let state = stream.lock();
+        ReplicatedState {
+            content_type: stream.content_type.clone(),
+            closed: durable.closed,
+            attrs: state.meta.attrs.clone(),
+            ttl_secs: state.meta.ttl_secs,
+            expires_at_ms: state.meta.expires_at_ms,
+            retained_from: durable.first,
+            tail: durable.tail,
+            snapshot: state.meta.snapshot.clone(),
+            created_ms: state.meta.created_ms,
+        }
+    }
+
+    /// The mirror of `key`, created to match the upstream's state when it does not exist yet:
+    /// it starts where the upstream's retained records start, so every offset matches.
+    pub async fn mirror_stream(
+        &self,
+        key: &str,
+        upstream: &str,
+        state: &ReplicatedState,
+    ) -> StreamResult<Arc<Stream>> {
+        match self.find(key, false).await {
+            Ok(stream) => return Ok(stream),
+            Err(StreamError::NotFound) => {}
+            Err(e) => return Err(e),
+        }
+        if let Some(bucket) = names::bucket_of(key)
+            && self.bucket_info(bucket).is_err()
+        {
+            match self.create_bucket(bucket, None).await {
+                Ok(()) | Err(StreamError::AlreadyExists(_)) => {}
+                Err(e) => return Err(e),
+            }
+        }
+        self.create(CreateRequest {
+            name: key.to_string(),
+            content_type: Some(state.content_type.clone()),
+            ttl_secs: state.ttl_secs,
+            expires_at_ms: state.expires_at_ms,
+            attrs: state.attrs.clone(),
+            mirror_of: Some(upstream.to_string()),
+            ..Default::default()
+        })
+        .await?;
+        let stream = self.find(key, false).await?;
+        if state.retained_from > Offset::START {
+            let commit = {
+                let mut local = stream.lock();
+                local.meta.tail = state.retained_from;
+                local.meta.retained_from = state.retained_from;
+                self.engine.commit(vec![Change::PutStream(
+                    stream.id,
+                    Box::new(local.meta.clone()),
+                )])
+            };
+            commit.await?;
+            stream.publish(|d| {
+                d.tail = state.retained_from;
+                d.first = state.retained_from;
+            });
+        }
+        Ok(stream)
+    }
+
+    /// Appends the upstream's records to its mirror, exactly as they are upstream.
+    pub async fn mirror_records(
+        &self,
+        stream: &Arc<Stream>,
+        records: Vec<Record>,
+    ) -> StreamResult<()> {
+        let Some(last) = records.last() else {
+            return Ok(());
+        };
+        let (tail, timestamp) = (last.next_offset(), last.timestamp_ms);
+        let commit = {
+            let mut state = stream.lock();
+            if state.removed {
+                return Err(StreamError::NotFound);
+            }
+            if records[0].offset() != state.meta.tail {
+                return Err(StreamError::Conflict(
+                    "replicated records do not continue the mirror's tail",
+                ));
+            }
+            state.meta.tail = tail;
+            state.meta.last_timestamp_ms = state.meta.last_timestamp_ms.max(timestamp);
+            self.submit(stream, &mut state, records, std::iter::empty())
+        };
+        commit.await?;
+        stream.publish_tail(tail, timestamp, false);
+        Ok(())
+    }
+
+    /// Brings the mirror's metadata to the upstream's: closed flag (once every record is here),
+    /// attributes, retention and snapshot (its blob fetched by the caller when it changed).
+    pub async fn mirror_state(
+        &self,
+        stream: &Arc<Stream>,
+        upstream: &ReplicatedState,
+        snapshot_blob: Option<Bytes>,
+    ) -> StreamResult<()> {
+        let (commit, changed) = {
+            let mut state = stream.lock();
+            let mut changes = Vec::new();
+            let at_tail = state.meta.tail == upstream.tail;
+            let mut changed = false;
+            if upstream.closed && at_tail && !state.meta.closed {
+                state.meta.closed = true;
+                changed = true;
+            }
+            if state.meta.attrs != upstream.attrs {
+                state.meta.attrs = upstream.attrs.clone();
+                changed = true;
+            }
+            if let Some(blob) = snapshot_blob {
+                state.meta.snapshot = upstream.snapshot.clone();
+                changes.push(Change::PutSnapshot(stream.id, blob));
+                changed = true;
+            } else if upstream.snapshot.is_none() && state.meta.snapshot.is_some() {
+                state.meta.snapshot = None;
+                changes.push(Change::RemoveSnapshot(stream.id));
+                changed = true;
+            }
+            if upstream.retained_from > state.meta.retained_from
+                && upstream.retained_from <= state.meta.tail
+            {
+                state.meta.retained_from = upstream.retained_from;
+                changes.push(Change::TrimRecords(stream.id, upstream.retained_from.seq));
+                changed = true;
+            }
+            if !changed {
+                return Ok(());
+            }
+            changes.insert(
+                0,
+                Change::PutStream(stream.id, Box::new(state.meta.clone())),
+            );
+            (self.engine.commit(changes), changed)
+        };
+        commit.await?;
+        if changed {
+            let (closed, first) = {
+                let state = stream.lock();
+                (state.meta.closed, state.meta.retained_from)
+            };
+            stream.publish(|d| {
+                d.closed |= closed;
+                d.first = d.first.max(first);
+                d.meta_version += 1;
+            });
+        }
+        Ok(())
+    }
+
+    /// Whether the mirror already holds this snapshot.
+    pub fn has_snapshot(&self, stream: &Stream, snapshot: &SnapshotInfo) -> bool {
+        stream.lock().meta.snapshot.as_ref() == Some(snapshot)
+    }
+
+    /// Removes a mirrored stream (it was deleted upstream, or must be rebuilt after a gap).
+    pub async fn mirror_remove(&self, key: &str) -> StreamResult<()> {
+        match self.find(key, false).await {
+            Ok(stream) => self.remove(&stream).await.map(|_| ()),
+            Err(StreamError::NotFound) | Err(StreamError::Gone) => Ok(()),
+            Err(e) => Err(e),
+        }
+    }
+}
