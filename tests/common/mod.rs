@@ -13,20 +13,42 @@ pub struct Server {
 }
 
 impl Server {
-    /// Starts `runnel serve` with the given extra flags on a port the OS picks (long-poll timeout
-    /// 500 ms unless the flags say otherwise), and waits until it reports its address.
+    /// Starts `runnel serve` with the given extra flags on a port the OS picks (unless the flags
+    /// name one; long-poll timeout 500 ms unless they say otherwise), and waits until it reports
+    /// its address.
     pub fn start(args: &[&str]) -> Server {
+        Server::spawn(args, None)
+    }
+
+    /// Like `start`, with the server's info-level log written to `log`.
+    pub fn start_logged(args: &[&str], log: &Path) -> Server {
+        Server::spawn(args, Some(log))
+    }
+
+    fn spawn(args: &[&str], log: Option<&Path>) -> Server {
         let mut command = Command::new(env!("CARGO_BIN_EXE_runnel"));
-        command
-            .args(["serve", "--listen", "127.0.0.1:0"])
-            .args(args);
+        command.arg("serve").args(args);
+        if !args.contains(&"--listen") {
+            command.args(["--listen", "127.0.0.1:0"]);
+        }
         if !args.contains(&"--long-poll-timeout-ms") {
             command.args(["--long-poll-timeout-ms", "500"]);
         }
+        match log {
+            Some(path) => {
+                let file = std::fs::OpenOptions::new()
+                    .create(true)
+                    .append(true)
+                    .open(path)
+                    .expect("log file");
+                command.env("RUST_LOG", "runnel=info").stderr(file);
+            }
+            None => {
+                command.env("RUST_LOG", "error").stderr(Stdio::inherit());
+            }
+        }
         let mut child = command
-            .env("RUST_LOG", "error")
             .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
             .spawn()
             .expect("spawn runnel");
         let stdout = child.stdout.take().expect("stdout");
