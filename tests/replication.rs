@@ -308,6 +308,14 @@ async fn a_mirror_follows_live_resumes_after_crashes_and_rebuilds_after_a_gap() 
         410
     );
 
+    // A stream deleted upstream is removed from the mirror.
+    assert_eq!(http.delete(upstream.url(&format!("/{BUCKET}/later"))).send().await.unwrap().status(), 204);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    while http.head(mirror.url(&format!("/{BUCKET}/later"))).send().await.unwrap().status() != 404 {
+        assert!(tokio::time::Instant::now() < deadline, "deletion did not reach the mirror");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+
     // Record by record, both sides agree: same ordinals, same offsets, same bytes.
     for stream in ["events"] {
         let up = http
