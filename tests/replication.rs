@@ -309,10 +309,27 @@ async fn a_mirror_follows_live_resumes_after_crashes_and_rebuilds_after_a_gap() 
     );
 
     // A stream deleted upstream is removed from the mirror.
-    assert_eq!(http.delete(upstream.url(&format!("/{BUCKET}/later"))).send().await.unwrap().status(), 204);
+    assert_eq!(
+        http.delete(upstream.url(&format!("/{BUCKET}/later")))
+            .send()
+            .await
+            .unwrap()
+            .status(),
+        204
+    );
     let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
-    while http.head(mirror.url(&format!("/{BUCKET}/later"))).send().await.unwrap().status() != 404 {
-        assert!(tokio::time::Instant::now() < deadline, "deletion did not reach the mirror");
+    while http
+        .head(mirror.url(&format!("/{BUCKET}/later")))
+        .send()
+        .await
+        .unwrap()
+        .status()
+        != 404
+    {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "deletion did not reach the mirror"
+        );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 
@@ -338,4 +355,87 @@ async fn a_mirror_follows_live_resumes_after_crashes_and_rebuilds_after_a_gap() 
         );
         assert_eq!(up.text().await.unwrap(), down.text().await.unwrap());
     }
+}
+
+#[tokio::test]
+async fn the_sse_binding_sends_one_event_per_record_resumes_and_signals_gaps() {
+    let server = Server::start(&["--memory"]);
+    let http = client();
+    assert_eq!(
+        http.put(server.url("/feeds"))
+            .send()
+            .await
+            .unwrap()
+            .status(),
+        201
+    );
+    let stream = server.url("/feeds/news");
+    assert_eq!(
+        put(
+            &http,
+            &stream,
+            "application/json",
+            r#"[{"n":1},{"n":2},{"n":3}]"#
+        )
+        .await
+        .status(),
+        201
+    );
+    let head = http.head(&stream).send().await.unwrap();
+    let links = header(&head, "link").unwrap().to_string();
+    let sse_url = links
+        .split(',')
+        .find(|l| l.contains("streamld#sse"))
+        .and_then(|l| {
+            l.split_once('<')?
+                .1
+                .split_once('>')
+                .map(|(u, _)| u.to_string())
+        })
+        .expect("an SSE binding Link");
+
+    // Resuming after cursor 1 delivers events 2 and 3, each with its cursor as id.
+    let response = http
+        .get(&sse_url)
+        .header("last-event-id", "1")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(header(&response, "content-type"), Some("text/event-stream"));
+    let mut body = response.bytes_stream();
+    let mut seen = String::new();
+    while !seen.contains("\nid: 3\n") && !seen.starts_with("id: 3\n") {
+        let chunk =
+            tokio::time::timeout(Duration::from_secs(5), futures::StreamExt::next(&mut body))
+                .await
+                .unwrap();
+        seen.push_str(std::str::from_utf8(&chunk.unwrap().unwrap()).unwrap());
+    }
+    assert!(seen.starts_with("id: 2\n"), "{seen}");
+    assert!(seen.contains(r#""payload":{"n":3}"#), "{seen}");
+
+    // Behind retention: 409 with a GapSignal, and no event stream.
+    let tail = header(&head, "stream-next-offset").unwrap().to_string();
+    assert_eq!(
+        http.put(format!("{stream}/snapshot/{tail}"))
+            .body("s")
+            .send()
+            .await
+            .unwrap()
+            .status(),
+        204
+    );
+    assert_eq!(
+        http.put(format!("{stream}/retention/{tail}"))
+            .send()
+            .await
+            .unwrap()
+            .status(),
+        204
+    );
+    let gap = http.get(format!("{sse_url}?after=1")).send().await.unwrap();
+    assert_eq!(gap.status(), 409);
+    let body: serde_json::Value = serde_json::from_slice(&gap.bytes().await.unwrap()).unwrap();
+    assert_eq!(body["@type"], "GapSignal");
+    assert_eq!(body["oldestAvailable"], 4);
 }
