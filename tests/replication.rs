@@ -308,6 +308,19 @@ async fn a_mirror_follows_live_resumes_after_crashes_and_rebuilds_after_a_gap() 
         410
     );
 
+    // Caught up, the mirror reports no lag, and which upstream it follows.
+    let head = http.head(&mirrored_json).send().await.unwrap();
+    assert_eq!(
+        header(&head, "stream-replication-lag-records"),
+        Some("0"),
+        "{:?}",
+        head.headers()
+    );
+    assert_eq!(
+        header(&head, "stream-mirror-of"),
+        Some(upstream.base.as_str())
+    );
+
     // A stream deleted upstream is removed from the mirror.
     assert_eq!(
         http.delete(upstream.url(&format!("/{BUCKET}/later")))

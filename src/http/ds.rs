@@ -317,7 +317,7 @@ fn acknowledge(ack: &AppendAck, has_body: bool) -> Response {
 }
 
 async fn head(app: &AppState, name: &str) -> Handled {
-    let (_, info) = app.service.head(name).await?;
+    let (stream, info) = app.service.head(name).await?;
     let mut response = empty(StatusCode::OK);
     describe(&mut response, &info);
     if info.json {
@@ -330,6 +330,21 @@ async fn head(app: &AppState, name: &str) -> Handled {
             &snapshot.offset.to_string(),
         );
         set(&mut response, "stream-snapshot-digest", &snapshot.digest);
+    }
+    if let (Some(upstream), Some((records, seconds))) =
+        (&stream.mirror_of, app.service.replication_lag(&stream))
+    {
+        set(&mut response, "stream-mirror-of", upstream);
+        set(
+            &mut response,
+            "stream-replication-lag-records",
+            &records.to_string(),
+        );
+        set(
+            &mut response,
+            "stream-replication-lag-seconds",
+            &seconds.to_string(),
+        );
     }
     set(&mut response, "cache-control", "no-store");
     Ok(response)

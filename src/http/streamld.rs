@@ -176,18 +176,22 @@ async fn bucket_pump(
     cursors: std::collections::BTreeMap<String, u64>,
 ) {
     let mut changes = app.service.streams_changed();
-    let mut pumps: HashMap<String, tokio::task::JoinHandle<()>> = HashMap::new();
+    // One pump per stream incarnation (internal id): a stream recreated under the same name is a
+    // new stream, followed from its start; a pump that ended (gap, deletion) is not restarted
+    // here; the replica subscribes again when it is ready.
+    let mut pumps: HashMap<u64, tokio::task::JoinHandle<()>> = HashMap::new();
     let prefix = names::bucket_prefix(&bucket);
+    let mut joined = true;
     loop {
         for stream in app.service.bucket_streams(&bucket) {
-            if pumps.get(&stream.name).is_some_and(|p| !p.is_finished()) {
+            if pumps.contains_key(&stream.id) {
                 continue;
             }
             let id = &stream.name[prefix.len()..];
-            let after = if pumps.contains_key(&stream.name) {
-                0
-            } else {
+            let after = if joined {
                 cursors.get(id).copied().unwrap_or(0)
+            } else {
+                0
             };
             let pump = tokio::spawn(stream_pump(
                 app.clone(),
@@ -196,8 +200,9 @@ async fn bucket_pump(
                 stream.name.clone(),
                 after,
             ));
-            pumps.insert(stream.name.clone(), pump);
+            pumps.insert(stream.id, pump);
         }
+        joined = false;
         if changes.changed().await.is_err() || queue.is_closed() {
             break;
         }
@@ -273,13 +278,10 @@ async fn pump(
             if chunk.records.first().is_some_and(|r| r.seq != next) {
                 return send(Message::Gap(gap(stream.durable().first))).await;
             }
+            let upstream_next = streamld::sequence_of(stream.durable().tail.seq);
             for record in &chunk.records {
-                send(Message::Frame(Box::new(streamld::frame(
-                    url,
-                    &stream.content_type,
-                    record,
-                ))))
-                .await?;
+                let frame = streamld::frame(url, &stream.content_type, record, upstream_next);
+                send(Message::Frame(Box::new(frame))).await?;
             }
             next = chunk.next.seq.max(next);
             continue;

@@ -110,6 +110,13 @@ pub enum PayloadEncoding {
 pub struct ReplicationFrame {
     pub cursor: u64,
     pub event: EventEnvelope,
+    /// Runnel: the upstream's next sequence when the frame was sent, so a replica knows its lag.
+    #[serde(
+        default,
+        rename = "runnel:upstreamNext",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub upstream_next: Option<u64>,
 }
 
 /// The requested cursor cannot be served; events from `oldest_available` on still can.
@@ -350,10 +357,16 @@ pub fn record_of(event: &EventEnvelope) -> Option<Record> {
 }
 
 /// The replication frame of one record.
-pub fn frame(url: &str, content_type: &str, record: &Record) -> ReplicationFrame {
+pub fn frame(
+    url: &str,
+    content_type: &str,
+    record: &Record,
+    upstream_next: u64,
+) -> ReplicationFrame {
     ReplicationFrame {
         cursor: sequence_of(record.seq),
         event: envelope(url, content_type, record),
+        upstream_next: Some(upstream_next),
     }
 }
 
@@ -398,6 +411,7 @@ mod tests {
     #[test]
     fn a_frame_round_trips_with_its_envelope() {
         let frame = Message::Frame(Box::new(ReplicationFrame {
+            upstream_next: Some(9),
             cursor: 3,
             event: EventEnvelope {
                 sequence: 3,

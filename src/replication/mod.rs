@@ -186,6 +186,7 @@ async fn follow_once(
         http,
         upstream,
         states: HashMap::new(),
+        upstream_tails: HashMap::new(),
     };
     while let Some(message) = incoming.next().await {
         let text = match message? {
@@ -197,6 +198,7 @@ async fn follow_once(
             Message::State(state) => mirror.apply_state(&state).await?,
             Message::Frame(frame) => {
                 // Apply a run of frames in one commit: take whatever else has already arrived.
+                mirror.note_upstream_tail(&frame);
                 let mut records = vec![(frame.event.stream_id.clone(), record_of(&frame.event)?)];
                 while records.len() < APPLY_BATCH {
                     let Some(Some(Ok(WsMessage::Text(next)))) = incoming.next().now_or_never()
@@ -207,6 +209,7 @@ async fn follow_once(
                         .map_err(|e| MirrorError::BadMessage(e.to_string()))?
                     {
                         Message::Frame(frame) => {
+                            mirror.note_upstream_tail(&frame);
                             records.push((frame.event.stream_id.clone(), record_of(&frame.event)?))
                         }
                         other => {
@@ -248,6 +251,8 @@ struct Mirror<'a> {
     upstream: &'a Upstream,
     /// The last state the upstream sent per stream URL, for rebuilding after a gap.
     states: HashMap<String, ReplicatedState>,
+    /// The upstream's record tail per stream URL, as frames last reported it.
+    upstream_tails: HashMap<String, u64>,
 }
 
 type Sink = futures::stream::SplitSink<
@@ -270,6 +275,14 @@ impl Mirror<'_> {
             )));
         }
         Ok(key)
+    }
+
+    /// Remembers how far the upstream is, for the mirror's replication lag.
+    fn note_upstream_tail(&mut self, frame: &streamld::ReplicationFrame) {
+        if let Some(next) = frame.upstream_next {
+            self.upstream_tails
+                .insert(frame.event.stream_id.clone(), next.saturating_sub(1));
+        }
     }
 
     async fn stream(&self, url: &str) -> Result<Arc<Stream>, MirrorError> {
@@ -309,6 +322,9 @@ impl Mirror<'_> {
         };
         self.states.insert(message.stream.clone(), state.clone());
         let stream = self.stream(&message.stream).await?;
+        stream
+            .upstream_tail
+            .fetch_max(state.tail.seq, std::sync::atomic::Ordering::Relaxed);
         let blob = match &state.snapshot {
             Some(snapshot) if !self.service.has_snapshot(&stream, snapshot) => {
                 Some(self.fetch_snapshot(&message.stream, snapshot).await?)
@@ -337,19 +353,25 @@ impl Mirror<'_> {
         let mut run_url = String::new();
         for (url, record) in records {
             if url != run_url && !run.is_empty() {
-                let stream = self.stream(&run_url).await?;
-                self.service
-                    .mirror_records(&stream, std::mem::take(&mut run))
-                    .await?;
+                self.apply_run(&run_url, std::mem::take(&mut run)).await?;
             }
             run_url = url;
             run.push(record);
         }
         if !run.is_empty() {
-            let stream = self.stream(&run_url).await?;
-            self.service.mirror_records(&stream, run).await?;
+            self.apply_run(&run_url, run).await?;
         }
         Ok(())
+    }
+
+    async fn apply_run(&self, url: &str, records: Vec<Record>) -> Result<(), MirrorError> {
+        let stream = self.stream(url).await?;
+        if let Some(tail) = self.upstream_tails.get(url) {
+            stream
+                .upstream_tail
+                .fetch_max(*tail, std::sync::atomic::Ordering::Relaxed);
+        }
+        Ok(self.service.mirror_records(&stream, records).await?)
     }
 
     async fn apply(&mut self, message: Message, sink: &mut Sink) -> Result<(), MirrorError> {

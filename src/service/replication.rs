@@ -217,6 +217,23 @@ impl StreamService {
         Ok(())
     }
 
+    /// On a mirror: how many records it is behind its upstream, and for how many seconds (the age
+    /// of its newest record while it is behind, 0 when caught up).
+    pub fn replication_lag(&self, stream: &Stream) -> Option<(u64, u64)> {
+        stream.mirror_of.as_ref()?;
+        let durable = stream.durable();
+        let upstream = stream
+            .upstream_tail
+            .load(std::sync::atomic::Ordering::Relaxed);
+        let records = upstream.saturating_sub(durable.tail.seq);
+        let seconds = if records == 0 {
+            0
+        } else {
+            u64::try_from((super::now_ms() - durable.last_timestamp_ms).max(0) / 1000).unwrap_or(0)
+        };
+        Some((records, seconds))
+    }
+
     /// Whether the mirror already holds this snapshot.
     pub fn has_snapshot(&self, stream: &Stream, snapshot: &SnapshotInfo) -> bool {
         stream.lock().meta.snapshot.as_ref() == Some(snapshot)

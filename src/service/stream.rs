@@ -43,6 +43,8 @@ pub struct Stream {
     pub encrypted: bool,
     /// The upstream server this stream mirrors (`scheme://host:port`): it is read-only here.
     pub mirror_of: Option<String>,
+    /// On a mirror: the upstream's record tail as last reported, for the replication lag.
+    pub upstream_tail: std::sync::atomic::AtomicU64,
     /// The stream this one was forked from: reads below the fork offset go there.
     pub source: Option<Arc<Stream>>,
     pub(super) state: Mutex<State>,
@@ -78,6 +80,7 @@ impl Stream {
             may_expire: meta.ttl_secs.is_some() || meta.expires_at_ms.is_some(),
             encrypted: meta.cipher.is_some(),
             mirror_of: meta.mirror_of.clone(),
+            upstream_tail: std::sync::atomic::AtomicU64::new(0),
             content_type: meta.content_type.clone(),
             source,
             state: Mutex::new(State {
