@@ -1,0 +1,307 @@
+//! S2 basin and stream management: `/v1/basins…` and `/v1/streams…`.
+
+use super::*;
+
+fn basin_info(name: &str, created_ms: i64) -> Value {
+    json!({ "name": name, "scope": null, "created_at": format_timestamp(created_ms), "deleted_at": null, "state": "active" })
+}
+
+fn config_json<T: serde::Serialize + Default + serde::de::DeserializeOwned>(
+    stored: Option<&Value>,
+) -> Value {
+    let typed: T = stored
+        .and_then(|v| serde_json::from_value(v.clone()).ok())
+        .unwrap_or_default();
+    serde_json::to_value(typed).unwrap_or(Value::Null)
+}
+
+pub(super) async fn list_basins(
+    State(app): State<AppState>,
+    RawQuery(query): RawQuery,
+) -> Response {
+    let result = (|| {
+        let query = Query::parse(query.as_deref());
+        let prefix = query.get("prefix")?.unwrap_or_default();
+        let (page, has_more) =
+            app.service
+                .list_buckets(prefix, query.get("start_after")?, limit_of(&query)?);
+        let basins: Vec<Value> = page
+            .iter()
+            .map(|(name, meta)| basin_info(name, meta.created_ms))
+            .collect();
+        Ok::<_, S2Error>(json_response(
+            StatusCode::OK,
+            json!({ "basins": basins, "has_more": has_more }),
+        ))
+    })();
+    result.unwrap_or_else(IntoResponse::into_response)
+}
+
+#[derive(Deserialize)]
+struct CreateBasin {
+    basin: String,
+    #[serde(default)]
+    config: Option<Value>,
+}
+
+pub(super) async fn create_basin(
+    State(app): State<AppState>,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
+    let result = async {
+        let request: CreateBasin = json_body(&app, &headers, body)
+            .await?
+            .ok_or_else(|| bad("bad_json", "a body is required"))?;
+        if !s2::is_valid_basin_name(&request.basin) {
+            return Err(bad(
+                "invalid",
+                "basin names are 8-48 characters of a-z, 0-9 and '-', starting and ending with a letter or digit",
+            ));
+        }
+        let config = validated_basin(&app, request.config)?;
+        app.service.create_bucket(&request.basin, config).await?;
+        let info = app.service.bucket_info(&request.basin)?;
+        Ok::<_, S2Error>(json_response(
+            StatusCode::CREATED,
+            basin_info(&request.basin, info.created_ms),
+        ))
+    };
+    result.await.unwrap_or_else(IntoResponse::into_response)
+}
+
+/// A configuration object that parses as `T` (unknown fields refused).
+fn validated<T: serde::de::DeserializeOwned>(
+    config: Option<Value>,
+) -> Result<Option<Value>, S2Error> {
+    match config {
+        None | Some(Value::Null) => Ok(None),
+        Some(value) => {
+            crate::service::parse_s2_config::<T>(&value)?;
+            Ok(Some(value))
+        }
+    }
+}
+
+fn validated_basin(app: &AppState, config: Option<Value>) -> Result<Option<Value>, S2Error> {
+    match config {
+        None | Some(Value::Null) => Ok(None),
+        Some(value) => {
+            app.service.check_basin_config(&value)?;
+            Ok(Some(value))
+        }
+    }
+}
+
+#[derive(Deserialize, Default)]
+struct Reconfigure {
+    #[serde(default)]
+    config: Option<Value>,
+}
+
+pub(super) async fn basin(
+    State(app): State<AppState>,
+    Path(basin): Path<String>,
+    method: Method,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
+    let result = async {
+        if method == Method::PUT
+            && !s2::is_valid_basin_name(&basin)
+            && names::validate_bucket_id(&basin).is_err()
+        {
+            return Err(bad("invalid", BASIN_NAME_RULE));
+        }
+        names::validate_bucket_id(&basin).map_err(|e| bad("bad_path", e))?;
+        match method {
+            Method::GET => {
+                let info = app.service.bucket_info(&basin)?;
+                Ok(json_response(
+                    StatusCode::OK,
+                    config_json::<BasinConfig>(info.s2_config.as_ref()),
+                ))
+            }
+            Method::PUT => {
+                let request: Reconfigure =
+                    json_body(&app, &headers, body).await?.unwrap_or_default();
+                let config = validated_basin(&app, request.config)?;
+                if app.service.bucket_info(&basin).is_err() && !s2::is_valid_basin_name(&basin) {
+                    return Err(bad("invalid", BASIN_NAME_RULE));
+                }
+                match app.service.create_bucket(&basin, config.clone()).await {
+                    Ok(()) => {
+                        let info = app.service.bucket_info(&basin)?;
+                        Ok(json_response(
+                            StatusCode::CREATED,
+                            basin_info(&basin, info.created_ms),
+                        ))
+                    }
+                    Err(StreamError::AlreadyExists(_)) => {
+                        if let Some(config) = config {
+                            app.service.reconfigure_basin(&basin, &config).await?;
+                        }
+                        let info = app.service.bucket_info(&basin)?;
+                        Ok(json_response(
+                            StatusCode::OK,
+                            basin_info(&basin, info.created_ms),
+                        ))
+                    }
+                    Err(e) => Err(e.into()),
+                }
+            }
+            Method::PATCH => {
+                let patch: Value = json_body(&app, &headers, body)
+                    .await?
+                    .unwrap_or(Value::Object(Default::default()));
+                let config = app.service.reconfigure_basin(&basin, &patch).await?;
+                Ok(json_response(
+                    StatusCode::OK,
+                    config_json::<BasinConfig>(Some(&config)),
+                ))
+            }
+            Method::DELETE => {
+                app.service.delete_basin(&basin).await?;
+                Ok(StatusCode::ACCEPTED.into_response())
+            }
+            _ => Err(method_not_allowed()),
+        }
+    };
+    result.await.unwrap_or_else(IntoResponse::into_response)
+}
+
+fn stream_info(summary: &StreamSummary) -> Value {
+    json!({
+        "name": summary.stream_id,
+        "created_at": format_timestamp(summary.created_ms),
+        "deleted_at": null,
+        "cipher": summary.cipher,
+    })
+}
+
+/// The `StreamInfo` of a stream just created or confirmed.
+async fn stream_info_of(app: &AppState, key: &str) -> Result<Value, S2Error> {
+    let stream = app.service.find(key, false).await?;
+    Ok(stream_info(&app.service.stream_summary(&stream)))
+}
+
+pub(super) async fn list_streams(
+    State(app): State<AppState>,
+    RawQuery(query): RawQuery,
+    headers: HeaderMap,
+) -> Response {
+    let result = (|| {
+        let basin = basin_of(&headers)?;
+        let query = Query::parse(query.as_deref());
+        let prefix = query.get("prefix")?.unwrap_or_default();
+        let listing = app.service.list_streams(
+            &basin,
+            prefix,
+            query.get("start_after")?,
+            limit_of(&query)?,
+        )?;
+        let streams: Vec<Value> = listing.streams.iter().map(stream_info).collect();
+        Ok::<_, S2Error>(json_response(
+            StatusCode::OK,
+            json!({ "streams": streams, "has_more": listing.has_more }),
+        ))
+    })();
+    result.unwrap_or_else(IntoResponse::into_response)
+}
+
+#[derive(Deserialize)]
+struct CreateStream {
+    stream: String,
+    #[serde(default)]
+    config: Option<Value>,
+}
+
+pub(super) async fn create_stream(
+    State(app): State<AppState>,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
+    let result = async {
+        let basin = basin_of(&headers)?;
+        let request: CreateStream = json_body(&app, &headers, body)
+            .await?
+            .ok_or_else(|| bad("bad_json", "a body is required"))?;
+        valid_stream(&basin, &request.stream)?;
+        let config = validated::<StreamConfig>(request.config)?;
+        app.service
+            .create_s2_stream(&basin, &request.stream, config)
+            .await?;
+        let key = stream_key(&basin, &request.stream)?;
+        Ok::<_, S2Error>(json_response(
+            StatusCode::CREATED,
+            stream_info_of(&app, &key).await?,
+        ))
+    };
+    result.await.unwrap_or_else(IntoResponse::into_response)
+}
+
+pub(super) async fn stream(
+    State(app): State<AppState>,
+    Path(name): Path<String>,
+    method: Method,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
+    let result = async {
+        let basin = basin_of(&headers)?;
+        let key = stream_key(&basin, &name)?;
+        match method {
+            Method::GET => {
+                app.service.bucket_info(&basin)?;
+                let stream = app.service.find(&key, false).await?;
+                Ok(json_response(
+                    StatusCode::OK,
+                    config_json::<StreamConfig>(Some(&app.service.stream_config_of(&stream))),
+                ))
+            }
+            Method::PUT => {
+                let request: Reconfigure =
+                    json_body(&app, &headers, body).await?.unwrap_or_default();
+                let config = validated::<StreamConfig>(request.config)?;
+                match app
+                    .service
+                    .create_s2_stream(&basin, &name, config.clone())
+                    .await
+                {
+                    Ok(()) => Ok(json_response(
+                        StatusCode::CREATED,
+                        stream_info_of(&app, &key).await?,
+                    )),
+                    Err(StreamError::AlreadyExists(_)) => {
+                        if let Some(config) = config {
+                            app.service.reconfigure_stream(&key, &config).await?;
+                        }
+                        Ok(json_response(
+                            StatusCode::OK,
+                            stream_info_of(&app, &key).await?,
+                        ))
+                    }
+                    Err(e) => Err(e.into()),
+                }
+            }
+            Method::PATCH => {
+                app.service.bucket_info(&basin)?;
+                let patch: Value = json_body(&app, &headers, body)
+                    .await?
+                    .unwrap_or(Value::Object(Default::default()));
+                let config = app.service.reconfigure_stream(&key, &patch).await?;
+                Ok(json_response(
+                    StatusCode::OK,
+                    config_json::<StreamConfig>(Some(&config)),
+                ))
+            }
+            Method::DELETE => {
+                app.service.bucket_info(&basin)?;
+                app.service.delete(&key).await?;
+                Ok(StatusCode::ACCEPTED.into_response())
+            }
+            _ => Err(method_not_allowed()),
+        }
+    };
+    result.await.unwrap_or_else(IntoResponse::into_response)
+}

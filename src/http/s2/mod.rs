@@ -1,0 +1,256 @@
+//! The S2 face (seed 002): basins and streams management under `/v1/basins` and `/v1/streams`,
+//! and the records API (append, read, check-tail) over JSON and SSE. A basin is a bucket and an
+//! S2 stream is the bucketed stream of the same name.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::Router;
+use axum::body::Body;
+use axum::extract::{Path, RawQuery, State};
+use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{any, get};
+use base64::Engine as _;
+use bytes::Bytes;
+use serde::Deserialize;
+use serde_json::{Value, json};
+use tokio::time::Instant;
+
+use super::AppState;
+use super::request::{self, Query, Rejection};
+use crate::model::cipher::{CipherError, RecordKey};
+use crate::model::headers::format_timestamp;
+use crate::model::s2::{self, BasinConfig, EventId, StreamConfig};
+use crate::model::{Offset, Record, names};
+use crate::service::{
+    S2Append, S2Batch, S2Limits, S2Position, S2Record, S2Start, Stream, StreamError, StreamSummary,
+    now_ms,
+};
+
+/// How often an idle SSE session hears a `ping`.
+const PING_INTERVAL: Duration = Duration::from_secs(10);
+const MAX_LIST_LIMIT: usize = 1000;
+const BASIN_NAME_RULE: &str = "basin names are 8-48 characters of a-z, 0-9 and '-', starting and ending with a letter or digit";
+
+mod manage;
+mod records;
+
+use manage::{basin, create_basin, create_stream, list_basins, list_streams, stream};
+use records::{check_tail, records};
+
+pub fn routes() -> Router<AppState> {
+    Router::new()
+        .route("/v1/basins", get(list_basins).post(create_basin))
+        .route("/v1/basins/{basin}", any(basin))
+        .route("/v1/streams", get(list_streams).post(create_stream))
+        .route("/v1/streams/{stream}", any(stream))
+        .route("/v1/streams/{stream}/records", any(records))
+        .route("/v1/streams/{stream}/records/tail", get(check_tail))
+        .route("/v1/access-tokens", any(not_implemented))
+        .route("/v1/access-tokens/{id}", any(not_implemented))
+}
+
+/// An S2 error response: `{"code","message"}` (or the special 412/416 bodies).
+struct S2Error {
+    status: StatusCode,
+    body: Value,
+}
+
+impl S2Error {
+    fn new(status: StatusCode, code: &str, message: impl std::fmt::Display) -> Self {
+        S2Error {
+            status,
+            body: json!({ "code": code, "message": message.to_string() }),
+        }
+    }
+}
+
+impl IntoResponse for S2Error {
+    fn into_response(self) -> Response {
+        (
+            self.status,
+            [(header::CONTENT_TYPE, "application/json")],
+            self.body.to_string(),
+        )
+            .into_response()
+    }
+}
+
+impl From<StreamError> for S2Error {
+    fn from(error: StreamError) -> Self {
+        let message = error.to_string();
+        let (status, code) = match error {
+            StreamError::FencingMismatch { current } => {
+                return S2Error {
+                    status: StatusCode::PRECONDITION_FAILED,
+                    body: json!({ "fencing_token_mismatch": current }),
+                };
+            }
+            StreamError::SeqNumMismatch { next } => {
+                return S2Error {
+                    status: StatusCode::PRECONDITION_FAILED,
+                    body: json!({ "seq_num_mismatch": next }),
+                };
+            }
+            StreamError::BeyondTail { tail, timestamp_ms } => {
+                let position = S2Position {
+                    seq_num: tail,
+                    timestamp: u64::try_from(timestamp_ms).unwrap_or(0),
+                };
+                return S2Error {
+                    status: StatusCode::RANGE_NOT_SATISFIABLE,
+                    body: json!({ "tail": position_json(position) }),
+                };
+            }
+            StreamError::NotFound | StreamError::Gone => {
+                (StatusCode::NOT_FOUND, "stream_not_found")
+            }
+            StreamError::BucketNotFound => (StatusCode::NOT_FOUND, "basin_not_found"),
+            StreamError::AlreadyExists(_) => (StatusCode::CONFLICT, "resource_already_exists"),
+            StreamError::Conflict(_) => (StatusCode::CONFLICT, "transaction_conflict"),
+            StreamError::Storage(_) => (StatusCode::SERVICE_UNAVAILABLE, "unavailable"),
+            StreamError::KeyRequired | StreamError::Cipher(CipherError::BadKey) => {
+                (StatusCode::BAD_REQUEST, "bad_header")
+            }
+            StreamError::Cipher(CipherError::DecryptionFailed) => {
+                (StatusCode::BAD_REQUEST, "decryption_failed")
+            }
+            StreamError::BadRequest(_) => (StatusCode::BAD_REQUEST, "bad_json"),
+            _ => (StatusCode::UNPROCESSABLE_ENTITY, "invalid"),
+        };
+        S2Error::new(status, code, message)
+    }
+}
+
+impl From<Rejection> for S2Error {
+    fn from(r: Rejection) -> Self {
+        let code = if r.status == StatusCode::PAYLOAD_TOO_LARGE {
+            "invalid"
+        } else {
+            "bad_request"
+        };
+        S2Error::new(r.status, code, r.reason)
+    }
+}
+
+type S2Result = Result<Response, S2Error>;
+
+fn method_not_allowed() -> S2Error {
+    S2Error::new(
+        StatusCode::METHOD_NOT_ALLOWED,
+        "bad_request",
+        "method not allowed",
+    )
+}
+
+fn bad(code: &str, message: impl std::fmt::Display) -> S2Error {
+    let status = if code == "invalid" {
+        StatusCode::UNPROCESSABLE_ENTITY
+    } else {
+        StatusCode::BAD_REQUEST
+    };
+    S2Error::new(status, code, message)
+}
+
+fn json_response(status: StatusCode, body: Value) -> Response {
+    (
+        status,
+        [(header::CONTENT_TYPE, "application/json")],
+        body.to_string(),
+    )
+        .into_response()
+}
+
+fn position_json(position: S2Position) -> Value {
+    json!({ "seq_num": position.seq_num, "timestamp": position.timestamp })
+}
+
+async fn not_implemented() -> Response {
+    S2Error::new(
+        StatusCode::NOT_IMPLEMENTED,
+        "not_implemented",
+        "access tokens are not supported yet",
+    )
+    .into_response()
+}
+
+/// The basin of a records or streams request: the `s2-basin` header, else a `{basin}.` prefix
+/// of the Host.
+fn basin_of(headers: &HeaderMap) -> Result<String, S2Error> {
+    let header_value = |name: &str| {
+        headers.get(name).map(|v| {
+            v.to_str()
+                .map_err(|_| bad("bad_header", format!("{name} is not text")))
+        })
+    };
+    if let Some(basin) = header_value("s2-basin").transpose()? {
+        return valid_basin(basin.trim());
+    }
+    let host = header_value("host").transpose()?.unwrap_or_default();
+    let host = host.rsplit_once(':').map_or(host, |(name, port)| {
+        if port.bytes().all(|b| b.is_ascii_digit()) {
+            name
+        } else {
+            host
+        }
+    });
+    match host.split_once('.') {
+        Some((label, rest))
+            if !rest.is_empty() && !host.bytes().all(|b| b.is_ascii_digit() || b == b'.') =>
+        {
+            valid_basin(label)
+        }
+        _ => Err(bad(
+            "bad_header",
+            "missing header s2-basin (or a {basin}. host prefix)",
+        )),
+    }
+}
+
+fn valid_basin(name: &str) -> Result<String, S2Error> {
+    names::validate_bucket_id(name).map_err(|e| bad("bad_header", e))?;
+    Ok(name.to_string())
+}
+
+fn valid_stream(basin: &str, stream: &str) -> Result<(), S2Error> {
+    names::bucket_stream_key(basin, stream)
+        .map(|_| ())
+        .map_err(|e| bad("bad_path", e))
+}
+
+fn stream_key(basin: &str, stream: &str) -> Result<String, S2Error> {
+    names::bucket_stream_key(basin, stream).map_err(|e| bad("bad_path", e))
+}
+
+/// A JSON request body; any problem with it is `bad_json`.
+async fn json_body<T: serde::de::DeserializeOwned>(
+    app: &AppState,
+    headers: &HeaderMap,
+    body: Body,
+) -> Result<Option<T>, S2Error> {
+    let bytes = request::body(headers, body, app.config.max_body_bytes).await?;
+    if bytes.is_empty() {
+        return Ok(None);
+    }
+    let is_json = headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(crate::model::content_type::is_json);
+    if !is_json {
+        return Err(bad("bad_json", "expected Content-Type: application/json"));
+    }
+    serde_json::from_slice(&bytes)
+        .map(Some)
+        .map_err(|e| bad("bad_json", e))
+}
+
+fn limit_of(query: &Query) -> Result<usize, S2Error> {
+    match query.get("limit")? {
+        None => Ok(MAX_LIST_LIMIT),
+        Some(text) => text
+            .parse::<usize>()
+            .map(|n| n.clamp(1, MAX_LIST_LIMIT))
+            .map_err(|_| bad("bad_query", "limit must be an integer")),
+    }
+}

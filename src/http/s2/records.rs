@@ -1,0 +1,475 @@
+//! The S2 records API: append, read (unary JSON, long-poll, SSE sessions) and check-tail.
+
+use super::*;
+
+/// The `s2-encryption-key` header, when sent.
+fn key_of(headers: &HeaderMap) -> Result<Option<RecordKey>, S2Error> {
+    headers
+        .get("s2-encryption-key")
+        .map(|value| {
+            let text = value
+                .to_str()
+                .map_err(|_| bad("bad_header", "s2-encryption-key is not text"))?;
+            RecordKey::from_base64(text).map_err(|e| bad("bad_header", e))
+        })
+        .transpose()
+}
+
+/// Finds the stream of a records request, creating it when the basin is configured to.
+async fn records_stream(
+    app: &AppState,
+    headers: &HeaderMap,
+    name: &str,
+    on_append: bool,
+) -> Result<Arc<Stream>, S2Error> {
+    let basin = basin_of(headers)?;
+    valid_stream(&basin, name)?;
+    let config = app.service.basin_config(&basin)?;
+    let auto = if on_append {
+        config.create_stream_on_append
+    } else {
+        config.create_stream_on_read
+    };
+    let requested = match headers.get("s2-stream-config") {
+        Some(value) => {
+            let text = value
+                .to_str()
+                .map_err(|_| bad("bad_header", "s2-stream-config is not text"))?;
+            Some(
+                serde_json::from_str(text)
+                    .map_err(|e| bad("bad_header", format!("s2-stream-config: {e}")))?,
+            )
+        }
+        None => Some(Value::Null),
+    };
+    Ok(app
+        .service
+        .s2_stream(&basin, name, if auto { requested.as_ref() } else { None })
+        .await?)
+}
+
+pub(super) async fn check_tail(
+    State(app): State<AppState>,
+    Path(name): Path<String>,
+    headers: HeaderMap,
+) -> Response {
+    let result = async {
+        let stream = records_stream(&app, &headers, &name, false).await?;
+        Ok::<_, S2Error>(json_response(
+            StatusCode::OK,
+            json!({ "tail": position_json(app.service.tail_position(&stream)) }),
+        ))
+    };
+    result.await.unwrap_or_else(IntoResponse::into_response)
+}
+
+/// How record bytes travel in JSON (`s2-format`).
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Format {
+    Raw,
+    Base64,
+}
+
+impl Format {
+    fn of(headers: &HeaderMap) -> Result<Format, S2Error> {
+        match headers
+            .get("s2-format")
+            .map(|v| v.to_str().unwrap_or("?").trim())
+        {
+            None | Some("raw") | Some("json") => Ok(Format::Raw),
+            Some("base64") | Some("json-binsafe") => Ok(Format::Base64),
+            Some(other) => Err(bad("bad_header", format!("unknown s2-format {other:?}"))),
+        }
+    }
+
+    fn decode(self, text: &str) -> Result<Bytes, S2Error> {
+        match self {
+            Format::Raw => Ok(Bytes::copy_from_slice(text.as_bytes())),
+            Format::Base64 => base64::engine::general_purpose::STANDARD
+                .decode(text)
+                .map(Bytes::from)
+                .map_err(|e| bad("invalid", format!("invalid base64: {e}"))),
+        }
+    }
+
+    fn encode(self, bytes: &[u8]) -> String {
+        match self {
+            Format::Raw => String::from_utf8_lossy(bytes).into_owned(),
+            Format::Base64 => base64::engine::general_purpose::STANDARD.encode(bytes),
+        }
+    }
+}
+
+#[derive(Deserialize)]
+struct AppendInput {
+    records: Vec<AppendRecord>,
+    #[serde(default)]
+    match_seq_num: Option<u64>,
+    #[serde(default)]
+    fencing_token: Option<String>,
+}
+
+#[derive(Deserialize)]
+struct AppendRecord {
+    #[serde(default)]
+    timestamp: Option<u64>,
+    #[serde(default)]
+    headers: Vec<(String, String)>,
+    #[serde(default)]
+    body: Option<String>,
+}
+
+pub(super) async fn records(
+    State(app): State<AppState>,
+    Path(name): Path<String>,
+    method: Method,
+    RawQuery(query): RawQuery,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
+    let result = match method {
+        Method::POST => append(&app, &name, &headers, body).await,
+        Method::GET => read(&app, &name, query.as_deref(), &headers).await,
+        _ => Err(method_not_allowed()),
+    };
+    result.unwrap_or_else(IntoResponse::into_response)
+}
+
+async fn append(app: &AppState, name: &str, headers: &HeaderMap, body: Body) -> S2Result {
+    let format = Format::of(headers)?;
+    let input: AppendInput = json_body(app, headers, body)
+        .await?
+        .ok_or_else(|| bad("bad_json", "a body is required"))?;
+    let mut records = Vec::with_capacity(input.records.len());
+    for record in input.records {
+        let mut decoded = Vec::with_capacity(record.headers.len());
+        for (header_name, value) in &record.headers {
+            decoded.push((format.decode(header_name)?, format.decode(value)?));
+        }
+        let body = format.decode(record.body.as_deref().unwrap_or_default())?;
+        records.push(S2Record {
+            timestamp: record.timestamp,
+            headers: decoded,
+            body,
+        });
+    }
+    let stream = records_stream(app, headers, name, true).await?;
+    let append = S2Append {
+        records,
+        match_seq_num: input.match_seq_num,
+        fencing_token: input.fencing_token,
+    };
+    let ack = app
+        .service
+        .s2_append(&stream, append, key_of(headers)?.as_ref())
+        .await?;
+    Ok(json_response(
+        StatusCode::OK,
+        json!({ "start": position_json(ack.start), "end": position_json(ack.end), "tail": position_json(ack.tail) }),
+    ))
+}
+
+/// The read request's parameters, parsed.
+struct ReadRequest {
+    start: Option<S2Start>,
+    clamp: bool,
+    limits: S2Limits,
+    wait: Option<u64>,
+}
+
+fn parse_read(query: Option<&str>) -> Result<ReadRequest, S2Error> {
+    let query = Query::parse(query);
+    let number = |name: &str| -> Result<Option<u64>, S2Error> {
+        query
+            .get(name)?
+            .map(|v| {
+                v.parse::<u64>().map_err(|_| {
+                    bad(
+                        "bad_query",
+                        format!("{name} must be a non-negative integer"),
+                    )
+                })
+            })
+            .transpose()
+    };
+    let starts = [
+        number("seq_num")?.map(S2Start::SeqNum),
+        number("timestamp")?.map(S2Start::Timestamp),
+        number("tail_offset")?.map(S2Start::TailOffset),
+    ];
+    let mut given = starts.into_iter().flatten();
+    let start = given.next();
+    if given.next().is_some() {
+        return Err(bad(
+            "invalid",
+            "give at most one of seq_num, timestamp and tail_offset",
+        ));
+    }
+    let clamp = match query.get("clamp")? {
+        None => false,
+        Some("true") => true,
+        Some("false") => false,
+        Some(_) => return Err(bad("bad_query", "clamp must be true or false")),
+    };
+    let limits = S2Limits {
+        count: number("count")?,
+        bytes: number("bytes")?,
+        until: number("until")?,
+    };
+    if let (Some(S2Start::Timestamp(ts)), Some(until)) = (start, limits.until)
+        && ts >= until
+    {
+        return Err(bad("invalid", "timestamp must be before until"));
+    }
+    let wait = number("wait")?;
+    if wait.is_some_and(|w| w > u64::from(u32::MAX)) {
+        return Err(bad("bad_query", "wait is too large"));
+    }
+    Ok(ReadRequest {
+        start,
+        clamp,
+        limits,
+        wait,
+    })
+}
+
+fn wants_sse(headers: &HeaderMap) -> bool {
+    headers
+        .get(header::ACCEPT)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|accept| accept.split(',').next())
+        .is_some_and(|first| first.trim().starts_with("text/event-stream"))
+}
+
+async fn read(app: &AppState, name: &str, query: Option<&str>, headers: &HeaderMap) -> S2Result {
+    let format = Format::of(headers)?;
+    let key = key_of(headers)?;
+    let mut request = parse_read(query)?;
+    let sse = wants_sse(headers);
+    let resume = match headers.get("last-event-id") {
+        Some(value) if sse => Some(
+            value
+                .to_str()
+                .ok()
+                .and_then(EventId::parse)
+                .ok_or_else(|| bad("bad_header", "Last-Event-ID must be seq_num,count,bytes"))?,
+        ),
+        _ => None,
+    };
+    let stream = records_stream(app, headers, name, false).await?;
+    let bounded = request.limits.count.is_some()
+        || request.limits.bytes.is_some()
+        || request.limits.until.is_some();
+    let wait = request.wait.unwrap_or(0);
+    // Unary reads are always bounded, so they follow only when asked to wait.
+    let may_follow = if sse { !bounded || wait > 0 } else { wait > 0 };
+    if let Some(resume) = resume {
+        request.start = Some(S2Start::SeqNum(resume.last_seq + 1));
+        request.limits.count = request.limits.count.map(|c| c.saturating_sub(resume.count));
+        request.limits.bytes = request.limits.bytes.map(|b| b.saturating_sub(resume.bytes));
+    }
+    let start = app
+        .service
+        .s2_resolve(
+            &stream,
+            request.start.unwrap_or(S2Start::TailOffset(0)),
+            request.clamp,
+        )
+        .await?;
+    let durable = stream.durable();
+    if start >= durable.tail.seq && !may_follow {
+        return Err(StreamError::BeyondTail {
+            tail: durable.tail.seq,
+            timestamp_ms: durable.last_timestamp_ms,
+        }
+        .into());
+    }
+    if stream.encrypted && key.is_none() {
+        return Err(StreamError::KeyRequired.into());
+    }
+    if sse {
+        let idle = request.wait.map(Duration::from_secs);
+        let session = Session {
+            start,
+            limits: request.limits,
+            may_follow,
+            idle,
+            resume,
+            format,
+            key,
+        };
+        return Ok(sse_session(app, stream, session));
+    }
+    let mut batch = app
+        .service
+        .s2_read(
+            &stream,
+            start,
+            request.limits,
+            s2::UNARY_MAX_RECORDS,
+            s2::UNARY_MAX_BYTES,
+        )
+        .await?;
+    if batch.records.is_empty() && !batch.limit_reached && wait > 0 {
+        let timeout = Duration::from_secs(wait.min(s2::UNARY_MAX_WAIT_SECS));
+        app.service
+            .wait_beyond(&stream, Offset::new(start.max(batch.next_seq), 0), timeout)
+            .await;
+        batch = app
+            .service
+            .s2_read(
+                &stream,
+                start,
+                request.limits,
+                s2::UNARY_MAX_RECORDS,
+                s2::UNARY_MAX_BYTES,
+            )
+            .await?;
+    }
+    app.service
+        .s2_open(&stream, key.as_ref(), &mut batch.records)?;
+    Ok(json_response(StatusCode::OK, batch_json(&batch, format)))
+}
+
+fn record_json(record: &Record, format: Format) -> Value {
+    let mut out = json!({ "seq_num": record.seq, "timestamp": u64::try_from(record.timestamp_ms).unwrap_or(0) });
+    if !record.headers.is_empty() {
+        let headers: Vec<Value> = record
+            .headers
+            .iter()
+            .map(|(n, v)| json!([format.encode(n), format.encode(v)]))
+            .collect();
+        out["headers"] = Value::Array(headers);
+    }
+    if !record.body.is_empty() {
+        out["body"] = json!(format.encode(&record.body));
+    }
+    out
+}
+
+fn batch_json(batch: &S2Batch, format: Format) -> Value {
+    let records: Vec<Value> = batch
+        .records
+        .iter()
+        .map(|r| record_json(r, format))
+        .collect();
+    let mut out = json!({ "records": records });
+    if batch.at_tail && !batch.records.is_empty() {
+        out["tail"] = position_json(batch.tail);
+    }
+    out
+}
+
+/// What an SSE read session was asked for.
+struct Session {
+    start: u64,
+    limits: S2Limits,
+    may_follow: bool,
+    /// How long the session may go without a new record before it ends.
+    idle: Option<Duration>,
+    resume: Option<EventId>,
+    format: Format,
+    key: Option<RecordKey>,
+}
+
+/// An SSE read session: `batch` events, a `ping` on catching up and while idle, `[DONE]` when a
+/// limit or the idle wait ends it, an `error` event when it fails.
+fn sse_session(app: &AppState, stream: Arc<Stream>, session: Session) -> Response {
+    let service = app.service.clone();
+    let Session {
+        start,
+        limits,
+        may_follow,
+        idle,
+        resume,
+        format,
+        key,
+    } = session;
+    let events = async_stream::stream! {
+        let mut next = start;
+        let mut count = resume.map_or(0, |r| r.count);
+        let mut bytes = resume.map_or(0, |r| r.bytes);
+        let mut remaining = limits;
+        let mut caught_up = false;
+        let mut idle_deadline = idle.map(|d| Instant::now() + d);
+        loop {
+            let read = service.s2_read(&stream, next, remaining, s2::UNARY_MAX_RECORDS, s2::UNARY_MAX_BYTES).await;
+            let batch = match read.and_then(|mut batch| {
+                service.s2_open(&stream, key.as_ref(), &mut batch.records).map(|()| batch)
+            }) {
+                Ok(batch) => batch,
+                Err(e) => {
+                    yield Ok::<Bytes, std::io::Error>(error_event(e));
+                    return;
+                }
+            };
+            if let Some(last) = batch.records.last() {
+                count += batch.records.len() as u64;
+                bytes += batch.metered;
+                remaining.count = remaining.count.map(|c| c.saturating_sub(batch.records.len() as u64));
+                remaining.bytes = remaining.bytes.map(|b| b.saturating_sub(batch.metered));
+                let id = EventId { last_seq: last.seq, count, bytes };
+                next = batch.next_seq;
+                idle_deadline = idle.map(|d| Instant::now() + d);
+                yield Ok(Bytes::from(format!("event: batch\nid: {id}\ndata: {}\n\n", batch_json(&batch, format))));
+            }
+            if batch.limit_reached || (batch.at_tail && !may_follow) {
+                yield Ok(Bytes::from_static(b"data: [DONE]\n\n"));
+                return;
+            }
+            if !batch.at_tail {
+                continue;
+            }
+            if !caught_up {
+                caught_up = true;
+                yield Ok(ping(service.tail_position(&stream)));
+            }
+            // Caught up: wait for new records, pinging while idle, until the idle bound passes.
+            loop {
+                let now = Instant::now();
+                if idle_deadline.is_some_and(|d| now >= d) {
+                    yield Ok(Bytes::from_static(b"data: [DONE]\n\n"));
+                    return;
+                }
+                let wait = idle_deadline.map_or(PING_INTERVAL, |d| PING_INTERVAL.min(d - now));
+                let seen = service.wait_beyond(&stream, Offset::new(next, 0), wait).await;
+                if seen.removed {
+                    yield Ok(error_event(StreamError::NotFound));
+                    return;
+                }
+                if seen.tail.seq > next {
+                    break;
+                }
+                if seen.closed {
+                    // Closed through Durable Streams: no record will ever follow.
+                    yield Ok(Bytes::from_static(b"data: [DONE]\n\n"));
+                    return;
+                }
+                yield Ok(ping(service.tail_position(&stream)));
+            }
+        }
+    };
+    let mut response = (StatusCode::OK, Body::from_stream(events)).into_response();
+    let headers = response.headers_mut();
+    headers.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/event-stream"),
+    );
+    headers.insert(
+        header::CACHE_CONTROL,
+        HeaderValue::from_static("no-cache, no-transform"),
+    );
+    headers.insert("x-accel-buffering", HeaderValue::from_static("no"));
+    response
+}
+
+fn ping(tail: S2Position) -> Bytes {
+    let data =
+        json!({ "timestamp": u64::try_from(now_ms()).unwrap_or(0), "tail": position_json(tail) });
+    Bytes::from(format!("event: ping\ndata: {data}\n\n"))
+}
+
+fn error_event(error: StreamError) -> Bytes {
+    let S2Error { body, .. } = S2Error::from(error);
+    Bytes::from(format!("event: error\ndata: {body}\n\n"))
+}
