@@ -12,6 +12,8 @@ use crate::storage::{FjallEngine, MemoryEngine, SharedEngine, SyncMode};
 
 /// How often expired streams are swept away (reads also check expiry on access).
 const SWEEP_INTERVAL: Duration = Duration::from_millis(250);
+/// How often records past their stream's S2 retention age are trimmed.
+const RETENTION_INTERVAL: Duration = Duration::from_secs(5);
 
 pub async fn serve(settings: Settings) -> anyhow::Result<()> {
     let engine: SharedEngine = match &settings.storage {
@@ -46,6 +48,14 @@ pub async fn serve(settings: Settings) -> anyhow::Result<()> {
         loop {
             tick.tick().await;
             sweeper.sweep_expired().await;
+        }
+    });
+    let retention = service.clone();
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(RETENTION_INTERVAL);
+        loop {
+            tick.tick().await;
+            retention.enforce_retention_ages().await;
         }
     });
 

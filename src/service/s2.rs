@@ -353,6 +353,46 @@ impl StreamService {
         Ok(())
     }
 
+    /// Applies S2 retention ages: records older than their stream's `retention_policy.age` are
+    /// trimmed. Mirrors follow their upstream's retention instead.
+    pub async fn enforce_retention_ages(&self) {
+        let with_age: Vec<(Arc<Stream>, u64)> = {
+            let registry = self.lock_registry();
+            registry
+                .streams
+                .values()
+                .filter(|s| s.mirror_of.is_none())
+                .filter_map(|s| {
+                    let state = s.lock();
+                    match stream_config(state.meta.s2_config.as_ref()).retention_policy {
+                        Some(s2::RetentionPolicy::Age(age)) if !state.removed => {
+                            Some((s.clone(), age))
+                        }
+                        _ => None,
+                    }
+                })
+                .collect()
+        };
+        let now = ms(now_ms());
+        for (stream, age) in with_age {
+            let durable = stream.durable();
+            let cutoff = now.saturating_sub(age.saturating_mul(1000));
+            if durable.first.seq >= durable.tail.seq {
+                continue;
+            }
+            let expired = match self
+                .first_at_or_after(&stream, cutoff, durable.first.seq, durable.tail.seq)
+                .await
+            {
+                Ok(keep_from) => self.trim(&stream, keep_from).await,
+                Err(e) => Err(e),
+            };
+            if let Err(e) = expired {
+                tracing::warn!(stream = %stream.name, error = %e, "applying the retention age failed");
+            }
+        }
+    }
+
     /// Moves the stream's first record to `seq` (an S2 trim): older records are gone.
     pub(super) async fn trim(&self, stream: &Arc<Stream>, seq: u64) -> StreamResult<()> {
         let durable = stream.durable();
