@@ -321,6 +321,22 @@ async fn a_mirror_follows_live_resumes_after_crashes_and_rebuilds_after_a_gap() 
         Some(upstream.base.as_str())
     );
 
+    let metrics = http
+        .get(mirror.url("/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        metrics.contains(&format!(
+            "runnel_replication_lag_records{{stream=\"/{BUCKET}/events\",upstream=\"{}\"}} 0",
+            upstream.base
+        )),
+        "{metrics}"
+    );
+
     // A stream deleted upstream is removed from the mirror.
     assert_eq!(
         http.delete(upstream.url(&format!("/{BUCKET}/later")))

@@ -5,6 +5,7 @@ mod buckets;
 mod ds;
 mod error;
 mod extensions;
+mod metrics;
 mod request;
 mod s2;
 mod sse;
@@ -42,6 +43,7 @@ pub struct AppState {
 pub fn router(state: AppState) -> Router {
     Router::new()
         .route("/healthz", get(|| async { "ok\n" }))
+        .route("/metrics", get(metrics::metrics))
         .route("/v1/stream/{*path}", any(ds::base_stream))
         .merge(s2::routes())
         .route("/v1/streamld/replication", get(streamld::replication))

@@ -579,6 +579,16 @@ impl StreamService {
         }
     }
 
+    /// How many streams and buckets the server holds, and the hot cache's memory.
+    pub fn counts(&self) -> (usize, usize, usize) {
+        let registry = self.lock_registry();
+        (
+            registry.streams.len(),
+            registry.buckets.len(),
+            self.cache_budget.used(),
+        )
+    }
+
     /// Removes every stream whose TTL or expiry time has passed.
     pub async fn sweep_expired(&self) {
         let now = now_ms();

@@ -234,6 +234,29 @@ impl StreamService {
         Some((records, seconds))
     }
 
+    /// The replication lag of every mirrored stream: `(stream key, upstream, records, seconds)`.
+    pub fn replication_lags(&self) -> Vec<(String, String, u64, u64)> {
+        let mirrored: Vec<Arc<Stream>> = self
+            .lock_registry()
+            .streams
+            .values()
+            .filter(|s| s.mirror_of.is_some())
+            .cloned()
+            .collect();
+        mirrored
+            .iter()
+            .filter_map(|s| {
+                let (records, seconds) = self.replication_lag(s)?;
+                Some((
+                    s.name.clone(),
+                    s.mirror_of.clone().unwrap_or_default(),
+                    records,
+                    seconds,
+                ))
+            })
+            .collect()
+    }
+
     /// Whether the mirror already holds this snapshot.
     pub fn has_snapshot(&self, stream: &Stream, snapshot: &SnapshotInfo) -> bool {
         stream.lock().meta.snapshot.as_ref() == Some(snapshot)
