@@ -468,3 +468,42 @@ async fn the_sse_binding_sends_one_event_per_record_resumes_and_signals_gaps() {
     assert_eq!(body["@type"], "GapSignal");
     assert_eq!(body["oldestAvailable"], 4);
 }
+
+#[tokio::test]
+async fn a_single_stream_mirror_follows_only_that_stream() {
+    let http = client();
+    let upstream = Server::start(&["--memory"]);
+    assert_eq!(
+        http.put(upstream.url(&format!("/{BUCKET}")))
+            .send()
+            .await
+            .unwrap()
+            .status(),
+        201
+    );
+    let wanted = upstream.url(&format!("/{BUCKET}/wanted"));
+    assert_eq!(
+        put(&http, &wanted, "text/plain", "one;").await.status(),
+        201
+    );
+    assert_eq!(
+        put(
+            &http,
+            &upstream.url(&format!("/{BUCKET}/other")),
+            "text/plain",
+            "x"
+        )
+        .await
+        .status(),
+        201
+    );
+    let mirror = Server::start(&["--memory", "--mirror-from", &wanted]);
+    append(&http, &wanted, "text/plain", "two;").await;
+    wait_until_mirrored(&http, &upstream, &mirror, &["wanted"]).await;
+    let other = http
+        .head(mirror.url(&format!("/{BUCKET}/other")))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(other.status(), 404, "only the named stream is mirrored");
+}
