@@ -1,7 +1,7 @@
 //! Failures and the response pieces every face shares.
 
 use axum::body::Body;
-use axum::http::{HeaderName, HeaderValue, StatusCode, header};
+use axum::http::{HeaderName, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 
 use super::request::Rejection;
@@ -38,17 +38,7 @@ impl From<HeaderError> for Failure {
 impl IntoResponse for Failure {
     fn into_response(self) -> Response {
         match self {
-            Failure::Rejected(r) => {
-                let mut response = text_error(r.status, &r.reason);
-                if r.status == StatusCode::PAYLOAD_TOO_LARGE {
-                    // The unread rest of the body is still on the wire: this connection is done,
-                    // and saying so keeps clients from reusing it for their next request.
-                    response
-                        .headers_mut()
-                        .insert(header::CONNECTION, HeaderValue::from_static("close"));
-                }
-                response
-            }
+            Failure::Rejected(r) => text_error(r.status, &r.reason),
             Failure::Stream(e) => stream_error(e),
         }
     }

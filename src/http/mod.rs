@@ -61,8 +61,19 @@ pub fn router(state: AppState) -> Router {
 
 /// Headers every response carries: browser security headers and CORS.
 async fn common_headers(request: Request, next: Next) -> Response {
+    let sent_body = request
+        .headers()
+        .get(header::CONTENT_LENGTH)
+        .is_some_and(|len| len != "0")
+        || request.headers().contains_key(header::TRANSFER_ENCODING);
     let mut response = next.run(request).await;
+    let rejected = response.status().is_client_error() || response.status().is_server_error();
     let headers = response.headers_mut();
+    if sent_body && rejected {
+        // A rejected request's body may be partly unread; this connection cannot be reused, and
+        // saying so keeps clients from sending their next request into it.
+        headers.insert(header::CONNECTION, HeaderValue::from_static("close"));
+    }
     headers.insert(
         "x-content-type-options",
         HeaderValue::from_static("nosniff"),

@@ -53,6 +53,8 @@ enum Decision {
         ack: AppendAck,
         records: Vec<Record>,
         producer: Option<(String, ProducerState)>,
+        /// Metadata beyond the tail changed (Stream-Seq, closure) and must be stored too.
+        meta_changed: bool,
     },
     /// Acknowledge without writing, once record `wait_for_seq` is durable.
     Acknowledge { ack: AppendAck, wait_for_seq: u64 },
@@ -68,45 +70,45 @@ impl StreamService {
             .acquire()
             .await
             .map_err(|_| StorageError::Failed)?;
-        let (decision, commit) = {
+        // Either a commit to await, or an earlier append to wait for (a deduplicated retry).
+        let (ack, commit, wait_for_seq) = {
             let mut state = stream.lock();
-            let decision = decide(&stream, &mut state, &request, bodies)?;
-            let commit = match &decision {
+            match decide(&stream, &mut state, &request, bodies)? {
                 Decision::Write {
-                    records, producer, ..
-                } => Some(self.submit(
-                    &stream,
-                    &mut state,
-                    records.clone(),
-                    producer.clone().into_iter(),
-                )),
-                Decision::Acknowledge { .. } => None,
-            };
-            (decision, commit)
+                    ack,
+                    records,
+                    producer,
+                    meta_changed,
+                } => {
+                    let commit = self.submit(
+                        &stream,
+                        &mut state,
+                        records,
+                        producer.into_iter(),
+                        meta_changed,
+                    );
+                    (ack, Some(commit), 0)
+                }
+                Decision::Acknowledge { ack, wait_for_seq } => (ack, None, wait_for_seq),
+            }
         };
-        match decision {
-            Decision::Write { ack, .. } => {
-                if let Some(commit) = commit {
-                    commit.await?;
-                }
-                stream.publish_tail(ack.tail, ack.timestamp_ms, ack.closed);
-                Ok(ack)
-            }
-            Decision::Acknowledge { ack, wait_for_seq } => {
-                let mut rx = stream.subscribe();
-                let durable = rx
-                    .wait_for(|d| d.tail.seq >= wait_for_seq || d.removed)
-                    .await
-                    .map_err(|_| StreamError::NotFound)?;
-                if durable.removed {
-                    return Err(StreamError::NotFound);
-                }
-                Ok(AppendAck {
-                    tail: ack.tail.max(durable.tail),
-                    ..ack
-                })
-            }
+        if let Some(commit) = commit {
+            commit.await?;
+            stream.publish_tail(ack.tail, ack.timestamp_ms, ack.closed);
+            return Ok(ack);
         }
+        let mut rx = stream.subscribe();
+        let durable = rx
+            .wait_for(|d| d.tail.seq >= wait_for_seq || d.removed)
+            .await
+            .map_err(|_| StreamError::NotFound)?;
+        if durable.removed {
+            return Err(StreamError::NotFound);
+        }
+        Ok(AppendAck {
+            tail: ack.tail.max(durable.tail),
+            ..ack
+        })
     }
 
     /// Appends each frame as an independent append with its own result; the successful ones
@@ -148,6 +150,7 @@ impl StreamService {
                         ack,
                         records: written,
                         producer,
+                        ..
                     }) => {
                         records.extend(written);
                         producers.extend(producer);
@@ -160,8 +163,8 @@ impl StreamService {
             let wrote = results
                 .iter()
                 .any(|r| r.as_ref().is_ok_and(|a| !a.duplicate));
-            let commit =
-                wrote.then(|| self.submit(&stream, &mut state, records, producers.into_iter()));
+            let commit = wrote
+                .then(|| self.submit(&stream, &mut state, records, producers.into_iter(), false));
             (results, commit)
         };
         if let Some(commit) = commit {
@@ -178,15 +181,21 @@ impl StreamService {
         Ok(results)
     }
 
-    /// Caches the records and submits them with the stream's updated metadata.
+    /// Caches the records and submits them, with the producers' states and, when more than the
+    /// tail changed, the stream's metadata. (The tail itself need not be stored with every
+    /// append: recovery finds it after the last stored record.)
     pub(super) fn submit(
         &self,
         stream: &Stream,
         state: &mut State,
         records: Vec<Record>,
         producers: impl Iterator<Item = (String, ProducerState)>,
+        meta_changed: bool,
     ) -> BoxFuture<'static, Result<(), StorageError>> {
-        let mut changes = vec![Change::PutStream(stream.id, Box::new(state.meta.clone()))];
+        let mut changes = Vec::with_capacity(3);
+        if meta_changed || records.is_empty() {
+            changes.push(Change::PutStream(stream.id, Box::new(state.meta.clone())));
+        }
         changes.extend(producers.map(|(id, p)| Change::PutProducer(stream.id, id, p)));
         state.recent.push(&records);
         if !records.is_empty() {
@@ -354,5 +363,6 @@ fn decide(
         ack,
         records,
         producer,
+        meta_changed: request.close || request.stream_seq.is_some(),
     })
 }

@@ -187,7 +187,12 @@ impl StreamService {
         if let Some(stream) = built.get(&id) {
             return Some(stream.clone());
         }
-        let recovered = pending.remove(&id)?;
+        let mut recovered = pending.remove(&id)?;
+        if let Some(last) = &recovered.last_record {
+            let meta = &mut recovered.meta;
+            meta.tail = meta.tail.max(last.next_offset());
+            meta.last_timestamp_ms = meta.last_timestamp_ms.max(last.timestamp_ms);
+        }
         let source = match &recovered.meta.fork {
             Some(origin) => Some(self.rebuild(origin.source_id, pending, built, now)?),
             None => None,

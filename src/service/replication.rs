@@ -149,7 +149,7 @@ impl StreamService {
             }
             state.meta.tail = tail;
             state.meta.last_timestamp_ms = state.meta.last_timestamp_ms.max(timestamp);
-            self.submit(stream, &mut state, records, std::iter::empty())
+            self.submit(stream, &mut state, records, std::iter::empty(), false)
         };
         commit.await?;
         stream.publish_tail(tail, timestamp, false);

@@ -299,7 +299,8 @@ impl StreamService {
                 &append.fencing_token,
                 append.match_seq_num,
             )?;
-            let commit = self.submit(stream, &mut state, records, std::iter::empty());
+            let fenced = records.iter().any(|r| r.command);
+            let commit = self.submit(stream, &mut state, records, std::iter::empty(), fenced);
             (ack, state.meta.tail, trim, commit)
         };
         commit.await?;

@@ -211,10 +211,23 @@ impl Engine for FjallEngine {
                 })?;
                 producers.push((name, state));
             }
+            let last_record = match ks.records.prefix(codec::stream_key(id)).next_back() {
+                Some(guard) => {
+                    let (key, value) = guard.into_inner().map_err(io)?;
+                    let (_, seq) = codec::split_key(&key)?;
+                    let seq = u64::from_be_bytes(
+                        seq.try_into()
+                            .map_err(|_| StorageError::Corrupt("record key length".into()))?,
+                    );
+                    Some(decode_record(seq, Bytes::copy_from_slice(&value))?)
+                }
+                None => None,
+            };
             streams.push(RecoveredStream {
                 id,
                 meta,
                 producers,
+                last_record,
             });
         }
         let next_id = match ks.system.get(NEXT_ID_KEY).map_err(io)? {

@@ -126,6 +126,11 @@ impl Engine for MemoryEngine {
                     .take_while(|((stream, _), _)| *stream == id)
                     .map(|((_, name), value)| (name.clone(), value.clone()))
                     .collect(),
+                last_record: state
+                    .records
+                    .range((id, 0)..=(id, u64::MAX))
+                    .next_back()
+                    .map(|(_, r)| r.clone()),
             })
             .collect();
         let buckets = state

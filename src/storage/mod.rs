@@ -66,6 +66,9 @@ pub struct RecoveredStream {
     pub id: StreamId,
     pub meta: StreamMeta,
     pub producers: Vec<(String, ProducerState)>,
+    /// The stream's last stored record. Appends need not rewrite the metadata, so the tail is
+    /// the later of `meta.tail` and this record's end.
+    pub last_record: Option<Record>,
 }
 
 /// A storage engine. Implementations are internally synchronised.
@@ -171,6 +174,12 @@ mod contract {
         assert_eq!(engine.read(1, 0, 3, 1).await.unwrap(), records[..1]);
         assert_eq!(engine.read(1, 0, 3, 5).await.unwrap(), records[..2]);
         assert!(engine.read(2, 0, 3, usize::MAX).await.unwrap().is_empty());
+        let recovered = engine.recover().unwrap();
+        assert_eq!(
+            recovered.streams[0].last_record.as_ref(),
+            records.last(),
+            "the tail can be found after the last record"
+        );
     }
 
     pub async fn recovery_returns_metadata_producers_and_next_id(engine: &dyn Engine) {
@@ -191,6 +200,7 @@ mod contract {
         let recovered = engine.recover().unwrap();
         assert_eq!(recovered.next_id, 10);
         let a = recovered.streams.iter().find(|s| s.id == 4).unwrap();
+        assert_eq!(a.last_record, None);
         assert_eq!(a.meta, meta("a", Offset::START));
         assert_eq!(a.producers, vec![("p1".to_string(), producer)]);
     }
@@ -310,6 +320,8 @@ mod contract {
                 .unwrap();
         }
         let engine = FjallEngine::open(dir.path(), SyncMode::Fsync).unwrap();
+        let recovered = engine.recover().unwrap();
+        assert_eq!(recovered.streams[0].last_record.as_ref(), records.last());
         assert_eq!(
             engine.recover().unwrap().streams[0].meta.tail,
             Offset::new(2, 9)
