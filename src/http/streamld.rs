@@ -246,9 +246,11 @@ async fn pump(
     let send = |message: Message| async move {
         queue.send(message).await.map_err(|_| StreamError::NotFound)
     };
-    let mut state = app.service.replicated_state(stream);
+    let state = app.service.replicated_state(stream);
     send(state_message(url, &state)).await?;
-    let mut meta_version = stream.durable().meta_version;
+    // What the replica was last told beside the records; a new state goes out when it changes.
+    let described = |d: &crate::service::Durable| (d.meta_version, d.closed, d.first);
+    let mut told = described(&stream.durable());
     let gap = |first: Offset| GapSignal {
         oldest_available: Some(streamld::sequence_of(first.seq)),
         stream: Some(url.to_string()),
@@ -286,11 +288,9 @@ async fn pump(
             next = chunk.next.seq.max(next);
             continue;
         }
-        let current = app.service.replicated_state(stream);
-        if durable.meta_version != meta_version || current != state {
-            meta_version = durable.meta_version;
-            state = current;
-            send(state_message(url, &state)).await?;
+        if described(&durable) != told {
+            told = described(&durable);
+            send(state_message(url, &app.service.replicated_state(stream))).await?;
         }
         if watch.changed().await.is_err() {
             return send(Message::Deleted(StreamDeleted {

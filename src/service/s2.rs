@@ -431,8 +431,10 @@ impl StreamService {
             S2Start::SeqNum(seq) => Ok(seq.max(first)),
             S2Start::TailOffset(n) => Ok(tail.saturating_sub(n).max(first)),
             S2Start::Timestamp(ts) => {
-                if ts > ms(durable.last_timestamp_ms) || first == tail {
-                    return if clamp || first == tail && ts <= ms(durable.last_timestamp_ms) {
+                let last_ts = ms(durable.last_timestamp_ms);
+                if first == tail || ts > last_ts {
+                    // No retained record is at or after `ts`: start at the tail, if allowed.
+                    return if clamp || ts <= last_ts {
                         Ok(tail)
                     } else {
                         Err(beyond())
