@@ -337,6 +337,44 @@ async fn a_mirror_follows_live_resumes_after_crashes_and_rebuilds_after_a_gap() 
         "{metrics}"
     );
 
+    // Closing and new attributes reach the mirror too.
+    let closed = http
+        .post(&bin)
+        .header("stream-closed", "true")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(closed.status(), 204);
+    let attrs = http
+        .put(format!("{bin}/attrs"))
+        .header("content-type", "application/json")
+        .body(r#"{"title":"mirrored"}"#)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(attrs.status(), 204);
+    let mirrored_bin = mirror.url(&format!("/{BUCKET}/bin"));
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let head = http.head(&mirrored_bin).send().await.unwrap();
+        let title = http
+            .get(format!("{mirrored_bin}/attrs"))
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
+        if header(&head, "stream-closed") == Some("true") && title.contains("mirrored") {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "close and attrs did not reach the mirror"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+
     // A stream deleted upstream is removed from the mirror.
     assert_eq!(
         http.delete(upstream.url(&format!("/{BUCKET}/later")))
