@@ -81,7 +81,7 @@ pub async fn body(headers: &HeaderMap, body: Body, limit: usize) -> Result<Bytes
     if declared.is_some_and(|len| len > limit as u64) {
         return Err(too_large());
     }
-    axum::body::to_bytes(body, limit).await.map_err(|e| {
+    let bytes = axum::body::to_bytes(body, limit).await.map_err(|e| {
         let over_limit = std::iter::successors(Some(&e as &dyn std::error::Error), |e| e.source())
             .any(|e| e.is::<http_body_util::LengthLimitError>());
         if over_limit {
@@ -89,5 +89,20 @@ pub async fn body(headers: &HeaderMap, body: Body, limit: usize) -> Result<Bytes
         } else {
             Rejection::bad_request(format!("could not read the request body: {e}"))
         }
-    })
+    })?;
+    Ok(owned(bytes))
+}
+
+/// Bodies below this size get their own allocation.
+const SMALL_BODY: usize = 16 * 1024;
+
+/// A small body arrives as a slice of the connection's read buffer; kept as it is (in the hot
+/// tail cache, say), it would pin that whole buffer. Copying a few hundred bytes once is far
+/// cheaper than the memory it frees.
+fn owned(bytes: Bytes) -> Bytes {
+    if bytes.len() < SMALL_BODY {
+        Bytes::copy_from_slice(&bytes)
+    } else {
+        bytes
+    }
 }
