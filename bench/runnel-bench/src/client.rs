@@ -1,0 +1,234 @@
+//! A minimal keep-alive HTTP/1.1 client: one TCP connection per caller, one request in flight.
+//!
+//! Each closed-loop worker owns a `Conn`, so "one request in flight per stream" is exact and no
+//! pool or lock sits between the worker and its socket. A failed connection is re-dialled on the
+//! next request.
+
+use anyhow::{Context, Result, anyhow, bail};
+use bytes::Bytes;
+use http::{HeaderMap, HeaderValue, Method, Request, StatusCode, Uri, header};
+use http_body_util::{BodyExt, Full};
+use hyper::body::Incoming;
+use hyper::client::conn::http1::{self, SendRequest};
+use hyper_util::rt::TokioIo;
+use std::sync::Arc;
+use tokio::net::TcpStream;
+
+/// Where the load goes: `http://host:port[/prefix]`.
+#[derive(Clone, Debug)]
+pub struct Target {
+    pub addr: String,
+    pub authority: HeaderValue,
+    pub prefix: String,
+}
+
+impl Target {
+    pub fn parse(url: &str) -> Result<Arc<Target>> {
+        let uri: Uri = url.parse().with_context(|| format!("bad --target {url}"))?;
+        if uri.scheme_str() != Some("http") {
+            bail!("--target must be an http:// URL");
+        }
+        let auth = uri
+            .authority()
+            .ok_or_else(|| anyhow!("--target needs host:port"))?;
+        let port = auth.port_u16().unwrap_or(80);
+        let host = auth.host().trim_start_matches('[').trim_end_matches(']');
+        let addr = if host.contains(':') {
+            format!("[{host}]:{port}")
+        } else {
+            format!("{host}:{port}")
+        };
+        let prefix = uri.path().trim_end_matches('/').to_string();
+        Ok(Arc::new(Target {
+            addr,
+            authority: HeaderValue::from_str(auth.as_str())?,
+            prefix,
+        }))
+    }
+
+    /// `prefix + path`, where `path` starts with `/`.
+    pub fn path(&self, path: &str) -> String {
+        format!("{}{}", self.prefix, path)
+    }
+}
+
+pub struct Response {
+    pub status: StatusCode,
+    pub headers: HeaderMap,
+    pub body: Bytes,
+}
+
+impl Response {
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers.get(name).and_then(|v| v.to_str().ok())
+    }
+}
+
+/// One keep-alive connection.
+pub struct Conn {
+    target: Arc<Target>,
+    sender: Option<SendRequest<Full<Bytes>>>,
+}
+
+impl Conn {
+    pub fn new(target: Arc<Target>) -> Conn {
+        Conn {
+            target,
+            sender: None,
+        }
+    }
+
+    async fn dial(&mut self) -> Result<&mut SendRequest<Full<Bytes>>> {
+        if self.sender.as_ref().is_some_and(|s| s.is_closed()) {
+            self.sender = None;
+        }
+        if self.sender.is_none() {
+            let tcp = TcpStream::connect(&self.target.addr)
+                .await
+                .with_context(|| format!("connect {}", self.target.addr))?;
+            tcp.set_nodelay(true)?;
+            let (sender, conn) = http1::handshake(TokioIo::new(tcp)).await?;
+            tokio::spawn(async move {
+                let _ = conn.await;
+            });
+            self.sender = Some(sender);
+        }
+        if self.sender.as_mut().unwrap().ready().await.is_err() {
+            self.sender = None;
+            bail!("connection closed");
+        }
+        Ok(self.sender.as_mut().unwrap())
+    }
+
+    /// Build a request for `path` (already prefixed) with `headers` and `body`.
+    pub fn request(
+        &self,
+        method: Method,
+        path: &str,
+        headers: &[(&str, &str)],
+        body: Bytes,
+    ) -> Request<Full<Bytes>> {
+        let mut req = Request::builder().method(method).uri(path);
+        let h = req.headers_mut().unwrap();
+        h.insert(header::HOST, self.target.authority.clone());
+        for (k, v) in headers {
+            h.insert(
+                http::HeaderName::from_bytes(k.as_bytes()).expect("header name"),
+                HeaderValue::from_str(v).expect("header value"),
+            );
+        }
+        req.body(Full::new(body)).expect("request")
+    }
+
+    /// Send and read the whole response body.
+    pub async fn send(&mut self, req: Request<Full<Bytes>>) -> Result<Response> {
+        let resp = self.send_streaming(req).await?;
+        let (parts, body) = resp.into_parts();
+        let body = match body.collect().await {
+            Ok(b) => b.to_bytes(),
+            Err(e) => {
+                self.sender = None;
+                return Err(e.into());
+            }
+        };
+        Ok(Response {
+            status: parts.status,
+            headers: parts.headers,
+            body,
+        })
+    }
+
+    /// Send and hand back the response with its body still streaming (for SSE).
+    pub async fn send_streaming(
+        &mut self,
+        req: Request<Full<Bytes>>,
+    ) -> Result<hyper::Response<Incoming>> {
+        let sender = self.dial().await?;
+        match sender.send_request(req).await {
+            Ok(r) => Ok(r),
+            Err(e) => {
+                self.sender = None;
+                Err(e.into())
+            }
+        }
+    }
+
+    /// Convenience: method + path + headers + body, whole response.
+    pub async fn call(
+        &mut self,
+        method: Method,
+        path: &str,
+        headers: &[(&str, &str)],
+        body: Bytes,
+    ) -> Result<Response> {
+        let req = self.request(method, path, headers, body);
+        self.send(req).await
+    }
+}
+
+/// Incremental `text/event-stream` parser: feed bytes, take complete events.
+#[derive(Default)]
+pub struct SseParser {
+    buf: Vec<u8>,
+}
+
+pub struct SseEvent {
+    pub event: String,
+    /// The `data:` lines, each without the field name and one optional leading space.
+    pub data: Vec<Vec<u8>>,
+}
+
+impl SseParser {
+    pub fn feed(&mut self, chunk: &[u8], out: &mut Vec<SseEvent>) {
+        self.buf.extend_from_slice(chunk);
+        let mut start = 0;
+        while let Some(pos) = find_blank_line(&self.buf[start..]) {
+            let block = &self.buf[start..start + pos];
+            start += pos + 2;
+            let mut ev = SseEvent {
+                event: String::new(),
+                data: Vec::new(),
+            };
+            for line in block.split(|&b| b == b'\n') {
+                let line = line.strip_suffix(b"\r").unwrap_or(line);
+                if let Some(rest) = line.strip_prefix(b"data:") {
+                    let rest = rest.strip_prefix(b" ").unwrap_or(rest);
+                    ev.data.push(rest.to_vec());
+                } else if let Some(rest) = line.strip_prefix(b"event:") {
+                    ev.event = String::from_utf8_lossy(rest).trim().to_string();
+                }
+            }
+            out.push(ev);
+        }
+        self.buf.drain(..start);
+    }
+}
+
+fn find_blank_line(b: &[u8]) -> Option<usize> {
+    b.windows(2).position(|w| w == b"\n\n")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sse_events_split_across_chunks() {
+        let mut p = SseParser::default();
+        let mut out = Vec::new();
+        p.feed(b"event: data\ndata:12 a\nda", &mut out);
+        assert!(out.is_empty());
+        p.feed(b"ta:34 b\n\nevent: control\ndata: {}\n\n", &mut out);
+        assert_eq!(out.len(), 2);
+        assert_eq!(out[0].event, "data");
+        assert_eq!(out[0].data, vec![b"12 a".to_vec(), b"34 b".to_vec()]);
+        assert_eq!(out[1].data, vec![b"{}".to_vec()]);
+    }
+
+    #[test]
+    fn target_with_prefix() {
+        let t = Target::parse("http://127.0.0.1:8080/pre/").unwrap();
+        assert_eq!(t.addr, "127.0.0.1:8080");
+        assert_eq!(t.path("/v1/stream/x"), "/pre/v1/stream/x");
+    }
+}
