@@ -27,6 +27,15 @@ async fn put(
         .unwrap()
 }
 
+async fn create_bucket(http: &reqwest::Client, server: &Server) {
+    let response = http
+        .put(server.url(&format!("/{BUCKET}")))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 201);
+}
+
 async fn append(http: &reqwest::Client, url: &str, content_type: &str, body: &str) {
     let response = http
         .post(url)
@@ -119,14 +128,7 @@ async fn a_mirror_follows_live_resumes_after_crashes_and_rebuilds_after_a_gap() 
 
     let upstream = Server::start_logged(&["--data-dir", &data(&up_dir)], &up_log);
     let listen = upstream.base.trim_start_matches("http://").to_string();
-    assert_eq!(
-        http.put(upstream.url(&format!("/{BUCKET}")))
-            .send()
-            .await
-            .unwrap()
-            .status(),
-        201
-    );
+    create_bucket(&http, &upstream).await;
     let bin = upstream.url(&format!("/{BUCKET}/bin"));
     let json = upstream.url(&format!("/{BUCKET}/events"));
     assert_eq!(
@@ -511,14 +513,7 @@ async fn the_sse_binding_sends_one_event_per_record_resumes_and_signals_gaps() {
 async fn a_single_stream_mirror_follows_only_that_stream() {
     let http = client();
     let upstream = Server::start(&["--memory"]);
-    assert_eq!(
-        http.put(upstream.url(&format!("/{BUCKET}")))
-            .send()
-            .await
-            .unwrap()
-            .status(),
-        201
-    );
+    create_bucket(&http, &upstream).await;
     let wanted = upstream.url(&format!("/{BUCKET}/wanted"));
     assert_eq!(
         put(&http, &wanted, "text/plain", "one;").await.status(),

@@ -300,31 +300,23 @@ async fn read(app: &AppState, name: &str, query: Option<&str>, headers: &HeaderM
         };
         return Ok(sse_session(app, stream, session));
     }
-    let mut batch = app
-        .service
-        .s2_read(
+    let unary_read = || {
+        let limits = request.limits;
+        app.service.s2_read(
             &stream,
             start,
-            request.limits,
+            limits,
             s2::UNARY_MAX_RECORDS,
             s2::UNARY_MAX_BYTES,
         )
-        .await?;
+    };
+    let mut batch = unary_read().await?;
     if batch.records.is_empty() && !batch.limit_reached && wait > 0 {
         let timeout = Duration::from_secs(wait.min(s2::UNARY_MAX_WAIT_SECS));
         app.service
             .wait_beyond(&stream, Offset::new(start.max(batch.next_seq), 0), timeout)
             .await;
-        batch = app
-            .service
-            .s2_read(
-                &stream,
-                start,
-                request.limits,
-                s2::UNARY_MAX_RECORDS,
-                s2::UNARY_MAX_BYTES,
-            )
-            .await?;
+        batch = unary_read().await?;
     }
     app.service
         .s2_open(&stream, key.as_ref(), &mut batch.records)?;
