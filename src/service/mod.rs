@@ -72,7 +72,8 @@ pub struct StreamService {
     engine: SharedEngine,
     registry: Mutex<Registry>,
     next_id: AtomicU64,
-    commit_permits: Semaphore,
+    /// Bounds the commits queued in the engine; a permit is held until its commit is durable.
+    commit_permits: Arc<Semaphore>,
     cache_budget: Arc<cache::CacheBudget>,
     /// Bumped whenever a stream is created or removed, for bucket replication sessions.
     streams_changed: tokio::sync::watch::Sender<u64>,
@@ -146,7 +147,7 @@ impl StreamService {
                 buckets: recovered.buckets.into_iter().collect(),
             }),
             next_id: AtomicU64::new(recovered.next_id),
-            commit_permits: Semaphore::new(config.max_inflight_commits),
+            commit_permits: Arc::new(Semaphore::new(config.max_inflight_commits)),
             cache_budget: cache::CacheBudget::new(config.cache),
             streams_changed: tokio::sync::watch::Sender::new(0),
             config,

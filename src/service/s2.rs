@@ -272,11 +272,25 @@ impl StreamService {
 
     /// Appends an S2 batch atomically. On an encrypted stream, bodies are sealed with `key`.
     pub async fn s2_append(
-        &self,
+        self: &Arc<Self>,
         stream: &Arc<Stream>,
         append: S2Append,
         key: Option<&RecordKey>,
     ) -> StreamResult<S2Ack> {
+        self.s2_sequence(stream, append, key).await?.await
+    }
+
+    /// Checks and sequences an S2 batch, and returns its acknowledgement, which resolves once
+    /// the batch is durable (and any trim it commands is applied). Batches sequenced one after
+    /// another are acknowledged in that order, so an append session can sequence its next input
+    /// while earlier ones become durable; `match_seq_num` is checked against the sequenced
+    /// tail. The completion runs on its own task: the tail is published even if nobody waits.
+    pub async fn s2_sequence(
+        self: &Arc<Self>,
+        stream: &Arc<Stream>,
+        append: S2Append,
+        key: Option<&RecordKey>,
+    ) -> StreamResult<impl Future<Output = StreamResult<S2Ack>> + Send + 'static> {
         Self::writable(stream)?;
         let mut prepared = prepare(stream, append.records)?;
         if stream.encrypted {
@@ -286,9 +300,8 @@ impl StreamService {
                 p.record.body = key.seal(&p.record.body);
             }
         }
-        let _permit = self
-            .commit_permits
-            .acquire()
+        let permit = Arc::clone(&self.commit_permits)
+            .acquire_owned()
             .await
             .map_err(|_| crate::storage::StorageError::Failed)?;
         let (ack, new_tail, trim, commit) = {
@@ -303,16 +316,25 @@ impl StreamService {
             let commit = self.submit(stream, &mut state, records, std::iter::empty(), fenced);
             (ack, state.meta.tail, trim, commit)
         };
-        commit.await?;
-        stream.publish_tail(
-            new_tail,
-            i64::try_from(ack.end.timestamp).unwrap_or(i64::MAX),
-            false,
-        );
-        if let Some(trim) = trim {
-            self.trim(stream, trim).await?;
-        }
-        Ok(ack)
+        let (service, stream) = (Arc::clone(self), Arc::clone(stream));
+        let completion = tokio::spawn(async move {
+            commit.await?;
+            drop(permit);
+            stream.publish_tail(
+                new_tail,
+                i64::try_from(ack.end.timestamp).unwrap_or(i64::MAX),
+                false,
+            );
+            if let Some(trim) = trim {
+                service.trim(&stream, trim).await?;
+            }
+            Ok(ack)
+        });
+        Ok(async move {
+            completion
+                .await
+                .map_err(|_| StreamError::from(crate::storage::StorageError::Failed))?
+        })
     }
 
     /// Refuses a key other than the one the stream's records are sealed with; the first key used

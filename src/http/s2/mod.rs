@@ -16,6 +16,9 @@ use bytes::Bytes;
 use serde::Deserialize;
 use serde_json::{Value, json};
 use tokio::time::Instant;
+use tower_http::compression::CompressionLayer;
+use tower_http::compression::predicate::{NotForContentType, Predicate, SizeAbove};
+use tower_http::decompression::RequestDecompressionLayer;
 
 use super::AppState;
 use super::request::{self, Query, Rejection};
@@ -35,11 +38,21 @@ const BASIN_NAME_RULE: &str = "basin names are 8-48 characters of a-z, 0-9 and '
 
 mod manage;
 mod records;
+mod s2s;
+mod session;
 
 use manage::{basin, create_basin, create_stream, list_basins, list_streams, stream};
-use records::{check_tail, records};
+use records::{Format, batch_json, check_tail, records};
+
+/// Responses smaller than this go uncompressed, as S2 does.
+const COMPRESS_ABOVE_BYTES: u16 = 1024;
 
 pub fn routes() -> Router<AppState> {
+    // Unary responses are compressed as `Accept-Encoding` asks; sessions compress per frame
+    // (S2S) or not at all (SSE). Request bodies may be gzip or zstd.
+    let compress_when = SizeAbove::new(COMPRESS_ABOVE_BYTES)
+        .and(NotForContentType::SSE)
+        .and(NotForContentType::const_new(s2s::CONTENT_TYPE));
     Router::new()
         .route("/v1/basins", get(list_basins).post(create_basin))
         .route("/v1/basins/{basin}", any(basin))
@@ -49,6 +62,8 @@ pub fn routes() -> Router<AppState> {
         .route("/v1/streams/{stream}/records/tail", get(check_tail))
         .route("/v1/access-tokens", any(not_implemented))
         .route("/v1/access-tokens/{id}", any(not_implemented))
+        .layer(CompressionLayer::new().compress_when(compress_when))
+        .layer(RequestDecompressionLayer::new())
 }
 
 /// An S2 error response: `{"code","message"}` (or the special 412/416 bodies).

@@ -1,5 +1,8 @@
-//! The S2 records API: append, read (unary JSON, long-poll, SSE sessions) and check-tail.
+//! The S2 records API: append and read (unary JSON or protobuf, long-poll, and SSE or S2S
+//! sessions) and check-tail.
 
+use super::s2s;
+use super::session::{self, Session};
 use super::*;
 
 /// The `s2-encryption-key` header, when sent.
@@ -65,7 +68,7 @@ pub(super) async fn check_tail(
 
 /// How record bytes travel in JSON (`s2-format`).
 #[derive(Clone, Copy, PartialEq, Eq)]
-enum Format {
+pub(super) enum Format {
     Raw,
     Base64,
 }
@@ -128,6 +131,9 @@ pub(super) async fn records(
     body: Body,
 ) -> Response {
     let result = match method {
+        Method::POST if s2s::is_session(&headers) => {
+            append_session(&app, &name, &headers, body).await
+        }
         Method::POST => append(&app, &name, &headers, body).await,
         Method::GET => read(&app, &name, query.as_deref(), &headers).await,
         _ => Err(method_not_allowed()),
@@ -135,7 +141,36 @@ pub(super) async fn records(
     result.unwrap_or_else(IntoResponse::into_response)
 }
 
+async fn append_session(app: &AppState, name: &str, headers: &HeaderMap, body: Body) -> S2Result {
+    let key = key_of(headers)?;
+    let stream = records_stream(app, headers, name, true).await?;
+    Ok(s2s::append_session(app, headers, stream, key, body))
+}
+
 async fn append(app: &AppState, name: &str, headers: &HeaderMap, body: Body) -> S2Result {
+    let protobuf_in = s2s::media_type(headers, header::CONTENT_TYPE).is_some_and(s2s::is_protobuf);
+    let append = if protobuf_in {
+        let bytes = request::body(headers, body, app.config.max_body_bytes).await?;
+        s2s::append_of(s2s::decode(&bytes)?)
+    } else {
+        json_append(app, headers, body).await?
+    };
+    let stream = records_stream(app, headers, name, true).await?;
+    let ack = app
+        .service
+        .s2_append(&stream, append, key_of(headers)?.as_ref())
+        .await?;
+    if wants_protobuf(headers) {
+        return Ok(s2s::protobuf_response(&s2s::ack_message(&ack)));
+    }
+    Ok(json_response(
+        StatusCode::OK,
+        json!({ "start": position_json(ack.start), "end": position_json(ack.end), "tail": position_json(ack.tail) }),
+    ))
+}
+
+/// A JSON `AppendInput`, its bytes decoded per `s2-format`.
+async fn json_append(app: &AppState, headers: &HeaderMap, body: Body) -> Result<S2Append, S2Error> {
     let format = Format::of(headers)?;
     let input: AppendInput = json_body(app, headers, body)
         .await?
@@ -153,20 +188,16 @@ async fn append(app: &AppState, name: &str, headers: &HeaderMap, body: Body) -> 
             body,
         });
     }
-    let stream = records_stream(app, headers, name, true).await?;
-    let append = S2Append {
+    Ok(S2Append {
         records,
         match_seq_num: input.match_seq_num,
         fencing_token: input.fencing_token,
-    };
-    let ack = app
-        .service
-        .s2_append(&stream, append, key_of(headers)?.as_ref())
-        .await?;
-    Ok(json_response(
-        StatusCode::OK,
-        json!({ "start": position_json(ack.start), "end": position_json(ack.end), "tail": position_json(ack.tail) }),
-    ))
+    })
+}
+
+/// Whether the response should be protobuf: the first media type of `Accept` says so.
+fn wants_protobuf(headers: &HeaderMap) -> bool {
+    s2s::media_type(headers, header::ACCEPT).is_some_and(s2s::is_protobuf)
 }
 
 /// The read request's parameters, parsed.
@@ -245,7 +276,9 @@ async fn read(app: &AppState, name: &str, query: Option<&str>, headers: &HeaderM
     let format = Format::of(headers)?;
     let key = key_of(headers)?;
     let mut request = parse_read(query)?;
-    let sse = wants_sse(headers);
+    let s2s_session = s2s::is_session(headers);
+    let sse = !s2s_session && wants_sse(headers);
+    let streaming = sse || s2s_session;
     let resume = match headers.get("last-event-id") {
         Some(value) if sse => Some(
             value
@@ -262,7 +295,11 @@ async fn read(app: &AppState, name: &str, query: Option<&str>, headers: &HeaderM
         || request.limits.until.is_some();
     let wait = request.wait.unwrap_or(0);
     // Unary reads are always bounded, so they follow only when asked to wait.
-    let may_follow = if sse { !bounded || wait > 0 } else { wait > 0 };
+    let may_follow = if streaming {
+        !bounded || wait > 0
+    } else {
+        wait > 0
+    };
     if let Some(resume) = resume {
         request.start = Some(S2Start::SeqNum(resume.last_seq + 1));
         request.limits.count = request.limits.count.map(|c| c.saturating_sub(resume.count));
@@ -287,18 +324,19 @@ async fn read(app: &AppState, name: &str, query: Option<&str>, headers: &HeaderM
     if stream.encrypted && key.is_none() {
         return Err(StreamError::KeyRequired.into());
     }
-    if sse {
-        let idle = request.wait.map(Duration::from_secs);
+    if streaming {
         let session = Session {
             start,
             limits: request.limits,
             may_follow,
-            idle,
+            idle: request.wait.map(Duration::from_secs),
             resume,
-            format,
             key,
         };
-        return Ok(sse_session(app, stream, session));
+        if s2s_session {
+            return Ok(s2s::read_session(app, headers, stream, session));
+        }
+        return Ok(session::sse(app, stream, session, format));
     }
     let unary_read = || {
         let limits = request.limits;
@@ -320,6 +358,9 @@ async fn read(app: &AppState, name: &str, query: Option<&str>, headers: &HeaderM
     }
     app.service
         .s2_open(&stream, key.as_ref(), &mut batch.records)?;
+    if wants_protobuf(headers) {
+        return Ok(s2s::protobuf_response(&s2s::batch_message(&batch)));
+    }
     Ok(json_response(StatusCode::OK, batch_json(&batch, format)))
 }
 
@@ -339,7 +380,7 @@ fn record_json(record: &Record, format: Format) -> Value {
     out
 }
 
-fn batch_json(batch: &S2Batch, format: Format) -> Value {
+pub(super) fn batch_json(batch: &S2Batch, format: Format) -> Value {
     let records: Vec<Value> = batch
         .records
         .iter()
@@ -350,118 +391,4 @@ fn batch_json(batch: &S2Batch, format: Format) -> Value {
         out["tail"] = position_json(batch.tail);
     }
     out
-}
-
-/// What an SSE read session was asked for.
-struct Session {
-    start: u64,
-    limits: S2Limits,
-    may_follow: bool,
-    /// How long the session may go without a new record before it ends.
-    idle: Option<Duration>,
-    resume: Option<EventId>,
-    format: Format,
-    key: Option<RecordKey>,
-}
-
-/// An SSE read session: `batch` events, a `ping` on catching up and while idle, `[DONE]` when a
-/// limit or the idle wait ends it, an `error` event when it fails.
-fn sse_session(app: &AppState, stream: Arc<Stream>, session: Session) -> Response {
-    let service = app.service.clone();
-    let Session {
-        start,
-        limits,
-        may_follow,
-        idle,
-        resume,
-        format,
-        key,
-    } = session;
-    let events = async_stream::stream! {
-        let mut next = start;
-        let mut count = resume.map_or(0, |r| r.count);
-        let mut bytes = resume.map_or(0, |r| r.bytes);
-        let mut remaining = limits;
-        let mut caught_up = false;
-        let mut idle_deadline = idle.map(|d| Instant::now() + d);
-        loop {
-            let read = service.s2_read(&stream, next, remaining, s2::UNARY_MAX_RECORDS, s2::UNARY_MAX_BYTES).await;
-            let batch = match read.and_then(|mut batch| {
-                service.s2_open(&stream, key.as_ref(), &mut batch.records).map(|()| batch)
-            }) {
-                Ok(batch) => batch,
-                Err(e) => {
-                    yield Ok::<Bytes, std::io::Error>(error_event(e));
-                    return;
-                }
-            };
-            if let Some(last) = batch.records.last() {
-                count += batch.records.len() as u64;
-                bytes += batch.metered;
-                remaining.count = remaining.count.map(|c| c.saturating_sub(batch.records.len() as u64));
-                remaining.bytes = remaining.bytes.map(|b| b.saturating_sub(batch.metered));
-                let id = EventId { last_seq: last.seq, count, bytes };
-                next = batch.next_seq;
-                idle_deadline = idle.map(|d| Instant::now() + d);
-                yield Ok(Bytes::from(format!("event: batch\nid: {id}\ndata: {}\n\n", batch_json(&batch, format))));
-            }
-            if batch.limit_reached || (batch.at_tail && !may_follow) {
-                yield Ok(Bytes::from_static(b"data: [DONE]\n\n"));
-                return;
-            }
-            if !batch.at_tail {
-                continue;
-            }
-            if !caught_up {
-                caught_up = true;
-                yield Ok(ping(service.tail_position(&stream)));
-            }
-            // Caught up: wait for new records, pinging while idle, until the idle bound passes.
-            loop {
-                let now = Instant::now();
-                if idle_deadline.is_some_and(|d| now >= d) {
-                    yield Ok(Bytes::from_static(b"data: [DONE]\n\n"));
-                    return;
-                }
-                let wait = idle_deadline.map_or(PING_INTERVAL, |d| PING_INTERVAL.min(d - now));
-                let seen = service.wait_beyond(&stream, Offset::new(next, 0), wait).await;
-                if seen.removed {
-                    yield Ok(error_event(StreamError::NotFound));
-                    return;
-                }
-                if seen.tail.seq > next {
-                    break;
-                }
-                if seen.closed {
-                    // Closed through Durable Streams: no record will ever follow.
-                    yield Ok(Bytes::from_static(b"data: [DONE]\n\n"));
-                    return;
-                }
-                yield Ok(ping(service.tail_position(&stream)));
-            }
-        }
-    };
-    let mut response = (StatusCode::OK, Body::from_stream(events)).into_response();
-    let headers = response.headers_mut();
-    headers.insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("text/event-stream"),
-    );
-    headers.insert(
-        header::CACHE_CONTROL,
-        HeaderValue::from_static("no-cache, no-transform"),
-    );
-    headers.insert("x-accel-buffering", HeaderValue::from_static("no"));
-    response
-}
-
-fn ping(tail: S2Position) -> Bytes {
-    let data =
-        json!({ "timestamp": u64::try_from(now_ms()).unwrap_or(0), "tail": position_json(tail) });
-    Bytes::from(format!("event: ping\ndata: {data}\n\n"))
-}
-
-fn error_event(error: StreamError) -> Bytes {
-    let S2Error { body, .. } = S2Error::from(error);
-    Bytes::from(format!("event: error\ndata: {body}\n\n"))
 }

@@ -1,0 +1,235 @@
+//! S2S sessions (`Content-Type: s2s/proto`), the binary streaming wire of S2's CLI and SDKs, and
+//! the protobuf forms of the records API's messages. Framing and the `s2.v1` message types come
+//! from the `s2-api` crate; this file only maps them to and from the service's types.
+//!
+//! A read session (GET) sends `ReadBatch` frames: records, then an empty batch carrying the tail
+//! as a heartbeat. An append session (POST) reads `AppendInput` frames and answers each with an
+//! `AppendAck`, in order, while later inputs are already being sequenced. A failure ends either
+//! session with a terminal frame: the HTTP status and the JSON error body a unary call would get.
+
+use futures::stream::FuturesOrdered;
+use futures::{Stream as FuturesStream, StreamExt as _};
+use s2_api::v1::stream::proto;
+use s2_api::v1::stream::s2s::{
+    CompressionAlgorithm, FrameDecoder, SessionMessage, TerminalMessage,
+};
+use tokio_util::codec::FramedRead;
+use tokio_util::io::StreamReader;
+
+use super::session::{self, Session, SessionEvent};
+use super::*;
+use crate::service::S2Ack;
+
+pub(super) const CONTENT_TYPE: &str = "s2s/proto";
+
+/// Whether a request opens an S2S session.
+pub(super) fn is_session(headers: &HeaderMap) -> bool {
+    media_type(headers, header::CONTENT_TYPE).is_some_and(|m| m.eq_ignore_ascii_case(CONTENT_TYPE))
+}
+
+/// Whether a media type is protobuf, as S2 clients name it.
+pub(super) fn is_protobuf(media_type: &str) -> bool {
+    media_type.eq_ignore_ascii_case("application/protobuf")
+        || media_type.eq_ignore_ascii_case("application/x-protobuf")
+}
+
+/// The first media type of a header, without parameters.
+pub(super) fn media_type(headers: &HeaderMap, name: header::HeaderName) -> Option<&str> {
+    let value = headers.get(name)?.to_str().ok()?;
+    let first = value.split(',').next()?;
+    Some(first.split(';').next()?.trim())
+}
+
+/// The records of an `AppendInput`, as the service takes them.
+pub(super) fn append_of(input: proto::AppendInput) -> S2Append {
+    S2Append {
+        records: input
+            .records
+            .into_iter()
+            .map(|r| S2Record {
+                timestamp: r.timestamp,
+                headers: r.headers.into_iter().map(|h| (h.name, h.value)).collect(),
+                body: r.body,
+            })
+            .collect(),
+        match_seq_num: input.match_seq_num,
+        fencing_token: input.fencing_token,
+    }
+}
+
+fn position(p: S2Position) -> proto::StreamPosition {
+    proto::StreamPosition {
+        seq_num: p.seq_num,
+        timestamp: p.timestamp,
+    }
+}
+
+pub(super) fn ack_message(ack: &S2Ack) -> proto::AppendAck {
+    proto::AppendAck {
+        start: Some(position(ack.start)),
+        end: Some(position(ack.end)),
+        tail: Some(position(ack.tail)),
+    }
+}
+
+/// A batch as `ReadBatch`; the tail is only told when the batch reached it, as in JSON.
+pub(super) fn batch_message(batch: &S2Batch) -> proto::ReadBatch {
+    let records = batch
+        .records
+        .iter()
+        .map(|r| proto::SequencedRecord {
+            seq_num: r.seq,
+            timestamp: u64::try_from(r.timestamp_ms).unwrap_or(0),
+            headers: r
+                .headers
+                .iter()
+                .map(|(name, value)| proto::Header {
+                    name: name.clone(),
+                    value: value.clone(),
+                })
+                .collect(),
+            body: r.body.clone(),
+        })
+        .collect();
+    let tail = (batch.at_tail && !batch.records.is_empty()).then(|| position(batch.tail));
+    proto::ReadBatch { records, tail }
+}
+
+/// A unary protobuf response.
+pub(super) fn protobuf_response(message: &impl prost::Message) -> Response {
+    (
+        StatusCode::OK,
+        [(header::CONTENT_TYPE, "application/protobuf")],
+        message.encode_to_vec(),
+    )
+        .into_response()
+}
+
+/// A protobuf request body; anything that does not decode is `bad_proto`.
+pub(super) fn decode<M: prost::Message + Default>(bytes: &[u8]) -> Result<M, S2Error> {
+    M::decode(bytes).map_err(|e| bad("bad_proto", format!("invalid protobuf: {e}")))
+}
+
+fn terminal(error: S2Error) -> Bytes {
+    SessionMessage::Terminal(TerminalMessage {
+        status: error.status.as_u16(),
+        body: error.body.to_string(),
+    })
+    .encode()
+}
+
+/// A regular frame, or (should a message not fit a frame) the terminal frame saying so.
+fn frame(compression: CompressionAlgorithm, message: &impl prost::Message) -> Result<Bytes, Bytes> {
+    SessionMessage::regular(compression, message)
+        .map(|m| m.encode())
+        .map_err(|e| {
+            terminal(S2Error::new(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "storage",
+                format!("cannot frame a message: {e}"),
+            ))
+        })
+}
+
+/// A read session over S2S.
+pub(super) fn read_session(
+    app: &AppState,
+    headers: &HeaderMap,
+    stream: Arc<Stream>,
+    session: Session,
+) -> Response {
+    let compression = CompressionAlgorithm::from_accept_encoding(headers);
+    let events = session::events(app.service.clone(), stream, session);
+    let frames = async_stream::stream! {
+        futures::pin_mut!(events);
+        while let Some(event) = events.next().await {
+            let message = match event {
+                SessionEvent::Batch { batch, .. } => batch_message(&batch),
+                SessionEvent::Heartbeat(tail) => proto::ReadBatch { records: Vec::new(), tail: Some(position(tail)) },
+                SessionEvent::End => return,
+                SessionEvent::Failed(error) => {
+                    yield Ok::<Bytes, std::io::Error>(terminal(error.into()));
+                    return;
+                }
+            };
+            match frame(compression, &message) {
+                Ok(bytes) => yield Ok(bytes),
+                Err(last) => {
+                    yield Ok(last);
+                    return;
+                }
+            }
+        }
+    };
+    session::streaming_response(Body::from_stream(frames), CONTENT_TYPE)
+}
+
+/// The `AppendInput`s a client sends in an append session, until its body ends.
+fn inputs(body: Body) -> impl FuturesStream<Item = Result<S2Append, S2Error>> + Send {
+    let reader =
+        StreamReader::new(body.into_data_stream().map(|chunk| {
+            chunk.map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e))
+        }));
+    FramedRead::new(reader, FrameDecoder).map(|frame| match frame {
+        Ok(SessionMessage::Regular(data)) => data
+            .try_into_proto::<proto::AppendInput>()
+            .map(append_of)
+            .map_err(|e| bad("bad_proto", format!("invalid AppendInput frame: {e}"))),
+        Ok(SessionMessage::Terminal(_)) => {
+            Err(bad("bad_proto", "a client does not send terminal frames"))
+        }
+        Err(e) => Err(bad("bad_proto", format!("invalid frame: {e}"))),
+    })
+}
+
+/// An append session over S2S: each input is sequenced as soon as it arrives, and the acks go
+/// back in input order as the batches become durable. The first failure ends the session with
+/// a terminal frame, after the acks of every input sequenced before it.
+pub(super) fn append_session(
+    app: &AppState,
+    headers: &HeaderMap,
+    stream: Arc<Stream>,
+    key: Option<RecordKey>,
+    body: Body,
+) -> Response {
+    let compression = CompressionAlgorithm::from_accept_encoding(headers);
+    let service = app.service.clone();
+    let frames = async_stream::stream! {
+        let inputs = inputs(body);
+        futures::pin_mut!(inputs);
+        let mut pending = FuturesOrdered::new();
+        let mut inputs_open = true;
+        let mut failure: Option<S2Error> = None;
+        loop {
+            tokio::select! {
+                biased;
+                Some(acked) = pending.next(), if !pending.is_empty() => match acked {
+                    Ok(ack) => match frame(compression, &ack_message(&ack)) {
+                        Ok(bytes) => yield Ok::<Bytes, std::io::Error>(bytes),
+                        Err(last) => {
+                            yield Ok(last);
+                            return;
+                        }
+                    },
+                    Err(error) => {
+                        yield Ok(terminal(S2Error::from(error)));
+                        return;
+                    }
+                },
+                input = inputs.next(), if inputs_open && failure.is_none() => match input {
+                    None => inputs_open = false,
+                    Some(Err(error)) => failure = Some(error),
+                    Some(Ok(append)) => match service.s2_sequence(&stream, append, key.as_ref()).await {
+                        Ok(ack) => pending.push_back(ack),
+                        Err(error) => failure = Some(error.into()),
+                    },
+                },
+                else => break,
+            }
+        }
+        if let Some(error) = failure {
+            yield Ok(terminal(error));
+        }
+    };
+    session::streaming_response(Body::from_stream(frames), CONTENT_TYPE)
+}

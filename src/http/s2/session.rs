@@ -1,0 +1,159 @@
+//! Read sessions: the one loop behind both streaming wires, SSE (`text/event-stream`) and S2S
+//! (`s2s/proto`). It reads batches up to the tail, signals catching up with a heartbeat, then
+//! follows new records, heartbeating while idle, until a limit, the idle bound or an error ends
+//! it. Each wire only renders the events.
+
+use futures::{Stream as FuturesStream, StreamExt as _};
+
+use super::*;
+
+/// What a read session was asked for.
+pub(super) struct Session {
+    pub start: u64,
+    pub limits: S2Limits,
+    pub may_follow: bool,
+    /// How long the session may go without a new record before it ends.
+    pub idle: Option<Duration>,
+    /// Where an SSE session resumes its counts (`Last-Event-ID`).
+    pub resume: Option<EventId>,
+    pub key: Option<RecordKey>,
+}
+
+/// One step of a read session.
+pub(super) enum SessionEvent {
+    /// Records, with the session's running totals after them.
+    Batch { batch: S2Batch, id: EventId },
+    /// Nothing new: the tail as it stands. Sent on catching up and while idle.
+    Heartbeat(S2Position),
+    /// The session is over: a limit was reached, the idle bound passed or the stream closed.
+    End,
+    /// The session failed; nothing follows.
+    Failed(StreamError),
+}
+
+/// The events of a read session, ending with `End` or `Failed`.
+pub(super) fn events(
+    service: Arc<crate::service::StreamService>,
+    stream: Arc<Stream>,
+    session: Session,
+) -> impl FuturesStream<Item = SessionEvent> + Send {
+    let Session {
+        start,
+        limits,
+        may_follow,
+        idle,
+        resume,
+        key,
+    } = session;
+    async_stream::stream! {
+        let mut next = start;
+        let mut count = resume.map_or(0, |r| r.count);
+        let mut bytes = resume.map_or(0, |r| r.bytes);
+        let mut remaining = limits;
+        let mut caught_up = false;
+        let mut idle_deadline = idle.map(|d| Instant::now() + d);
+        loop {
+            let read = service.s2_read(&stream, next, remaining, s2::UNARY_MAX_RECORDS, s2::UNARY_MAX_BYTES).await;
+            let batch = match read.and_then(|mut batch| {
+                service.s2_open(&stream, key.as_ref(), &mut batch.records).map(|()| batch)
+            }) {
+                Ok(batch) => batch,
+                Err(e) => {
+                    yield SessionEvent::Failed(e);
+                    return;
+                }
+            };
+            let (limit_reached, at_tail) = (batch.limit_reached, batch.at_tail);
+            if let Some(last) = batch.records.last() {
+                count += batch.records.len() as u64;
+                bytes += batch.metered;
+                remaining.count = remaining.count.map(|c| c.saturating_sub(batch.records.len() as u64));
+                remaining.bytes = remaining.bytes.map(|b| b.saturating_sub(batch.metered));
+                let id = EventId { last_seq: last.seq, count, bytes };
+                next = batch.next_seq;
+                idle_deadline = idle.map(|d| Instant::now() + d);
+                yield SessionEvent::Batch { batch, id };
+            }
+            if limit_reached || (at_tail && !may_follow) {
+                yield SessionEvent::End;
+                return;
+            }
+            if !at_tail {
+                continue;
+            }
+            if !caught_up {
+                caught_up = true;
+                yield SessionEvent::Heartbeat(service.tail_position(&stream));
+            }
+            // Caught up: wait for new records, heartbeating while idle, until the idle bound.
+            loop {
+                let now = Instant::now();
+                if idle_deadline.is_some_and(|d| now >= d) {
+                    yield SessionEvent::End;
+                    return;
+                }
+                let wait = idle_deadline.map_or(PING_INTERVAL, |d| PING_INTERVAL.min(d - now));
+                let seen = service.wait_beyond(&stream, Offset::new(next, 0), wait).await;
+                if seen.removed {
+                    yield SessionEvent::Failed(StreamError::NotFound);
+                    return;
+                }
+                if seen.tail.seq > next {
+                    break;
+                }
+                if seen.closed {
+                    // Closed through Durable Streams: no record will ever follow.
+                    yield SessionEvent::End;
+                    return;
+                }
+                yield SessionEvent::Heartbeat(service.tail_position(&stream));
+            }
+        }
+    }
+}
+
+/// A read session over SSE: `batch` events, `ping` heartbeats, `data: [DONE]` at a normal end,
+/// an `error` event (and no `[DONE]`) when it fails.
+pub(super) fn sse(
+    app: &AppState,
+    stream: Arc<Stream>,
+    session: Session,
+    format: Format,
+) -> Response {
+    let rendered = events(app.service.clone(), stream, session).map(move |event| {
+        Ok::<Bytes, std::io::Error>(match event {
+            SessionEvent::Batch { batch, id } => Bytes::from(format!(
+                "event: batch\nid: {id}\ndata: {}\n\n",
+                batch_json(&batch, format)
+            )),
+            SessionEvent::Heartbeat(tail) => ping(tail),
+            SessionEvent::End => Bytes::from_static(b"data: [DONE]\n\n"),
+            SessionEvent::Failed(error) => error_event(error),
+        })
+    });
+    streaming_response(Body::from_stream(rendered), "text/event-stream")
+}
+
+/// A 200 response whose body is a live session, kept out of caches and proxy buffers.
+pub(super) fn streaming_response(body: Body, content_type: &'static str) -> Response {
+    let mut response = (StatusCode::OK, body).into_response();
+    let headers = response.headers_mut();
+    headers.insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
+    headers.insert(
+        header::CACHE_CONTROL,
+        HeaderValue::from_static("no-cache, no-transform"),
+    );
+    headers.insert("x-accel-buffering", HeaderValue::from_static("no"));
+    response
+}
+
+fn ping(tail: S2Position) -> Bytes {
+    let data =
+        json!({ "timestamp": u64::try_from(now_ms()).unwrap_or(0), "tail": position_json(tail) });
+    Bytes::from(format!("event: ping\ndata: {data}\n\n"))
+}
+
+fn error_event(error: StreamError) -> Bytes {
+    let S2Error { body, .. } = S2Error::from(error);
+    Bytes::from(format!("event: error\ndata: {body}\n\n"))
+}
