@@ -94,7 +94,6 @@ impl StreamService {
         };
         if let Some(commit) = commit {
             commit.await?;
-            stream.publish_tail(ack.tail, ack.timestamp_ms, ack.closed);
             return Ok(ack);
         }
         let mut rx = stream.subscribe();
@@ -167,15 +166,11 @@ impl StreamService {
                 .then(|| self.submit(&stream, &mut state, records, producers.into_iter(), false));
             (results, commit)
         };
-        if let Some(commit) = commit {
-            if let Err(e) = commit.await {
-                for result in results.iter_mut().filter(|r| r.is_ok()) {
-                    *result = Err(StreamError::Storage(e.clone()));
-                }
-                return Ok(results);
-            }
-            if let Some(last) = results.iter().filter_map(|r| r.as_ref().ok()).next_back() {
-                stream.publish_tail(last.tail, last.timestamp_ms, false);
+        if let Some(commit) = commit
+            && let Err(e) = commit.await
+        {
+            for result in results.iter_mut().filter(|r| r.is_ok()) {
+                *result = Err(StreamError::Storage(e.clone()));
             }
         }
         Ok(results)
@@ -183,10 +178,12 @@ impl StreamService {
 
     /// Caches the records and submits them, with the producers' states and, when more than the
     /// tail changed, the stream's metadata. (The tail itself need not be stored with every
-    /// append: recovery finds it after the last stored record.)
+    /// append: recovery finds it after the last stored record.) Once the commit is durable, the
+    /// stream's new tail is published to readers; that runs on its own task, so records are
+    /// never left durable but unseen because the request that wrote them went away.
     pub(super) fn submit(
         &self,
-        stream: &Stream,
+        stream: &Arc<Stream>,
         state: &mut State,
         records: Vec<Record>,
         producers: impl Iterator<Item = (String, ProducerState)>,
@@ -201,7 +198,19 @@ impl StreamService {
         if !records.is_empty() {
             changes.push(Change::PutRecords(stream.id, records));
         }
-        self.engine.commit(changes)
+        let commit = self.engine.commit(changes);
+        let (tail, timestamp_ms, closed) = (
+            state.meta.tail,
+            state.meta.last_timestamp_ms,
+            state.meta.closed,
+        );
+        let stream = Arc::clone(stream);
+        let published = tokio::spawn(async move {
+            commit.await?;
+            stream.publish_tail(tail, timestamp_ms, closed);
+            Ok(())
+        });
+        Box::pin(async move { published.await.map_err(|_| StorageError::Failed)? })
     }
 }
 

@@ -152,7 +152,6 @@ impl StreamService {
             self.submit(stream, &mut state, records, std::iter::empty(), false)
         };
         commit.await?;
-        stream.publish_tail(tail, timestamp, false);
         Ok(())
     }
 

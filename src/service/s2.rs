@@ -304,7 +304,7 @@ impl StreamService {
             .acquire_owned()
             .await
             .map_err(|_| crate::storage::StorageError::Failed)?;
-        let (ack, new_tail, trim, commit) = {
+        let (ack, trim, commit) = {
             let mut state = stream.lock();
             let (ack, records, trim) = sequence(
                 &mut state,
@@ -314,17 +314,12 @@ impl StreamService {
             )?;
             let fenced = records.iter().any(|r| r.command);
             let commit = self.submit(stream, &mut state, records, std::iter::empty(), fenced);
-            (ack, state.meta.tail, trim, commit)
+            (ack, trim, commit)
         };
         let (service, stream) = (Arc::clone(self), Arc::clone(stream));
         let completion = tokio::spawn(async move {
             commit.await?;
             drop(permit);
-            stream.publish_tail(
-                new_tail,
-                i64::try_from(ack.end.timestamp).unwrap_or(i64::MAX),
-                false,
-            );
             if let Some(trim) = trim {
                 service.trim(&stream, trim).await?;
             }

@@ -117,6 +117,31 @@ async fn readers_see_an_append_only_once_it_is_durable() {
 }
 
 #[tokio::test]
+async fn an_append_whose_requester_went_away_still_becomes_visible_once_durable() {
+    let gate = Arc::new(Semaphore::new(1)); // lets the create through
+    let engine = Arc::new(GatedEngine {
+        inner: MemoryEngine::new(),
+        gate: gate.clone(),
+    });
+    let service = StreamService::open(engine, ServiceConfig::default()).unwrap();
+    service.create(create_text("s")).await.unwrap();
+    let stream = service.find("s", false).await.unwrap();
+
+    // Poll the append once, so it is sequenced and submitted, then drop it, as a server drops
+    // the handler of a client that disconnected.
+    assert!(service.append("s", text("orphan")).now_or_never().is_none());
+    assert_ne!(stream.lock().meta.tail, Offset::START, "it was sequenced");
+
+    gate.add_permits(1);
+    let seen = service
+        .wait_beyond(&stream, Offset::START, Duration::from_secs(10))
+        .await;
+    assert_ne!(seen.tail, Offset::START, "readers see the durable append");
+    let chunk = service.read_at(&stream, Offset::START, None).await.unwrap();
+    assert_eq!(chunk.records[0].body, "orphan");
+}
+
+#[tokio::test]
 async fn a_wait_without_appends_times_out_at_the_same_tail() {
     let service =
         StreamService::open(Arc::new(MemoryEngine::new()), ServiceConfig::default()).unwrap();

@@ -135,11 +135,11 @@ async def test_create_stream_on_append_makes_the_missing_stream_with_basin_defau
         create_stream_on_append=True,
         default_stream_config=StreamConfig(retention_policy=7200)))
     b = s2.basin(name)
-    ack = await append(b.stream("auto/created"), b"first")
+    ack = await append(b.stream("auto-created"), b"first")
     assert (ack.start.seq_num, ack.end.seq_num) == (0, 1)
-    assert [s.name async for s in b.list_all_streams()] == ["auto/created"]
-    assert (await within(b.get_stream_config("auto/created"))).retention_policy == 7200
-    got = await read(b.stream("auto/created"), start=SeqNum(0))
+    assert [s.name async for s in b.list_all_streams()] == ["auto-created"]
+    assert (await within(b.get_stream_config("auto-created"))).retention_policy == 7200
+    got = await read(b.stream("auto-created"), start=SeqNum(0))
     assert bodies(got.records) == [b"first"]
 
 

@@ -25,17 +25,17 @@ async def test_create_stream_returns_its_info_and_lists_it(basin):
 
 
 async def test_list_streams_filters_by_prefix_in_name_order_and_pages(basin):
-    for name in ("logs/b", "logs/a", "logs/c", "metrics/x"):
+    for name in ("logs.b", "logs.a", "logs.c", "metrics.x"):
         await within(basin.create_stream(name))
-    page = await within(basin.list_streams(prefix="logs/"))
-    assert [s.name for s in page.items] == ["logs/a", "logs/b", "logs/c"]
+    page = await within(basin.list_streams(prefix="logs."))
+    assert [s.name for s in page.items] == ["logs.a", "logs.b", "logs.c"]
     assert page.has_more is False
     page = await within(basin.list_streams(limit=2))
-    assert [s.name for s in page.items] == ["logs/a", "logs/b"]
+    assert [s.name for s in page.items] == ["logs.a", "logs.b"]
     assert page.has_more is True
-    page = await within(basin.list_streams(start_after="logs/b"))
-    assert [s.name for s in page.items] == ["logs/c", "metrics/x"]
-    assert await names(basin, prefix="metrics") == ["metrics/x"]
+    page = await within(basin.list_streams(start_after="logs.b"))
+    assert [s.name for s in page.items] == ["logs.c", "metrics.x"]
+    assert await names(basin, prefix="metrics") == ["metrics.x"]
 
 
 async def test_stream_config_given_at_creation_reads_back(basin):
