@@ -77,7 +77,7 @@ pub struct ServeArgs {
 /// The settings file: every key optional, unknown keys refused.
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
-struct FileConfig {
+pub struct FileConfig {
     listen: Option<SocketAddr>,
     data_dir: Option<PathBuf>,
     memory: Option<bool>,
@@ -186,10 +186,15 @@ fn load_file(path: &Path) -> Result<FileConfig, ConfigError> {
         path: path.to_owned(),
         source,
     })?;
-    toml::from_str(&text).map_err(|source| ConfigError::Parse {
+    parse_file(&text).map_err(|source| ConfigError::Parse {
         path: path.to_owned(),
         source: Box::new(source),
     })
+}
+
+/// Parses the text of a `--config` file. Unknown keys are errors.
+pub fn parse_file(text: &str) -> Result<FileConfig, toml::de::Error> {
+    toml::from_str(text)
 }
 
 #[cfg(test)]

@@ -1,6 +1,7 @@
 //! The S2 records model (seed 002): metering, record commands, timestamps, configuration.
 //! Pure rules; the S2 face in `http/s2` translates the wire format and `service/` applies them.
 
+use base64::Engine as _;
 use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -16,6 +17,112 @@ pub const UNARY_MAX_RECORDS: u64 = 1000;
 pub const UNARY_MAX_BYTES: u64 = 1 << 20;
 /// The longest a unary read waits for new records.
 pub const UNARY_MAX_WAIT_SECS: u64 = 60;
+
+/// A record as an S2 client sends it, decoded from its wire format.
+#[derive(Clone, Debug, Default)]
+pub struct S2Record {
+    pub timestamp: Option<u64>,
+    pub headers: Vec<(Bytes, Bytes)>,
+    pub body: Bytes,
+}
+
+/// One append: a batch of records and its conditions.
+#[derive(Clone, Debug, Default)]
+pub struct S2Append {
+    pub records: Vec<S2Record>,
+    pub match_seq_num: Option<u64>,
+    pub fencing_token: Option<String>,
+}
+
+/// How record bytes travel in JSON (the `s2-format` header).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Format {
+    /// Header names, values and bodies are UTF-8 text; bytes read back as lossy UTF-8.
+    Raw,
+    /// Standard base64 with padding.
+    Base64,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum JsonInputError {
+    /// Not JSON, or not an `AppendInput`.
+    #[error("{0}")]
+    Malformed(String),
+    /// Well-formed JSON whose bytes do not decode in the chosen format.
+    #[error("{0}")]
+    Undecodable(String),
+}
+
+impl Format {
+    /// The format an `s2-format` header value names (`None`: the header is absent).
+    pub fn named(value: Option<&str>) -> Option<Format> {
+        match value.map(str::trim) {
+            None | Some("raw") | Some("json") => Some(Format::Raw),
+            Some("base64") | Some("json-binsafe") => Some(Format::Base64),
+            Some(_) => None,
+        }
+    }
+
+    pub fn decode(self, text: &str) -> Result<Bytes, JsonInputError> {
+        match self {
+            Format::Raw => Ok(Bytes::copy_from_slice(text.as_bytes())),
+            Format::Base64 => base64::engine::general_purpose::STANDARD
+                .decode(text)
+                .map(Bytes::from)
+                .map_err(|e| JsonInputError::Undecodable(format!("invalid base64: {e}"))),
+        }
+    }
+
+    pub fn encode(self, bytes: &[u8]) -> String {
+        match self {
+            Format::Raw => String::from_utf8_lossy(bytes).into_owned(),
+            Format::Base64 => base64::engine::general_purpose::STANDARD.encode(bytes),
+        }
+    }
+}
+
+#[derive(Deserialize)]
+struct JsonAppendInput {
+    records: Vec<JsonAppendRecord>,
+    #[serde(default)]
+    match_seq_num: Option<u64>,
+    #[serde(default)]
+    fencing_token: Option<String>,
+}
+
+#[derive(Deserialize)]
+struct JsonAppendRecord {
+    #[serde(default)]
+    timestamp: Option<u64>,
+    #[serde(default)]
+    headers: Vec<(String, String)>,
+    #[serde(default)]
+    body: Option<String>,
+}
+
+/// Parses a JSON `AppendInput`, its bytes decoded per `format`. Limits and record rules are
+/// checked where the batch is sequenced, the same for every wire.
+pub fn parse_append_json(body: &[u8], format: Format) -> Result<S2Append, JsonInputError> {
+    let input: JsonAppendInput =
+        serde_json::from_slice(body).map_err(|e| JsonInputError::Malformed(e.to_string()))?;
+    let mut records = Vec::with_capacity(input.records.len());
+    for record in input.records {
+        let mut headers = Vec::with_capacity(record.headers.len());
+        for (name, value) in &record.headers {
+            headers.push((format.decode(name)?, format.decode(value)?));
+        }
+        records.push(S2Record {
+            timestamp: record.timestamp,
+            headers,
+            body: format.decode(record.body.as_deref().unwrap_or_default())?,
+        });
+    }
+    Ok(S2Append {
+        records,
+        match_seq_num: input.match_seq_num,
+        fencing_token: input.fencing_token,
+    })
+}
 
 /// S2's metered size of a record: 8 bytes of overhead, 2 per header, and every byte of the
 /// header names, values and body.

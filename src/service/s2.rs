@@ -4,7 +4,6 @@
 
 use std::sync::Arc;
 
-use bytes::Bytes;
 use serde_json::Value;
 
 use super::stream::State;
@@ -16,20 +15,7 @@ use crate::model::s2::{self, BasinConfig, Command, StreamConfig, Timestamping};
 use crate::model::{Offset, names};
 use crate::storage::Change;
 
-/// A record as an S2 client sends it, already decoded from its wire format.
-#[derive(Clone, Debug, Default)]
-pub struct S2Record {
-    pub timestamp: Option<u64>,
-    pub headers: Vec<(Bytes, Bytes)>,
-    pub body: Bytes,
-}
-
-#[derive(Clone, Debug, Default)]
-pub struct S2Append {
-    pub records: Vec<S2Record>,
-    pub match_seq_num: Option<u64>,
-    pub fencing_token: Option<String>,
-}
+pub use crate::model::s2::{S2Append, S2Record};
 
 /// A sequence number with the timestamp of the record there (S2's `StreamPosition`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

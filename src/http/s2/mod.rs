@@ -11,7 +11,6 @@ use axum::extract::{Path, RawQuery, State};
 use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{any, get};
-use base64::Engine as _;
 use bytes::Bytes;
 use serde::Deserialize;
 use serde_json::{Value, json};
@@ -24,7 +23,7 @@ use super::AppState;
 use super::request::{self, Query, Rejection};
 use crate::model::cipher::{CipherError, RecordKey};
 use crate::model::headers::format_timestamp;
-use crate::model::s2::{self, BasinConfig, EventId, StreamConfig};
+use crate::model::s2::{self, BasinConfig, EventId, Format, StreamConfig};
 use crate::model::{Offset, Record, names};
 use crate::service::{
     S2Append, S2Batch, S2Limits, S2Position, S2Record, S2Start, Stream, StreamError, StreamSummary,
@@ -42,7 +41,7 @@ mod s2s;
 mod session;
 
 use manage::{basin, create_basin, create_stream, list_basins, list_streams, stream};
-use records::{Format, batch_json, check_tail, records};
+use records::{batch_json, check_tail, records};
 
 /// Responses smaller than this go uncompressed, as S2 does.
 const COMPRESS_ABOVE_BYTES: u16 = 1024;
@@ -238,22 +237,29 @@ fn stream_key(basin: &str, stream: &str) -> Result<String, S2Error> {
     names::bucket_stream_key(basin, stream).map_err(|e| bad("bad_path", e))
 }
 
+/// A JSON request body's bytes (empty when there is none); a body that is not JSON is
+/// `bad_json`.
+async fn json_bytes(app: &AppState, headers: &HeaderMap, body: Body) -> Result<Bytes, S2Error> {
+    let bytes = request::body(headers, body, app.config.max_body_bytes).await?;
+    let is_json = headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(crate::model::content_type::is_json);
+    if !bytes.is_empty() && !is_json {
+        return Err(bad("bad_json", "expected Content-Type: application/json"));
+    }
+    Ok(bytes)
+}
+
 /// A JSON request body; any problem with it is `bad_json`.
 async fn json_body<T: serde::de::DeserializeOwned>(
     app: &AppState,
     headers: &HeaderMap,
     body: Body,
 ) -> Result<Option<T>, S2Error> {
-    let bytes = request::body(headers, body, app.config.max_body_bytes).await?;
+    let bytes = json_bytes(app, headers, body).await?;
     if bytes.is_empty() {
         return Ok(None);
-    }
-    let is_json = headers
-        .get(header::CONTENT_TYPE)
-        .and_then(|v| v.to_str().ok())
-        .is_some_and(crate::model::content_type::is_json);
-    if !is_json {
-        return Err(bad("bad_json", "expected Content-Type: application/json"));
     }
     serde_json::from_slice(&bytes)
         .map(Some)

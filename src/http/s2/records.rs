@@ -66,60 +66,24 @@ pub(super) async fn check_tail(
     result.await.unwrap_or_else(IntoResponse::into_response)
 }
 
-/// How record bytes travel in JSON (`s2-format`).
-#[derive(Clone, Copy, PartialEq, Eq)]
-pub(super) enum Format {
-    Raw,
-    Base64,
+/// The `s2-format` of a request.
+fn format_of(headers: &HeaderMap) -> Result<Format, S2Error> {
+    let value = headers.get("s2-format").map(|v| v.to_str().unwrap_or("?"));
+    Format::named(value).ok_or_else(|| {
+        bad(
+            "bad_header",
+            format!("unknown s2-format {:?}", value.unwrap_or_default()),
+        )
+    })
 }
 
-impl Format {
-    fn of(headers: &HeaderMap) -> Result<Format, S2Error> {
-        match headers
-            .get("s2-format")
-            .map(|v| v.to_str().unwrap_or("?").trim())
-        {
-            None | Some("raw") | Some("json") => Ok(Format::Raw),
-            Some("base64") | Some("json-binsafe") => Ok(Format::Base64),
-            Some(other) => Err(bad("bad_header", format!("unknown s2-format {other:?}"))),
+impl From<s2::JsonInputError> for S2Error {
+    fn from(error: s2::JsonInputError) -> Self {
+        match error {
+            s2::JsonInputError::Malformed(m) => bad("bad_json", m),
+            s2::JsonInputError::Undecodable(m) => bad("invalid", m),
         }
     }
-
-    fn decode(self, text: &str) -> Result<Bytes, S2Error> {
-        match self {
-            Format::Raw => Ok(Bytes::copy_from_slice(text.as_bytes())),
-            Format::Base64 => base64::engine::general_purpose::STANDARD
-                .decode(text)
-                .map(Bytes::from)
-                .map_err(|e| bad("invalid", format!("invalid base64: {e}"))),
-        }
-    }
-
-    fn encode(self, bytes: &[u8]) -> String {
-        match self {
-            Format::Raw => String::from_utf8_lossy(bytes).into_owned(),
-            Format::Base64 => base64::engine::general_purpose::STANDARD.encode(bytes),
-        }
-    }
-}
-
-#[derive(Deserialize)]
-struct AppendInput {
-    records: Vec<AppendRecord>,
-    #[serde(default)]
-    match_seq_num: Option<u64>,
-    #[serde(default)]
-    fencing_token: Option<String>,
-}
-
-#[derive(Deserialize)]
-struct AppendRecord {
-    #[serde(default)]
-    timestamp: Option<u64>,
-    #[serde(default)]
-    headers: Vec<(String, String)>,
-    #[serde(default)]
-    body: Option<String>,
 }
 
 pub(super) async fn records(
@@ -171,28 +135,12 @@ async fn append(app: &AppState, name: &str, headers: &HeaderMap, body: Body) -> 
 
 /// A JSON `AppendInput`, its bytes decoded per `s2-format`.
 async fn json_append(app: &AppState, headers: &HeaderMap, body: Body) -> Result<S2Append, S2Error> {
-    let format = Format::of(headers)?;
-    let input: AppendInput = json_body(app, headers, body)
-        .await?
-        .ok_or_else(|| bad("bad_json", "a body is required"))?;
-    let mut records = Vec::with_capacity(input.records.len());
-    for record in input.records {
-        let mut decoded = Vec::with_capacity(record.headers.len());
-        for (header_name, value) in &record.headers {
-            decoded.push((format.decode(header_name)?, format.decode(value)?));
-        }
-        let body = format.decode(record.body.as_deref().unwrap_or_default())?;
-        records.push(S2Record {
-            timestamp: record.timestamp,
-            headers: decoded,
-            body,
-        });
+    let format = format_of(headers)?;
+    let bytes = json_bytes(app, headers, body).await?;
+    if bytes.is_empty() {
+        return Err(bad("bad_json", "a body is required"));
     }
-    Ok(S2Append {
-        records,
-        match_seq_num: input.match_seq_num,
-        fencing_token: input.fencing_token,
-    })
+    Ok(s2::parse_append_json(&bytes, format)?)
 }
 
 /// Whether the response should be protobuf: the first media type of `Accept` says so.
@@ -273,7 +221,7 @@ fn wants_sse(headers: &HeaderMap) -> bool {
 }
 
 async fn read(app: &AppState, name: &str, query: Option<&str>, headers: &HeaderMap) -> S2Result {
-    let format = Format::of(headers)?;
+    let format = format_of(headers)?;
     let key = key_of(headers)?;
     let mut request = parse_read(query)?;
     let s2s_session = s2s::is_session(headers);
