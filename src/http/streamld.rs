@@ -160,7 +160,7 @@ fn target_of(iri: &str) -> Option<Target> {
         (Some(bucket), None | Some("")) => names::validate_bucket_id(bucket)
             .ok()
             .map(|()| Target::Bucket(bucket.to_string())),
-        (Some(bucket), Some(stream)) => names::bucket_stream_key(bucket, stream)
+        (Some(bucket), Some(stream)) => names::stream_key_in(bucket, stream)
             .ok()
             .map(Target::Stream),
         _ => None,

@@ -19,6 +19,8 @@ pub enum NameError {
         "stream id must be 1 to 122 bytes with no '/', NUL or '..', and bucket/stream at most 122 bytes"
     )]
     BadStreamId,
+    #[error("an S2 stream name is 1 to 512 bytes with no NUL, and not '.' or '..'")]
+    BadS2Name,
     #[error("the stream id 'streams' is reserved for the bucket listing")]
     Reserved,
     #[error("a base-protocol stream path must be non-empty and free of control characters")]
@@ -54,6 +56,26 @@ pub fn bucket_stream_key(bucket: &str, stream: &str) -> Result<String, NameError
         return Err(NameError::BadStreamId);
     }
     Ok(format!("/{bucket}/{stream}"))
+}
+
+/// The most bytes an S2 stream name may have.
+pub const MAX_S2_STREAM_NAME_BYTES: usize = 512;
+
+/// The key of any stream a bucket can hold, whichever face named it: S2's naming rule, the
+/// widest of the faces (it allows `/`). A name that is also a valid bucket stream id is the same
+/// stream on the bucketed Durable Streams surface; other names are reachable through S2 and
+/// replication only.
+pub fn stream_key_in(basin: &str, stream: &str) -> Result<String, NameError> {
+    validate_bucket_id(basin)?;
+    let bad = stream.is_empty()
+        || stream.len() > MAX_S2_STREAM_NAME_BYTES
+        || stream.contains('\0')
+        || stream == "."
+        || stream == "..";
+    if bad {
+        return Err(NameError::BadS2Name);
+    }
+    Ok(format!("/{basin}/{stream}"))
 }
 
 /// The key of a base-protocol stream.
@@ -96,6 +118,24 @@ pub fn bucket_prefix(bucket: &str) -> String {
 mod tests {
     use super::*;
     use proptest::prelude::*;
+
+    #[test]
+    fn s2_names_allow_slashes_and_dots_but_not_nul_or_dot_segments() {
+        assert_eq!(
+            stream_key_in("basin-1", "users/42/events").unwrap(),
+            "/basin-1/users/42/events"
+        );
+        assert!(stream_key_in("basin-1", "a..b").is_ok());
+        assert!(stream_key_in("basin-1", &"n".repeat(512)).is_ok());
+        for bad in ["", ".", "..", "a\0b"] {
+            assert_eq!(stream_key_in("basin-1", bad), Err(NameError::BadS2Name));
+        }
+        assert!(stream_key_in("basin-1", &"n".repeat(513)).is_err());
+        assert!(
+            bucket_stream_key("basin-1", "users/42").is_err(),
+            "the bucketed surface keeps its narrower rule"
+        );
+    }
 
     #[test]
     fn bucket_ids_are_four_to_sixty_four_lowercase_word_characters() {

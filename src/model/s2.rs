@@ -199,6 +199,7 @@ pub struct Timestamping {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum RetentionPolicy {
+    /// Seconds; at least one.
     Age(u64),
     Infinite(serde_json::Map<String, Value>),
 }
@@ -207,6 +208,11 @@ pub enum RetentionPolicy {
 pub struct DeleteOnEmpty {
     #[serde(default)]
     pub min_age_secs: u64,
+}
+
+/// A configuration's rules beyond its shape (a well-formed but impossible value is S2's 422).
+pub trait CheckedConfig {
+    fn check(&self) -> Result<(), String>;
 }
 
 /// An S2 stream's configuration. Unknown fields are refused, as S2 does.
@@ -223,6 +229,51 @@ pub struct StreamConfig {
     pub delete_on_empty: Option<DeleteOnEmpty>,
 }
 
+impl StreamConfig {
+    /// The configuration in force, every field filled in: what is set, else what Runnel does
+    /// when it is not (records kept until trimmed, client-prefer capped timestamps).
+    pub fn effective(&self) -> StreamConfig {
+        let timestamping = self.timestamping.clone().unwrap_or_default();
+        StreamConfig {
+            storage_class: Some(
+                self.storage_class
+                    .clone()
+                    .unwrap_or_else(|| DEFAULT_STORAGE_CLASS.to_string()),
+            ),
+            retention_policy: Some(
+                self.retention_policy
+                    .clone()
+                    .unwrap_or_else(|| RetentionPolicy::Infinite(Default::default())),
+            ),
+            timestamping: Some(Timestamping {
+                mode: Some(timestamping.mode.unwrap_or_default()),
+                uncapped: Some(timestamping.uncapped.unwrap_or(false)),
+            }),
+            delete_on_empty: Some(self.delete_on_empty.clone().unwrap_or_default()),
+        }
+    }
+}
+
+impl CheckedConfig for StreamConfig {
+    fn check(&self) -> Result<(), String> {
+        if self.retention_policy == Some(RetentionPolicy::Age(0)) {
+            return Err("a retention age is at least 1 second".into());
+        }
+        Ok(())
+    }
+}
+
+impl CheckedConfig for BasinConfig {
+    fn check(&self) -> Result<(), String> {
+        self.default_stream_config
+            .as_ref()
+            .map_or(Ok(()), CheckedConfig::check)
+    }
+}
+
+/// The storage class reported when none is set (Runnel stores every stream the same way).
+pub const DEFAULT_STORAGE_CLASS: &str = "express";
+
 /// An S2 basin's configuration.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -237,8 +288,13 @@ pub struct BasinConfig {
     pub create_stream_on_read: bool,
 }
 
+/// Fields whose value is one of several shapes (`{"age": n}` or `{"infinite": {}}`): a
+/// reconfiguration replaces them whole instead of merging into them.
+const REPLACED_WHOLE: &[&str] = &["retention_policy"];
+
 /// Applies a reconfiguration: absent fields stay, `null` resets, values replace (objects merge
-/// field by field). This is JSON Merge Patch (RFC 7386).
+/// field by field, except the one-of fields in `REPLACED_WHOLE`). This is JSON Merge Patch
+/// (RFC 7386) with S2's one-of fields.
 pub fn merge_patch(target: &mut Value, patch: &Value) {
     let Value::Object(patch) = patch else {
         *target = patch.clone();
@@ -251,6 +307,8 @@ pub fn merge_patch(target: &mut Value, patch: &Value) {
         for (key, value) in patch {
             if value.is_null() {
                 target.remove(key);
+            } else if REPLACED_WHOLE.contains(&key.as_str()) {
+                target.insert(key.clone(), value.clone());
             } else {
                 merge_patch(target.entry(key.clone()).or_insert(Value::Null), value);
             }
@@ -412,6 +470,52 @@ mod tests {
         assert_eq!(
             config,
             serde_json::json!({"t": {"mode": "arrival", "uncapped": false}, "b": 2})
+        );
+    }
+
+    #[test]
+    fn a_retention_policy_is_replaced_whole_by_a_reconfiguration() {
+        let mut config = serde_json::json!({"retention_policy": {"age": 60}});
+        merge_patch(
+            &mut config,
+            &serde_json::json!({"retention_policy": {"infinite": {}}}),
+        );
+        assert_eq!(
+            config,
+            serde_json::json!({"retention_policy": {"infinite": {}}})
+        );
+        let nested = serde_json::json!({"default_stream_config": {"retention_policy": {"age": 5}}});
+        let mut basin = serde_json::json!({"default_stream_config": {"retention_policy": {"infinite": {}}, "storage_class": "express"}});
+        merge_patch(&mut basin, &nested);
+        assert_eq!(
+            basin,
+            serde_json::json!({"default_stream_config": {"retention_policy": {"age": 5}, "storage_class": "express"}})
+        );
+    }
+
+    #[test]
+    fn a_zero_retention_age_is_refused() {
+        let zero: BasinConfig = serde_json::from_value(
+            serde_json::json!({"default_stream_config": {"retention_policy": {"age": 0}}}),
+        )
+        .unwrap();
+        assert!(zero.check().is_err());
+        let one: StreamConfig =
+            serde_json::from_value(serde_json::json!({"retention_policy": {"age": 1}})).unwrap();
+        assert!(one.check().is_ok());
+    }
+
+    #[test]
+    fn the_effective_config_fills_every_unset_field() {
+        let effective = StreamConfig::default().effective();
+        assert_eq!(
+            serde_json::to_value(effective).unwrap(),
+            serde_json::json!({
+                "storage_class": "express",
+                "retention_policy": {"infinite": {}},
+                "timestamping": {"mode": "client-prefer", "uncapped": false},
+                "delete_on_empty": {"min_age_secs": 0}
+            })
         );
     }
 

@@ -67,7 +67,7 @@ impl Upstream {
             .ok_or_else(bad)?;
         let stream = segments.next().map(str::to_string);
         if let Some(stream) = &stream {
-            names::bucket_stream_key(bucket, stream).map_err(|_| bad())?;
+            names::stream_key_in(bucket, stream).map_err(|_| bad())?;
         }
         Ok(Upstream {
             base: format!("{scheme}://{host}"),
@@ -234,7 +234,7 @@ fn record_of(event: &streamld::EventEnvelope) -> Result<Record, MirrorError> {
 }
 
 fn stream_key(bucket: &str, stream: &str) -> Result<String, MirrorError> {
-    names::bucket_stream_key(bucket, stream).map_err(|e| MirrorError::BadMessage(e.to_string()))
+    names::stream_key_in(bucket, stream).map_err(|e| MirrorError::BadMessage(e.to_string()))
 }
 
 /// The cursor the mirror holds for a stream: the number of records it has, which is its tail.

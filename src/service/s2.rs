@@ -74,10 +74,17 @@ fn stream_config(value: Option<&Value>) -> StreamConfig {
         .unwrap_or_default()
 }
 
-/// Parses an S2 configuration object; a malformed one is a bad request.
-pub fn parse_config<T: serde::de::DeserializeOwned>(value: &Value) -> StreamResult<T> {
-    serde_json::from_value(value.clone())
-        .map_err(|e| StreamError::BadRequest(format!("invalid config: {e}")))
+/// Parses an S2 configuration object: a malformed one is a bad request, an impossible one
+/// invalid.
+pub fn parse_config<T: serde::de::DeserializeOwned + s2::CheckedConfig>(
+    value: &Value,
+) -> StreamResult<T> {
+    let config: T = serde_json::from_value(value.clone())
+        .map_err(|e| StreamError::BadRequest(format!("invalid config: {e}")))?;
+    config
+        .check()
+        .map_err(|e| StreamError::Invalid(format!("invalid config: {e}")))?;
+    Ok(config)
 }
 
 impl StreamService {
@@ -107,7 +114,7 @@ impl StreamService {
         name: &str,
         auto_create: Option<&Value>,
     ) -> StreamResult<Arc<Stream>> {
-        let key = names::bucket_stream_key(basin, name)
+        let key = names::stream_key_in(basin, name)
             .map_err(|e| StreamError::BadRequest(e.to_string()))?;
         match self.find(&key, true).await {
             Err(StreamError::NotFound) => {
@@ -137,7 +144,7 @@ impl StreamService {
         name: &str,
         config: Option<Value>,
     ) -> StreamResult<()> {
-        let key = names::bucket_stream_key(basin, name)
+        let key = names::stream_key_in(basin, name)
             .map_err(|e| StreamError::BadRequest(e.to_string()))?;
         if let Some(config) = &config {
             parse_config::<StreamConfig>(config)?;
@@ -236,7 +243,7 @@ impl StreamService {
                 break;
             }
             for summary in listing.streams {
-                let key = names::bucket_stream_key(basin, &summary.stream_id)
+                let key = names::stream_key_in(basin, &summary.stream_id)
                     .map_err(|e| StreamError::BadRequest(e.to_string()))?;
                 match self.delete(&key).await {
                     Ok(()) | Err(StreamError::NotFound) | Err(StreamError::Gone) => {}

@@ -73,7 +73,7 @@ def test_ensure_stream_is_201_when_created_then_200_when_it_exists(c, basin):
 
 def test_ensure_stream_with_config_creates_it_with_that_config(c, basin):
     config = {"retention_policy": {"age": 120}}
-    json_of(c.put(stream_path("ens-cfg"), json={"config": config}, headers=basin.headers()), 201)
+    json_of(c.put(stream_path("ens-cfg"), json=config, headers=basin.headers()), 201)
     subset(basin.stream_config("ens-cfg"), config)
 
 

@@ -15,6 +15,46 @@ fn config_json<T: serde::Serialize + Default + serde::de::DeserializeOwned>(
     serde_json::to_value(typed).unwrap_or(Value::Null)
 }
 
+/// A stream's configuration as S2 reports it: every field, defaults filled in.
+fn stream_config_json(stored: Option<&Value>) -> Value {
+    let config: StreamConfig = stored
+        .and_then(|v| serde_json::from_value(v.clone()).ok())
+        .unwrap_or_default();
+    serde_json::to_value(config.effective()).unwrap_or(Value::Null)
+}
+
+/// What an ensure (`PUT`) did, in the `s2-provision-result` header S2 clients read.
+#[derive(Clone, Copy)]
+enum Provision {
+    Created,
+    Updated,
+    Unchanged,
+}
+
+impl Provision {
+    /// Compare configurations as reported, so that setting a default explicitly changes nothing.
+    fn of_reconfiguration(before: Value, after: Value) -> Provision {
+        if before == after {
+            Provision::Unchanged
+        } else {
+            Provision::Updated
+        }
+    }
+
+    fn respond(self, body: Value) -> Response {
+        let (status, result) = match self {
+            Provision::Created => (StatusCode::CREATED, "created"),
+            Provision::Updated => (StatusCode::OK, "updated"),
+            Provision::Unchanged => (StatusCode::OK, "noop"),
+        };
+        let mut response = json_response(status, body);
+        response
+            .headers_mut()
+            .insert("s2-provision-result", HeaderValue::from_static(result));
+        response
+    }
+}
+
 pub(super) async fn list_basins(
     State(app): State<AppState>,
     RawQuery(query): RawQuery,
@@ -71,7 +111,7 @@ pub(super) async fn create_basin(
 }
 
 /// A configuration object that parses as `T` (unknown fields refused).
-fn validated<T: serde::de::DeserializeOwned>(
+fn validated<T: serde::de::DeserializeOwned + s2::CheckedConfig>(
     config: Option<Value>,
 ) -> Result<Option<Value>, S2Error> {
     match config {
@@ -129,26 +169,23 @@ pub(super) async fn basin(
                 if app.service.bucket_info(&basin).is_err() && !s2::is_valid_basin_name(&basin) {
                     return Err(bad("invalid", BASIN_NAME_RULE));
                 }
-                match app.service.create_bucket(&basin, config.clone()).await {
-                    Ok(()) => {
-                        let info = app.service.bucket_info(&basin)?;
-                        Ok(json_response(
-                            StatusCode::CREATED,
-                            basin_info(&basin, info.created_ms),
-                        ))
-                    }
+                let provision = match app.service.create_bucket(&basin, config.clone()).await {
+                    Ok(()) => Provision::Created,
                     Err(StreamError::AlreadyExists(_)) => {
+                        let before = app.service.bucket_info(&basin)?.s2_config;
                         if let Some(config) = config {
                             app.service.reconfigure_basin(&basin, &config).await?;
                         }
-                        let info = app.service.bucket_info(&basin)?;
-                        Ok(json_response(
-                            StatusCode::OK,
-                            basin_info(&basin, info.created_ms),
-                        ))
+                        let after = app.service.bucket_info(&basin)?.s2_config;
+                        Provision::of_reconfiguration(
+                            config_json::<BasinConfig>(before.as_ref()),
+                            config_json::<BasinConfig>(after.as_ref()),
+                        )
                     }
-                    Err(e) => Err(e.into()),
-                }
+                    Err(e) => return Err(e.into()),
+                };
+                let info = app.service.bucket_info(&basin)?;
+                Ok(provision.respond(basin_info(&basin, info.created_ms)))
             }
             Method::PATCH => {
                 let patch: Value = json_body(&app, &headers, body)
@@ -256,33 +293,33 @@ pub(super) async fn stream(
                 let stream = app.service.find(&key, false).await?;
                 Ok(json_response(
                     StatusCode::OK,
-                    config_json::<StreamConfig>(Some(&app.service.stream_config_of(&stream))),
+                    stream_config_json(Some(&app.service.stream_config_of(&stream))),
                 ))
             }
             Method::PUT => {
-                let request: Reconfigure =
-                    json_body(&app, &headers, body).await?.unwrap_or_default();
-                let config = validated::<StreamConfig>(request.config)?;
-                match app
+                // The body is the configuration itself (basins wrap theirs in `config`).
+                let config = validated::<StreamConfig>(json_body(&app, &headers, body).await?)?;
+                let provision = match app
                     .service
                     .create_s2_stream(&basin, &name, config.clone())
                     .await
                 {
-                    Ok(()) => Ok(json_response(
-                        StatusCode::CREATED,
-                        stream_info_of(&app, &key).await?,
-                    )),
+                    Ok(()) => Provision::Created,
                     Err(StreamError::AlreadyExists(_)) => {
-                        if let Some(config) = config {
-                            app.service.reconfigure_stream(&key, &config).await?;
-                        }
-                        Ok(json_response(
-                            StatusCode::OK,
-                            stream_info_of(&app, &key).await?,
-                        ))
+                        let stream = app.service.find(&key, false).await?;
+                        let before = app.service.stream_config_of(&stream);
+                        let after = match config {
+                            Some(config) => app.service.reconfigure_stream(&key, &config).await?,
+                            None => before.clone(),
+                        };
+                        Provision::of_reconfiguration(
+                            stream_config_json(Some(&before)),
+                            stream_config_json(Some(&after)),
+                        )
                     }
-                    Err(e) => Err(e.into()),
-                }
+                    Err(e) => return Err(e.into()),
+                };
+                Ok(provision.respond(stream_info_of(&app, &key).await?))
             }
             Method::PATCH => {
                 app.service.bucket_info(&basin)?;
@@ -292,7 +329,7 @@ pub(super) async fn stream(
                 let config = app.service.reconfigure_stream(&key, &patch).await?;
                 Ok(json_response(
                     StatusCode::OK,
-                    config_json::<StreamConfig>(Some(&config)),
+                    stream_config_json(Some(&config)),
                 ))
             }
             Method::DELETE => {

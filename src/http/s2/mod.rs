@@ -228,13 +228,13 @@ fn valid_basin(name: &str) -> Result<String, S2Error> {
 }
 
 fn valid_stream(basin: &str, stream: &str) -> Result<(), S2Error> {
-    names::bucket_stream_key(basin, stream)
+    names::stream_key_in(basin, stream)
         .map(|_| ())
         .map_err(|e| bad("bad_path", e))
 }
 
 fn stream_key(basin: &str, stream: &str) -> Result<String, S2Error> {
-    names::bucket_stream_key(basin, stream).map_err(|e| bad("bad_path", e))
+    names::stream_key_in(basin, stream).map_err(|e| bad("bad_path", e))
 }
 
 /// A JSON request body's bytes (empty when there is none); a body that is not JSON is
