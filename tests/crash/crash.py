@@ -81,6 +81,9 @@ def write_until_killed(server, workload, run_for, violations):
     stop = threading.Event()
     threads = workload.start_writers(server.url, stop, violations)
     time.sleep(run_for)
+    if server.proc.poll() is not None:
+        violations.add(f"the server exited by itself (status {server.proc.returncode}) "
+                       f"while being written to")
     server.kill()
     stop.set()
     deadline = time.monotonic() + WRITER_EXIT_S
@@ -90,12 +93,16 @@ def write_until_killed(server, workload, run_for, violations):
             violations.add(f"writer {t.name} still running {WRITER_EXIT_S:.0f} s after the kill")
 
 
-def restart_and_verify(server, workload, rng, violations):
+def restart_and_verify(server, workload, rngs, violations):
     """Start on the same data dir, verify every stream, then retry and probe.
     Returns (acked appends verified, in-flight appends found committed, timings);
     0 verified if verification found a problem."""
     t0 = time.monotonic()
-    server.start()
+    try:
+        server.start()
+    except RuntimeError as e:
+        violations.add(f"the server did not come back on its data dir: {e}")
+        return 0, 0, (time.monotonic() - t0, 0.0)
     t1 = time.monotonic()
     problems, checked = verify_all(server.url, workload)
     for problem in problems:
@@ -103,7 +110,7 @@ def restart_and_verify(server, workload, rng, violations):
     t2 = time.monotonic()
     if problems:
         return 0, 0, (t1 - t0, t2 - t1)
-    committed = recover(server.url, workload, rng, violations)
+    committed = recover(server.url, workload, rngs, violations)
     return checked, committed, (t1 - t0, t2 - t1)
 
 
@@ -112,15 +119,18 @@ def run(args, server, violations):
     verification checked)."""
     workload = Workload(args.seed, args.streams, args.s2_streams)
     kinds = [s.kind for s in workload.ds]
-    print(f"crash: {kinds.count('bytes')} byte + {kinds.count('json')} JSON streams "
+    print(f"crash harness: {kinds.count('bytes')} byte + {kinds.count('json')} JSON streams "
           f"({sum(len(s.producers) > 1 for s in workload.ds)} with two producers), "
           f"{len(workload.s2)} S2 streams; data in {server.data_dir}", flush=True)
-    rng = random.Random(f"{args.seed}/cycles")
+    kills = random.Random(f"{args.seed}/kills")
+    # Separate streams of randomness, so that kill moments do not depend on
+    # how much got written (which decides how many samples the probes draw).
+    rngs = {name: random.Random(f"{args.seed}/{name}") for name in ("probes", "epochs")}
     server.start()
     workload.create(server.url)
     checked = 0
     for cycle in range(1, args.cycles + 1):
-        run_for = rng.uniform(args.min_run, args.max_run)
+        run_for = kills.uniform(args.min_run, args.max_run)
         acked_before = workload.acked_count()
         write_until_killed(server, workload, run_for, violations)
         in_flight = len(workload.in_flight())
@@ -128,7 +138,7 @@ def run(args, server, violations):
         log_note(server, f"cycle {cycle}: SIGKILL after {run_for:.2f} s, "
                          f"{in_flight} appends in flight")
         verified, committed, (t_start, t_verify) = restart_and_verify(
-            server, workload, rng, violations)
+            server, workload, rngs, violations)
         checked = verified or checked
         print(f"cycle {cycle:3d}/{args.cycles}: wrote {run_for:.2f} s, +{acked_now} acked, "
               f"{in_flight} in flight at the kill ({committed} had been committed); "
@@ -138,7 +148,7 @@ def run(args, server, violations):
             return cycle, checked
     log_note(server, "final graceful restart")
     server.stop()
-    verified, _, _ = restart_and_verify(server, workload, rng, violations)
+    verified, _, _ = restart_and_verify(server, workload, rngs, violations)
     checked = verified or checked
     print(f"after a graceful restart: {verified} acknowledged appends verified: "
           f"{'ok' if not violations else 'FAILED'}", flush=True)
@@ -150,7 +160,7 @@ def main():
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     replay = (f"tests/crash/run --seed {args.seed} --cycles {args.cycles} "
               f"--streams {args.streams} --s2-streams {args.s2_streams}")
-    print(f"crash: seed {args.seed} (replay: {replay})", flush=True)
+    print(f"crash harness: seed {args.seed} (replay: {replay})", flush=True)
     root = Path(tempfile.mkdtemp(prefix="runnel-crash-"))
     server = Server(root / "data")
     violations = Violations()

@@ -88,14 +88,15 @@ def probe_producer_state(client, producer, violations):
 
 def probe_offsets(client, stream, rng, violations, samples=2):
     """Reads from the offsets before a few acknowledged appends start with them."""
-    acked = [key for key in stream.verified.order if stream.sent[key].acked]
-    for key in rng.sample(acked, min(samples, len(acked))):
-        problem = read_from_offset_starts_with(client, stream, key)
+    order = stream.verified.order
+    acked = [i for i, key in enumerate(order) if stream.sent[key].acked]
+    for index in rng.sample(acked, min(samples, len(acked))):
+        problem = read_from_offset_starts_with(client, stream, index)
         if problem:
             violations.add(problem)
 
 
-def recover(base_url, workload, rng, violations):
+def recover(base_url, workload, rngs, violations):
     """Retries, probes and epoch bumps after a verified restart; returns how
     many in-flight appends had been committed before the kill."""
     committed = 0
@@ -111,9 +112,9 @@ def recover(base_url, workload, rng, violations):
         for producer in workload.producers:
             probe_producer_state(client, producer, violations)
         for stream in workload.ds:
-            probe_offsets(client, stream, rng, violations)
+            probe_offsets(client, stream, rngs["probes"], violations)
     # Now and then a producer opens a new epoch, as a restarted client would.
     for producer in workload.producers:
-        if rng.random() < 0.1:
+        if rngs["epochs"].random() < 0.1:
             producer.bump_epoch()
     return committed

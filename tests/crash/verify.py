@@ -15,8 +15,8 @@ The rules, for every stream:
   messages before, byte position = their bytes; for JSON, the bytes of the
   normalised messages).
 
-An append the kill left in flight may be there (whole) or not; `present`
-tells the caller which, so that its retry can be held to the same answer.
+An append the kill left in flight may be there (whole) or not; whether it is
+(its key in `stream.verified.ends`) is what recover.py holds its retry to.
 """
 
 import json
@@ -70,7 +70,8 @@ def read_ds_pages(client, path):
 
 
 def read_s2_records(client, stream):
-    """(tail, every record as (seq_num, body, headers)) of an S2 stream."""
+    """(tail, every record as (body, headers)) of an S2 stream, read by seq_num
+    from 0 to the tail, each record numbered as expected."""
     r = client.get(stream.tail_path)
     if r.status_code != 200:
         raise Broken(f"check-tail answered {r.status_code}: {describe(r)}")
@@ -234,7 +235,7 @@ def verify_json(stream, pages):
 
 # --- S2 streams ---------------------------------------------------------------
 
-def verify_s2_records(stream, tail, records):
+def verify_s2_records(stream, records):
     v = stream.verified
     check_prefix_unchanged(stream.name, records, v.data, "record")
     i = len(v.data)
@@ -287,7 +288,7 @@ def verify_stream(client, stream):
             (verify_bytes if stream.kind == "bytes" else verify_json)(stream, pages)
         else:
             tail, records = read_s2_records(client, stream)
-            verify_s2_records(stream, tail, records)
+            verify_s2_records(stream, records)
             check_s2_tail_on_ds_face(client, stream, tail)
     except Broken as e:
         return [str(e) if str(e).startswith(stream.name) else f"{stream.name}: {e}"]
@@ -307,24 +308,38 @@ def verify_all(base_url, workload):
     return problems, workload.acked_count()
 
 
-def read_from_offset_starts_with(client, stream, key):
-    """Reading from the offset just before an append starts with that append.
-    Returns a problem or None (Durable Streams streams)."""
+def read_prefix(client, path, offset, n):
+    """(status, at least the first n bytes, or all, of a read from offset);
+    the rest of the response is not fetched."""
+    with client.stream("GET", path, params={"offset": offset}) as r:
+        if r.status_code != 200:
+            r.read()
+            return r.status_code, r.content
+        got = b""
+        for chunk in r.iter_bytes():
+            got += chunk
+            if len(got) >= n:
+                break
+        return r.status_code, got
+
+
+def read_from_offset_starts_with(client, stream, index):
+    """Reading from the offset just before the index-th append of the stream
+    starts with that append: for JSON, exactly its messages as Runnel stores
+    them. Returns a problem or None (Durable Streams streams)."""
     v = stream.verified
-    index = v.order.index(key)
+    key = v.order[index]
     start = v.ends[v.order[index - 1]] if index else ds_offset(0, 0)
     append = stream.sent[key]
-    r = client.get(stream.path, params={"offset": start})
-    if r.status_code != 200:
-        return f"{stream.name}: read at offset {start} answered {r.status_code}: {describe(r)}"
     if stream.kind == "bytes":
-        ok = r.content.startswith(append.body)
+        want, then = append.body, None
     else:
-        try:
-            ok = json.loads(r.content)[:len(append.items)] == append.items
-        except ValueError:
-            ok = False
-    if not ok:
+        want = ("[" + ",".join(normalized_json(m) for m in append.items)).encode()
+        then = (b",", b"]")  # the next message, or the end of the array
+    status, got = read_prefix(client, stream.path, start, len(want) + 1)
+    if status != 200:
+        return f"{stream.name}: read at offset {start} answered {status}: {got[:200]!r}"
+    if not got.startswith(want) or (then and got[len(want):len(want) + 1] not in then):
         return (f"{stream.name}: reading from offset {start} does not start with append {key}, "
-                f"which follows it: {r.content[:120]!r}")
+                f"which follows it: {got[:120]!r}")
     return None
