@@ -14,6 +14,10 @@ pub const DEFAULT_DATA_DIR: &str = "./runnel-data";
 pub const DEFAULT_LONG_POLL_TIMEOUT_MS: u64 = 30_000;
 pub const DEFAULT_MAX_BODY_BYTES: usize = 64 << 20;
 pub const DEFAULT_SSE_MAX_DURATION_SECS: u64 = 60;
+pub const DEFAULT_HEADER_READ_TIMEOUT_SECS: u64 = 10;
+pub const DEFAULT_MAX_HEADER_BYTES: usize = 64 << 10;
+pub const DEFAULT_MAX_CONNECTIONS: usize = 10_000;
+pub const DEFAULT_SHUTDOWN_TIMEOUT_SECS: u64 = 10;
 
 #[derive(Debug, Parser)]
 #[command(name = "runnel", version, about = "A durable stream server")]
@@ -69,6 +73,26 @@ pub struct ServeArgs {
         value_delimiter = ','
     )]
     pub mirror_from: Vec<String>,
+    /// PEM certificate chain: serve HTTPS (HTTP/2 by ALPN, and HTTP/1.1) instead of plain HTTP.
+    /// Needs --tls-key.
+    #[arg(long, env = "RUNNEL_TLS_CERT", requires = "tls_key")]
+    pub tls_cert: Option<PathBuf>,
+    /// PEM private key for --tls-cert.
+    #[arg(long, env = "RUNNEL_TLS_KEY", requires = "tls_cert")]
+    pub tls_key: Option<PathBuf>,
+    /// How long a client may take to send a request's headers; also how long an idle HTTP/1.1
+    /// connection is kept open [default: 10].
+    #[arg(long, env = "RUNNEL_HEADER_READ_TIMEOUT_SECS")]
+    pub header_read_timeout_secs: Option<u64>,
+    /// Largest request head in bytes; larger ones get 431 [default: 65536].
+    #[arg(long, env = "RUNNEL_MAX_HEADER_BYTES")]
+    pub max_header_bytes: Option<usize>,
+    /// Connections open at once; more are closed on arrival [default: 10000].
+    #[arg(long, env = "RUNNEL_MAX_CONNECTIONS")]
+    pub max_connections: Option<usize>,
+    /// On SIGTERM or Ctrl-C, how long to wait for in-flight requests [default: 10].
+    #[arg(long, env = "RUNNEL_SHUTDOWN_TIMEOUT_SECS")]
+    pub shutdown_timeout_secs: Option<u64>,
     /// TOML file with any of the settings above (keys as the flags, with underscores).
     #[arg(long, env = "RUNNEL_CONFIG")]
     pub config: Option<PathBuf>,
@@ -87,6 +111,12 @@ pub struct FileConfig {
     sse_max_duration_secs: Option<u64>,
     #[serde(default)]
     mirror_from: Vec<String>,
+    tls_cert: Option<PathBuf>,
+    tls_key: Option<PathBuf>,
+    header_read_timeout_secs: Option<u64>,
+    max_header_bytes: Option<usize>,
+    max_connections: Option<usize>,
+    shutdown_timeout_secs: Option<u64>,
 }
 
 /// Where streams are kept.
@@ -106,6 +136,18 @@ pub struct Settings {
     pub sse_max_duration: Duration,
     /// Upstream buckets or streams to mirror.
     pub mirror_from: Vec<String>,
+    /// Certificate chain and key files, when serving TLS.
+    pub tls: Option<TlsFiles>,
+    pub header_read_timeout: Duration,
+    pub max_header_bytes: usize,
+    pub max_connections: usize,
+    pub shutdown_timeout: Duration,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TlsFiles {
+    pub cert: PathBuf,
+    pub key: PathBuf,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -161,6 +203,27 @@ impl ServeArgs {
                 "max_body_bytes must be at least 1".into(),
             ));
         }
+        let tls = match (
+            self.tls_cert.or(file.tls_cert),
+            self.tls_key.or(file.tls_key),
+        ) {
+            (Some(cert), Some(key)) => Some(TlsFiles { cert, key }),
+            (None, None) => None,
+            _ => {
+                return Err(ConfigError::Invalid(
+                    "tls_cert and tls_key go together".into(),
+                ));
+            }
+        };
+        let max_connections = self
+            .max_connections
+            .or(file.max_connections)
+            .unwrap_or(DEFAULT_MAX_CONNECTIONS);
+        if max_connections == 0 {
+            return Err(ConfigError::Invalid(
+                "max_connections must be at least 1".into(),
+            ));
+        }
         Ok(Settings {
             listen,
             storage,
@@ -177,6 +240,23 @@ impl ServeArgs {
                     .max(1),
             ),
             mirror_from,
+            tls,
+            header_read_timeout: Duration::from_secs(
+                self.header_read_timeout_secs
+                    .or(file.header_read_timeout_secs)
+                    .unwrap_or(DEFAULT_HEADER_READ_TIMEOUT_SECS)
+                    .max(1),
+            ),
+            max_header_bytes: self
+                .max_header_bytes
+                .or(file.max_header_bytes)
+                .unwrap_or(DEFAULT_MAX_HEADER_BYTES),
+            max_connections,
+            shutdown_timeout: Duration::from_secs(
+                self.shutdown_timeout_secs
+                    .or(file.shutdown_timeout_secs)
+                    .unwrap_or(DEFAULT_SHUTDOWN_TIMEOUT_SECS),
+            ),
         })
     }
 }

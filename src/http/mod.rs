@@ -15,11 +15,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use axum::Router;
-use axum::extract::Request;
+use axum::body::Body;
+use axum::extract::{Request, State};
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{any, get};
+use futures::StreamExt as _;
 
 use crate::service::StreamService;
 
@@ -43,6 +45,7 @@ pub struct AppState {
 pub fn router(state: AppState) -> Router {
     Router::new()
         .route("/healthz", get(|| async { "ok\n" }))
+        .route("/readyz", get(readyz))
         .route("/metrics", get(metrics::metrics))
         .route("/v1/stream/{*path}", any(ds::base_stream))
         .merge(s2::routes())
@@ -55,8 +58,45 @@ pub fn router(state: AppState) -> Router {
             any(extensions::extension_at),
         )
         .fallback(|| async { (StatusCode::NOT_FOUND, "no such route\n") })
+        .layer(middleware::from_fn_with_state(
+            state.clone(),
+            end_live_bodies_at_shutdown,
+        ))
         .layer(middleware::from_fn(common_headers))
         .with_state(state)
+}
+
+/// 200 while the server takes requests; 503 once it is shutting down, so load balancers stop
+/// sending it new ones.
+async fn readyz(State(app): State<AppState>) -> Response {
+    if app.service.shutdown_signal().is_cancelled() {
+        return text_error(StatusCode::SERVICE_UNAVAILABLE, "shutting down");
+    }
+    (StatusCode::OK, "ready\n").into_response()
+}
+
+/// Live responses (SSE, S2S sessions) end cleanly, between two events, when the server starts
+/// shutting down; clients reconnect elsewhere or once it is back.
+async fn end_live_bodies_at_shutdown(
+    State(app): State<AppState>,
+    request: Request,
+    next: Next,
+) -> Response {
+    let response = next.run(request).await;
+    let live = response
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|t| t.starts_with("text/event-stream") || t.starts_with("s2s/proto"));
+    if !live {
+        return response;
+    }
+    let shutdown = app.service.shutdown_signal();
+    let (parts, body) = response.into_parts();
+    let body = body
+        .into_data_stream()
+        .take_until(shutdown.cancelled_owned());
+    Response::from_parts(parts, Body::from_stream(body))
 }
 
 /// Headers every response carries: browser security headers and CORS.

@@ -83,7 +83,15 @@ async fn session(app: AppState, socket: WebSocket, host: String) {
         let _ = sink.close().await;
     });
     let mut pumps: HashMap<String, tokio::task::JoinHandle<()>> = HashMap::new();
-    while let Some(Ok(frame)) = incoming.next().await {
+    let shutdown = app.service.shutdown_signal();
+    loop {
+        // The session ends when the replica leaves or the server shuts down (the writer then
+        // sends a close frame and the replica resumes from its cursors elsewhere or later).
+        let frame = tokio::select! {
+            frame = incoming.next() => frame,
+            () = shutdown.cancelled() => break,
+        };
+        let Some(Ok(frame)) = frame else { break };
         let text = match frame {
             WsMessage::Text(text) => text,
             WsMessage::Close(_) => break,

@@ -440,7 +440,13 @@ mod tests {
         let stream = Upstream::parse("http://h:1/docs/a%20b/").unwrap();
         assert_eq!(stream.stream.as_deref(), Some("a b"));
         assert_eq!(stream.url(), "http://h:1/docs/a%20b");
-        for bad in ["docs", "http://h:1", "http://h:1/v1", "http://h:1/docs/a/b"] {
+        let nested = Upstream::parse("http://h:1/docs/users/42").unwrap();
+        assert_eq!(
+            nested.stream.as_deref(),
+            Some("users/42"),
+            "S2 names may hold '/'"
+        );
+        for bad in ["docs", "http://h:1", "http://h:1/v1", "http://h:1/docs/%2E%2E"] {
             assert!(Upstream::parse(bad).is_err(), "{bad}");
         }
     }

@@ -24,6 +24,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
 use tokio::sync::Semaphore;
+use tokio_util::sync::CancellationToken;
 
 use crate::model::json::{self, EmptyArray};
 use crate::model::record::lay_out;
@@ -77,6 +78,8 @@ pub struct StreamService {
     cache_budget: Arc<cache::CacheBudget>,
     /// Bumped whenever a stream is created or removed, for bucket replication sessions.
     streams_changed: tokio::sync::watch::Sender<u64>,
+    /// Cancelled when the server starts shutting down: live waits end at once.
+    shutdown: CancellationToken,
     config: ServiceConfig,
 }
 
@@ -150,6 +153,7 @@ impl StreamService {
             commit_permits: Arc::new(Semaphore::new(config.max_inflight_commits)),
             cache_budget: cache::CacheBudget::new(config.cache),
             streams_changed: tokio::sync::watch::Sender::new(0),
+            shutdown: CancellationToken::new(),
             config,
         });
         let now = now_ms();

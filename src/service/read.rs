@@ -4,6 +4,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use tokio_util::sync::CancellationToken;
+
 use super::{Durable, Stream, StreamError, StreamResult, StreamService};
 use crate::model::records::RecordStart;
 use crate::model::{Offset, ReadFrom, Record};
@@ -170,11 +172,25 @@ impl StreamService {
     pub async fn wait_beyond(&self, stream: &Stream, offset: Offset, timeout: Duration) -> Durable {
         let mut rx = stream.subscribe();
         let moved = |d: &Durable| d.tail.seq > offset.seq || d.closed || d.removed;
-        let waited = tokio::time::timeout(timeout, rx.wait_for(moved)).await;
-        match waited {
-            Ok(Ok(durable)) => *durable,
-            _ => stream.durable(),
+        tokio::select! {
+            waited = tokio::time::timeout(timeout, rx.wait_for(moved)) => match waited {
+                Ok(Ok(durable)) => *durable,
+                _ => stream.durable(),
+            },
+            // Shutting down: answer now, as if the wait had timed out.
+            () = self.shutdown.cancelled() => stream.durable(),
         }
+    }
+
+    /// Starts shutting down: every live wait ends at once (long-polls answer, sessions wind up)
+    /// and `shutting_down` says so from now on.
+    pub fn begin_shutdown(&self) {
+        self.shutdown.cancel();
+    }
+
+    /// Cancelled once the server starts shutting down.
+    pub fn shutdown_signal(&self) -> CancellationToken {
+        self.shutdown.clone()
     }
 }
 

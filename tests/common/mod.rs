@@ -80,6 +80,25 @@ impl Server {
         format!("{}{path}", self.base)
     }
 
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Asks the server to shut down (SIGTERM) and waits up to `within` for it to exit.
+    pub fn terminate(&mut self, within: Duration) -> Option<std::process::ExitStatus> {
+        let _ = Command::new("kill")
+            .args(["-TERM", &self.child.id().to_string()])
+            .status();
+        let deadline = std::time::Instant::now() + within;
+        while std::time::Instant::now() < deadline {
+            if let Ok(Some(status)) = self.child.try_wait() {
+                return Some(status);
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        None
+    }
+
     /// Ends the process with SIGKILL: no shutdown code runs.
     pub fn kill(mut self) {
         let _ = self.child.kill();

@@ -5,6 +5,10 @@ use std::time::Duration;
 
 use tokio::net::TcpListener;
 
+mod connections;
+
+pub use connections::{ConnectionLimits, TlsError, tls_acceptor};
+
 use crate::config::{Settings, StorageSettings, SyncArg};
 use crate::http::{AppState, HttpConfig, router};
 use crate::service::{ServiceConfig, StreamService};
@@ -75,16 +79,34 @@ pub async fn serve(settings: Settings) -> anyhow::Result<()> {
             sse_max_duration: settings.sse_max_duration,
         }),
     };
+    let tls = settings
+        .tls
+        .as_ref()
+        .map(|files| tls_acceptor(&files.cert, &files.key))
+        .transpose()?;
+    let limits = ConnectionLimits {
+        header_read_timeout: settings.header_read_timeout,
+        max_header_bytes: settings.max_header_bytes,
+        max_connections: settings.max_connections,
+        shutdown_timeout: settings.shutdown_timeout,
+    };
+    let shutdown = state.service.shutdown_signal();
+    let service = state.service.clone();
+    tokio::spawn(async move {
+        shutdown_signal().await;
+        tracing::info!("shutting down: finishing requests in flight, ending live reads");
+        service.begin_shutdown();
+    });
+
     let listener = TcpListener::bind(settings.listen)
         .await
         .map_err(|e| anyhow::anyhow!("cannot listen on {}: {e}", settings.listen))?;
     let local = listener.local_addr()?;
-    tracing::info!(listen = %local, storage = ?settings.storage, "runnel is serving");
+    let scheme = if tls.is_some() { "https" } else { "http" };
+    tracing::info!(listen = %local, %scheme, storage = ?settings.storage, "runnel is serving");
     // The one line on stdout: scripts and tests read the bound address here (`--listen …:0`).
     println!("runnel listening on {local}");
-    axum::serve(listener, router(state))
-        .with_graceful_shutdown(shutdown_signal())
-        .await?;
+    connections::serve(listener, tls, router(state), limits, shutdown).await;
     tracing::info!("runnel stopped");
     Ok(())
 }

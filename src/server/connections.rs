@@ -1,0 +1,178 @@
+//! Accepting connections: plain TCP or TLS, HTTP/1.1 and HTTP/2 (h2c by prior knowledge, or h2
+//! by ALPN) on one port, with the limits that keep hostile or broken clients from exhausting the
+//! server, and a graceful drain on shutdown.
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::Router;
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use hyper_util::server::conn::auto::Builder;
+use hyper_util::server::graceful::GracefulShutdown;
+use hyper_util::service::TowerToHyperService;
+use rustls_pki_types::pem::PemObject;
+use rustls_pki_types::{CertificateDer, PrivateKeyDer};
+use tokio::net::TcpListener;
+use tokio::sync::Semaphore;
+use tokio_rustls::TlsAcceptor;
+use tokio_rustls::rustls;
+use tokio_util::sync::CancellationToken;
+
+/// How long a client has to finish its TLS handshake.
+const TLS_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+/// How often an idle HTTP/2 connection is pinged, and how long a ping may go unanswered.
+const H2_KEEPALIVE: Duration = Duration::from_secs(30);
+/// A pause after a failed accept (out of file descriptors), so the loop does not spin.
+const ACCEPT_BACKOFF: Duration = Duration::from_millis(50);
+
+/// Limits on connections and request heads.
+#[derive(Clone, Debug)]
+pub struct ConnectionLimits {
+    /// How long a client may take to send a request's headers, and how long an idle HTTP/1.1
+    /// keep-alive connection stays open waiting for the next request.
+    pub header_read_timeout: Duration,
+    /// The largest request head (HTTP/1.1) or header list (HTTP/2); larger ones get 431.
+    pub max_header_bytes: usize,
+    /// Connections open at once; further ones are closed as soon as they are accepted.
+    pub max_connections: usize,
+    /// How long shutdown waits for in-flight requests before closing connections anyway.
+    pub shutdown_timeout: Duration,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum TlsError {
+    #[error("cannot read certificate chain {path}: {source}")]
+    Certificate {
+        path: String,
+        source: rustls_pki_types::pem::Error,
+    },
+    #[error("cannot read private key {path}: {source}")]
+    Key {
+        path: String,
+        source: rustls_pki_types::pem::Error,
+    },
+    #[error("certificate file {0} holds no certificate")]
+    NoCertificate(String),
+    #[error("invalid certificate or key: {0}")]
+    Rustls(#[from] rustls::Error),
+}
+
+/// A TLS acceptor for a PEM certificate chain and private key, offering HTTP/2 and HTTP/1.1.
+pub fn tls_acceptor(cert: &Path, key: &Path) -> Result<TlsAcceptor, TlsError> {
+    let certs = CertificateDer::pem_file_iter(cert)
+        .and_then(|certs| certs.collect::<Result<Vec<_>, _>>())
+        .map_err(|source| TlsError::Certificate {
+            path: cert.display().to_string(),
+            source,
+        })?;
+    if certs.is_empty() {
+        return Err(TlsError::NoCertificate(cert.display().to_string()));
+    }
+    let key = PrivateKeyDer::from_pem_file(key).map_err(|source| TlsError::Key {
+        path: key.display().to_string(),
+        source,
+    })?;
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let mut config = rustls::ServerConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()?
+        .with_no_client_auth()
+        .with_single_cert(certs, key)?;
+    config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+    Ok(TlsAcceptor::from(Arc::new(config)))
+}
+
+/// Serves `app` on every connection `listener` accepts until `shutdown` is cancelled, then
+/// stops accepting, lets in-flight requests finish (up to the shutdown timeout) and returns.
+pub async fn serve(
+    listener: TcpListener,
+    tls: Option<TlsAcceptor>,
+    app: Router,
+    limits: ConnectionLimits,
+    shutdown: CancellationToken,
+) {
+    let builder = Arc::new(http_builder(&limits));
+    let graceful = GracefulShutdown::new();
+    let slots = Arc::new(Semaphore::new(limits.max_connections));
+    loop {
+        let accepted = tokio::select! {
+            accepted = listener.accept() => accepted,
+            () = shutdown.cancelled() => break,
+        };
+        let (tcp, peer) = match accepted {
+            Ok(accepted) => accepted,
+            Err(error) => {
+                tracing::warn!(%error, "accept failed");
+                tokio::time::sleep(ACCEPT_BACKOFF).await;
+                continue;
+            }
+        };
+        let Ok(slot) = slots.clone().try_acquire_owned() else {
+            tracing::warn!(%peer, max = limits.max_connections, "too many connections; closing a new one");
+            continue;
+        };
+        let _ = tcp.set_nodelay(true);
+        let service = TowerToHyperService::new(app.clone());
+        let builder = builder.clone();
+        let watcher = graceful.watcher();
+        let tls = tls.clone();
+        tokio::spawn(async move {
+            let _slot = slot;
+            let served = match tls {
+                None => {
+                    let connection =
+                        builder.serve_connection_with_upgrades(TokioIo::new(tcp), service);
+                    watcher.watch(connection.into_owned()).await
+                }
+                Some(acceptor) => {
+                    let handshake =
+                        tokio::time::timeout(TLS_HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await;
+                    let stream = match handshake {
+                        Ok(Ok(stream)) => stream,
+                        Ok(Err(error)) => {
+                            tracing::debug!(%peer, %error, "TLS handshake failed");
+                            return;
+                        }
+                        Err(_) => {
+                            tracing::debug!(%peer, "TLS handshake timed out");
+                            return;
+                        }
+                    };
+                    let connection =
+                        builder.serve_connection_with_upgrades(TokioIo::new(stream), service);
+                    watcher.watch(connection.into_owned()).await
+                }
+            };
+            if let Err(error) = served {
+                tracing::debug!(%peer, %error, "connection ended with an error");
+            }
+        });
+    }
+    drop(listener);
+    if tokio::time::timeout(limits.shutdown_timeout, graceful.shutdown())
+        .await
+        .is_err()
+    {
+        tracing::warn!(
+            timeout = ?limits.shutdown_timeout,
+            "requests still in flight at the shutdown timeout; closing their connections"
+        );
+    }
+}
+
+fn http_builder(limits: &ConnectionLimits) -> Builder<TokioExecutor> {
+    let mut builder = Builder::new(TokioExecutor::new());
+    builder
+        .http1()
+        .timer(TokioTimer::new())
+        .header_read_timeout(limits.header_read_timeout)
+        // hyper needs room for at least one read; heads beyond the limit get 431.
+        .max_buf_size(limits.max_header_bytes.max(8192));
+    builder
+        .http2()
+        .timer(TokioTimer::new())
+        .max_header_list_size(u32::try_from(limits.max_header_bytes).unwrap_or(u32::MAX))
+        .keep_alive_interval(H2_KEEPALIVE)
+        .keep_alive_timeout(H2_KEEPALIVE);
+    builder
+}
