@@ -93,6 +93,21 @@ pub struct ServeArgs {
     /// On SIGTERM or Ctrl-C, how long to wait for in-flight requests [default: 10].
     #[arg(long, env = "RUNNEL_SHUTDOWN_TIMEOUT_SECS")]
     pub shutdown_timeout_secs: Option<u64>,
+    /// Require a bearer token on every request (except /healthz, /readyz and CORS preflights).
+    /// Needs --auth-token.
+    #[arg(long, env = "RUNNEL_AUTH")]
+    pub auth: bool,
+    /// The operator token, which may do everything, including issuing scoped tokens through
+    /// /v1/access-tokens. Prefer the environment variable to keep it out of process listings.
+    #[arg(long, env = "RUNNEL_AUTH_TOKEN", hide_env_values = true)]
+    pub auth_token: Option<String>,
+    /// With --auth: requests per second one token may make, with a burst of as many; beyond it
+    /// 429 [default: no limit].
+    #[arg(long, env = "RUNNEL_RATE_LIMIT")]
+    pub rate_limit: Option<u32>,
+    /// Token a mirror presents to its upstream (--mirror-from).
+    #[arg(long, env = "RUNNEL_MIRROR_TOKEN", hide_env_values = true)]
+    pub mirror_token: Option<String>,
     /// TOML file with any of the settings above (keys as the flags, with underscores).
     #[arg(long, env = "RUNNEL_CONFIG")]
     pub config: Option<PathBuf>,
@@ -117,6 +132,10 @@ pub struct FileConfig {
     max_header_bytes: Option<usize>,
     max_connections: Option<usize>,
     shutdown_timeout_secs: Option<u64>,
+    auth: Option<bool>,
+    auth_token: Option<String>,
+    rate_limit: Option<u32>,
+    mirror_token: Option<String>,
 }
 
 /// Where streams are kept.
@@ -142,6 +161,25 @@ pub struct Settings {
     pub max_header_bytes: usize,
     pub max_connections: usize,
     pub shutdown_timeout: Duration,
+    /// Bearer-token authentication, when on.
+    pub auth: Option<AuthSettings>,
+    /// What a mirror presents to its upstream.
+    pub mirror_token: Option<String>,
+}
+
+#[derive(Clone, PartialEq, Eq)]
+pub struct AuthSettings {
+    pub operator_token: String,
+    pub rate_limit: Option<u32>,
+}
+
+impl std::fmt::Debug for AuthSettings {
+    // Never print the token.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AuthSettings")
+            .field("rate_limit", &self.rate_limit)
+            .finish_non_exhaustive()
+    }
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -224,6 +262,28 @@ impl ServeArgs {
                 "max_connections must be at least 1".into(),
             ));
         }
+        let auth = if self.auth || file.auth.unwrap_or(false) {
+            let operator_token = self
+                .auth_token
+                .or(file.auth_token)
+                .filter(|t| !t.trim().is_empty())
+                .ok_or_else(|| {
+                    ConfigError::Invalid(
+                        "--auth needs an operator token: --auth-token or RUNNEL_AUTH_TOKEN".into(),
+                    )
+                })?;
+            if operator_token.len() < 16 {
+                return Err(ConfigError::Invalid(
+                    "the operator token must be at least 16 characters".into(),
+                ));
+            }
+            Some(AuthSettings {
+                operator_token,
+                rate_limit: self.rate_limit.or(file.rate_limit).filter(|r| *r > 0),
+            })
+        } else {
+            None
+        };
         Ok(Settings {
             listen,
             storage,
@@ -257,6 +317,8 @@ impl ServeArgs {
                     .or(file.shutdown_timeout_secs)
                     .unwrap_or(DEFAULT_SHUTDOWN_TIMEOUT_SECS),
             ),
+            auth,
+            mirror_token: self.mirror_token.or(file.mirror_token),
         })
     }
 }

@@ -3,7 +3,7 @@
 //! surface.
 
 use axum::body::Body;
-use axum::extract::{Path, RawQuery, State};
+use axum::extract::{Extension, Path, State};
 use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, Uri, header};
 use axum::response::{IntoResponse, Response};
 use serde_json::json;
@@ -12,6 +12,7 @@ use super::error::{Failure, Handled, empty};
 use super::request::{Query, Rejection};
 use super::{AppState, ds, text_error};
 use crate::model::names::{self, RESERVED_STREAM_ID};
+use crate::service::Principal;
 
 /// The default and largest page of a bucket listing.
 const MAX_LISTING_LIMIT: usize = 1000;
@@ -67,17 +68,17 @@ pub async fn bucket(
 pub async fn stream(
     State(app): State<AppState>,
     Path((bucket, stream)): Path<(String, String)>,
+    Extension(principal): Extension<Principal>,
     method: Method,
     uri: Uri,
-    RawQuery(query): RawQuery,
     headers: HeaderMap,
     body: Body,
 ) -> Response {
+    let query = uri.query().map(str::to_string);
     if stream == RESERVED_STREAM_ID {
         return match method {
-            Method::GET | Method::HEAD => {
-                list(&app, &bucket, query.as_deref()).unwrap_or_else(|f| f.into_response())
-            }
+            Method::GET | Method::HEAD => list(&app, &principal, &bucket, query.as_deref())
+                .unwrap_or_else(|f| f.into_response()),
             Method::OPTIONS => ds::preflight(),
             _ => text_error(
                 StatusCode::BAD_REQUEST,
@@ -93,7 +94,8 @@ pub async fn stream(
     }
 }
 
-fn list(app: &AppState, bucket: &str, query: Option<&str>) -> Handled {
+/// The streams of a bucket the caller may see.
+fn list(app: &AppState, principal: &Principal, bucket: &str, query: Option<&str>) -> Handled {
     names::validate_bucket_id(bucket).map_err(|e| Rejection::bad_request(e.to_string()))?;
     let query = Query::parse(query);
     let prefix = query.get("prefix")?.unwrap_or_default();
@@ -106,7 +108,12 @@ fn list(app: &AppState, bucket: &str, query: Option<&str>) -> Handled {
             .filter(|n| (1..=MAX_LISTING_LIMIT).contains(n))
             .ok_or_else(|| Rejection::bad_request("limit must be an integer from 1 to 1000"))?,
     };
-    let listing = app.service.list_streams(bucket, prefix, after, limit)?;
+    let scope = &principal.scope;
+    let listing = app
+        .service
+        .list_streams(bucket, prefix, after, limit, |id| {
+            scope.covers_stream(bucket, id)
+        })?;
     let streams: Vec<_> = listing
         .streams
         .iter()

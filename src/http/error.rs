@@ -86,7 +86,9 @@ pub fn describe(error: &StreamError) -> (StatusCode, Vec<(&'static str, String)>
         StreamError::NotFound
         | StreamError::BucketNotFound
         | StreamError::ForkSourceNotFound
-        | StreamError::SnapshotNotFound => (StatusCode::NOT_FOUND, vec![]),
+        | StreamError::SnapshotNotFound
+        | StreamError::TokenNotFound => (StatusCode::NOT_FOUND, vec![]),
+        StreamError::Forbidden(_) => (StatusCode::FORBIDDEN, vec![]),
         StreamError::Gone => (StatusCode::GONE, vec![]),
         StreamError::Retained { first } => (
             StatusCode::GONE,
@@ -163,6 +165,8 @@ pub fn error_code(error: &StreamError) -> &'static str {
             "not_found"
         }
         StreamError::SnapshotNotFound => "snapshot_not_found",
+        StreamError::TokenNotFound => "access_token_not_found",
+        StreamError::Forbidden(_) => "permission_denied",
         StreamError::Gone => "stream_gone",
         StreamError::Retained { .. } | StreamError::RecordRetained { .. } => "retained",
         StreamError::RecordBeyondTail { .. } => "record_beyond_tail",

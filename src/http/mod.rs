@@ -1,6 +1,7 @@
 //! The HTTP faces. Handlers are thin: parse the request, call the stream service, render the
 //! response. Protocol rules live in `service/` and `model/`.
 
+mod auth;
 mod buckets;
 mod ds;
 mod error;
@@ -25,6 +26,8 @@ use futures::StreamExt as _;
 
 use crate::service::StreamService;
 
+pub use auth::AuthConfig;
+
 /// Settings of the HTTP faces.
 #[derive(Clone, Debug)]
 pub struct HttpConfig {
@@ -34,6 +37,8 @@ pub struct HttpConfig {
     pub max_body_bytes: usize,
     /// How long one SSE connection stays open before the server ends it (clients reconnect).
     pub sse_max_duration: Duration,
+    /// Bearer-token authentication, when on (`--auth`).
+    pub auth: Option<Arc<AuthConfig>>,
 }
 
 #[derive(Clone)]
@@ -60,7 +65,11 @@ pub fn router(state: AppState) -> Router {
         .fallback(|| async { (StatusCode::NOT_FOUND, "no such route\n") })
         .layer(middleware::from_fn_with_state(
             state.clone(),
-            end_live_bodies_at_shutdown,
+            end_live_bodies,
+        ))
+        .layer(middleware::from_fn_with_state(
+            state.clone(),
+            auth::authorize,
         ))
         .layer(middleware::from_fn(common_headers))
         .with_state(state)
@@ -76,12 +85,13 @@ async fn readyz(State(app): State<AppState>) -> Response {
 }
 
 /// Live responses (SSE, S2S sessions) end cleanly, between two events, when the server starts
-/// shutting down; clients reconnect elsewhere or once it is back.
-async fn end_live_bodies_at_shutdown(
-    State(app): State<AppState>,
-    request: Request,
-    next: Next,
-) -> Response {
+/// shutting down (clients reconnect elsewhere or once it is back), or when the access token
+/// that opened them expires (the client reconnects with a fresh one).
+async fn end_live_bodies(State(app): State<AppState>, request: Request, next: Next) -> Response {
+    let token_expiry = request
+        .extensions()
+        .get::<crate::service::Principal>()
+        .and_then(|p| p.expires_ms);
     let response = next.run(request).await;
     let live = response
         .headers()
@@ -92,11 +102,27 @@ async fn end_live_bodies_at_shutdown(
         return response;
     }
     let shutdown = app.service.shutdown_signal();
+    let end = async move {
+        let expiry = async {
+            match token_expiry {
+                Some(at) => tokio::time::sleep(until_ms(at)).await,
+                None => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            () = shutdown.cancelled() => {}
+            () = expiry => {}
+        }
+    };
     let (parts, body) = response.into_parts();
-    let body = body
-        .into_data_stream()
-        .take_until(shutdown.cancelled_owned());
+    let body = body.into_data_stream().take_until(Box::pin(end));
     Response::from_parts(parts, Body::from_stream(body))
+}
+
+/// The time from now until a moment in milliseconds since the epoch (zero if past).
+pub(crate) fn until_ms(at_ms: i64) -> Duration {
+    let left = at_ms.saturating_sub(crate::service::now_ms());
+    Duration::from_millis(u64::try_from(left).unwrap_or(0))
 }
 
 /// Headers every response carries: browser security headers and CORS.

@@ -12,8 +12,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use axum::body::Body;
-use axum::extract::State;
 use axum::extract::ws::{Message as WsMessage, WebSocket, WebSocketUpgrade};
+use axum::extract::{Extension, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
@@ -23,9 +23,10 @@ use tokio::sync::mpsc;
 
 use super::AppState;
 use crate::model::Offset;
+use crate::model::access::Operation;
 use crate::model::names;
 use crate::model::streamld::{self, GapSignal, Message, SnapshotRef, StreamDeleted, StreamState};
-use crate::service::{ReplicatedState, Stream, StreamError};
+use crate::service::{Principal, ReplicatedState, Stream, StreamError};
 
 /// Messages queued per session before its pumps wait for the replica.
 const SESSION_QUEUE: usize = 256;
@@ -52,6 +53,7 @@ pub fn links(host: &str, path: &str, stream: bool) -> String {
 
 pub async fn replication(
     State(app): State<AppState>,
+    Extension(principal): Extension<Principal>,
     headers: HeaderMap,
     upgrade: WebSocketUpgrade,
 ) -> Response {
@@ -60,12 +62,28 @@ pub async fn replication(
         .and_then(|h| h.to_str().ok())
         .unwrap_or("localhost")
         .to_string();
-    upgrade.on_upgrade(move |socket| session(app, socket, host))
+    upgrade.on_upgrade(move |socket| session(app, principal, socket, host))
+}
+
+/// Whether the caller may replicate a target: read it, and for a bucket every stream in it.
+/// A target it may not read is answered like a missing one, revealing nothing.
+fn may_replicate(principal: &Principal, target: &Target) -> bool {
+    let scope = &principal.scope;
+    if !scope.permits_operation(Operation::Read) {
+        return false;
+    }
+    match target {
+        Target::Bucket(bucket) => scope.covers_whole_basin(bucket),
+        Target::Stream(key) => names::bucket_of(key).is_some_and(|bucket| {
+            let stream = &key[bucket.len() + 2..];
+            scope.covers_stream(bucket, stream)
+        }),
+    }
 }
 
 /// One replica's connection: any number of subscriptions, each pumped by its own task into one
 /// bounded queue that the writer drains into the socket.
-async fn session(app: AppState, socket: WebSocket, host: String) {
+async fn session(app: AppState, principal: Principal, socket: WebSocket, host: String) {
     let (mut sink, mut incoming) = socket.split();
     let (queue, mut outgoing) = mpsc::channel::<Message>(SESSION_QUEUE);
     let writer = tokio::spawn(async move {
@@ -84,12 +102,21 @@ async fn session(app: AppState, socket: WebSocket, host: String) {
     });
     let mut pumps: HashMap<String, tokio::task::JoinHandle<()>> = HashMap::new();
     let shutdown = app.service.shutdown_signal();
+    let token_expired = async {
+        match principal.expires_ms {
+            Some(at) => tokio::time::sleep(super::until_ms(at)).await,
+            None => std::future::pending().await,
+        }
+    };
+    tokio::pin!(token_expired);
     loop {
-        // The session ends when the replica leaves or the server shuts down (the writer then
-        // sends a close frame and the replica resumes from its cursors elsewhere or later).
+        // The session ends when the replica leaves, the server shuts down or the token that
+        // opened it expires (the writer then sends a close frame and the replica resumes from
+        // its cursors elsewhere or later).
         let frame = tokio::select! {
             frame = incoming.next() => frame,
             () = shutdown.cancelled() => break,
+            () = &mut token_expired => break,
         };
         let Some(Ok(frame)) = frame else { break };
         let text = match frame {
@@ -105,7 +132,8 @@ async fn session(app: AppState, socket: WebSocket, host: String) {
                 continue;
             }
         };
-        let Some(target) = target_of(&request.stream) else {
+        let Some(target) = target_of(&request.stream).filter(|t| may_replicate(&principal, t))
+        else {
             let gap = GapSignal {
                 oldest_available: None,
                 stream: Some(request.stream.clone()),

@@ -1,5 +1,6 @@
 //! The stream model: pure, synchronous types and protocol rules. No I/O, no async.
 
+pub mod access;
 pub mod attrs;
 pub mod batch;
 pub mod cipher;

@@ -88,8 +88,9 @@ fn encode(segment: &str) -> String {
     percent_encoding::utf8_percent_encode(segment, percent_encoding::NON_ALPHANUMERIC).to_string()
 }
 
-/// Follows `url` for as long as the server runs, reconnecting with backoff.
-pub async fn follow(service: Arc<StreamService>, url: String) {
+/// Follows `url` for as long as the server runs, reconnecting with backoff. With `token`, every
+/// request to the upstream carries it as a bearer token.
+pub async fn follow(service: Arc<StreamService>, url: String, token: Option<String>) {
     let upstream = match Upstream::parse(&url) {
         Ok(upstream) => upstream,
         Err(e) => {
@@ -97,14 +98,26 @@ pub async fn follow(service: Arc<StreamService>, url: String) {
             return;
         }
     };
+    let authorization = match token.as_deref().map(bearer).transpose() {
+        Ok(authorization) => authorization,
+        Err(e) => {
+            tracing::error!(error = %e, "cannot mirror");
+            return;
+        }
+    };
+    let mut default_headers = reqwest::header::HeaderMap::new();
+    if let Some(value) = &authorization {
+        default_headers.insert(reqwest::header::AUTHORIZATION, value.clone());
+    }
     let http = reqwest::Client::builder()
         .timeout(Duration::from_secs(30))
+        .default_headers(default_headers)
         .build()
         .unwrap_or_default();
     let mut backoff = MIN_BACKOFF;
     loop {
         let started = tokio::time::Instant::now();
-        match follow_once(&service, &http, &upstream).await {
+        match follow_once(&service, &http, &upstream, authorization.as_ref()).await {
             Ok(()) => tracing::info!(upstream = %url, "replication session ended; reconnecting"),
             Err(e) => {
                 tracing::warn!(upstream = %url, error = %e, "replication session failed; reconnecting")
@@ -116,6 +129,16 @@ pub async fn follow(service: Arc<StreamService>, url: String) {
         tokio::time::sleep(backoff).await;
         backoff = (backoff * 2).min(MAX_BACKOFF);
     }
+}
+
+/// The `Authorization` value for a token.
+fn bearer(token: &str) -> Result<reqwest::header::HeaderValue, MirrorError> {
+    let mut value =
+        reqwest::header::HeaderValue::from_str(&format!("Bearer {token}")).map_err(|_| {
+            MirrorError::BadMessage("the mirror token is not a valid header value".into())
+        })?;
+    value.set_sensitive(true);
+    Ok(value)
 }
 
 /// Discovers the upstream's replication endpoint through its `Link` header.
@@ -149,9 +172,17 @@ async fn follow_once(
     service: &Arc<StreamService>,
     http: &reqwest::Client,
     upstream: &Upstream,
+    authorization: Option<&reqwest::header::HeaderValue>,
 ) -> Result<(), MirrorError> {
+    use tokio_tungstenite::tungstenite::client::IntoClientRequest as _;
     let endpoint = discover(http, upstream).await?;
-    let (socket, _) = tokio_tungstenite::connect_async(endpoint.as_str()).await?;
+    let mut request = endpoint.as_str().into_client_request()?;
+    if let Some(value) = authorization {
+        request
+            .headers_mut()
+            .insert(reqwest::header::AUTHORIZATION, value.clone());
+    }
+    let (socket, _) = tokio_tungstenite::connect_async(request).await?;
     let (mut sink, mut incoming) = socket.split();
     let join = match &upstream.stream {
         Some(stream) => {
@@ -446,7 +477,12 @@ mod tests {
             Some("users/42"),
             "S2 names may hold '/'"
         );
-        for bad in ["docs", "http://h:1", "http://h:1/v1", "http://h:1/docs/%2E%2E"] {
+        for bad in [
+            "docs",
+            "http://h:1",
+            "http://h:1/v1",
+            "http://h:1/docs/%2E%2E",
+        ] {
             assert!(Upstream::parse(bad).is_err(), "{bad}");
         }
     }

@@ -10,7 +10,7 @@ mod connections;
 pub use connections::{ConnectionLimits, TlsError, tls_acceptor};
 
 use crate::config::{Settings, StorageSettings, SyncArg};
-use crate::http::{AppState, HttpConfig, router};
+use crate::http::{AppState, AuthConfig, HttpConfig, router};
 use crate::service::{ServiceConfig, StreamService};
 use crate::storage::{FjallEngine, MemoryEngine, SharedEngine, SyncMode};
 
@@ -68,6 +68,7 @@ pub async fn serve(settings: Settings) -> anyhow::Result<()> {
         tokio::spawn(crate::replication::follow(
             service.clone(),
             upstream.clone(),
+            settings.mirror_token.clone(),
         ));
     }
 
@@ -77,6 +78,10 @@ pub async fn serve(settings: Settings) -> anyhow::Result<()> {
             long_poll_timeout: settings.long_poll_timeout,
             max_body_bytes: settings.max_body_bytes,
             sse_max_duration: settings.sse_max_duration,
+            auth: settings
+                .auth
+                .as_ref()
+                .map(|auth| Arc::new(AuthConfig::new(&auth.operator_token, auth.rate_limit))),
         }),
     };
     let tls = settings

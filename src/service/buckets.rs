@@ -111,18 +111,20 @@ impl StreamService {
 
     /// Buckets whose names start with `prefix`, after `after`, sorted by name, with whether more
     /// follow.
+    /// Buckets whose names start with `prefix`, after `after`, that `shown` lets the caller see.
     pub fn list_buckets(
         &self,
         prefix: &str,
         after: Option<&str>,
         limit: usize,
+        shown: impl Fn(&str) -> bool,
     ) -> (Vec<(String, BucketMeta)>, bool) {
         let registry = self.lock_registry();
         let mut page: Vec<(String, BucketMeta)> = registry
             .buckets
             .range(prefix.to_string()..)
             .take_while(|(name, _)| name.starts_with(prefix))
-            .filter(|(name, _)| after.is_none_or(|a| name.as_str() > a))
+            .filter(|(name, _)| after.is_none_or(|a| name.as_str() > a) && shown(name))
             .take(limit + 1)
             .map(|(name, meta)| (name.clone(), meta.clone()))
             .collect();
@@ -131,13 +133,15 @@ impl StreamService {
         (page, has_more)
     }
 
-    /// Streams of a bucket whose ids start with `prefix`, after `after`, sorted by id.
+    /// Streams of a bucket whose ids start with `prefix`, after `after`, sorted by id, that
+    /// `shown` lets the caller see.
     pub fn list_streams(
         &self,
         bucket: &str,
         prefix: &str,
         after: Option<&str>,
         limit: usize,
+        shown: impl Fn(&str) -> bool,
     ) -> StreamResult<Listing> {
         let key_prefix = bucket_prefix(bucket);
         let candidates: Vec<Arc<Stream>> = {
@@ -150,7 +154,10 @@ impl StreamService {
                 .streams
                 .range(start.clone()..)
                 .take_while(|(key, _)| key.starts_with(&start))
-                .filter(|(key, _)| after.is_none_or(|a| key[key_prefix.len()..] > *a))
+                .filter(|(key, _)| {
+                    let id = &key[key_prefix.len()..];
+                    after.is_none_or(|a| id > a) && shown(id)
+                })
                 .map(|(_, stream)| stream.clone())
                 .collect()
         };

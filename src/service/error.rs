@@ -62,6 +62,10 @@ pub enum StreamError {
     Mirrored { upstream: String },
     #[error("this stream is encrypted: send its key in s2-encryption-key")]
     KeyRequired,
+    #[error("{0}")]
+    Forbidden(String),
+    #[error("access token not found")]
+    TokenNotFound,
     #[error(transparent)]
     Cipher(#[from] crate::model::cipher::CipherError),
     #[error(transparent)]

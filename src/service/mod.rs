@@ -16,6 +16,7 @@ mod snapshots;
 mod stream;
 #[cfg(test)]
 mod tests;
+mod tokens;
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -46,6 +47,7 @@ pub use s2::{
 };
 pub use snapshots::{Bootstrap, Position};
 pub use stream::{Durable, Stream};
+pub use tokens::{IssueToken, Principal, TokenError};
 
 use stream::State;
 
@@ -80,6 +82,7 @@ pub struct StreamService {
     streams_changed: tokio::sync::watch::Sender<u64>,
     /// Cancelled when the server starts shutting down: live waits end at once.
     shutdown: CancellationToken,
+    tokens: Mutex<tokens::TokenRegistry>,
     config: ServiceConfig,
 }
 
@@ -154,6 +157,7 @@ impl StreamService {
             cache_budget: cache::CacheBudget::new(config.cache),
             streams_changed: tokio::sync::watch::Sender::new(0),
             shutdown: CancellationToken::new(),
+            tokens: Mutex::new(tokens::TokenRegistry::new(recovered.tokens)),
             config,
         });
         let now = now_ms();

@@ -238,7 +238,7 @@ impl StreamService {
     /// buckets).
     pub async fn delete_basin(&self, basin: &str) -> StreamResult<()> {
         loop {
-            let listing = self.list_streams(basin, "", None, 1000)?;
+            let listing = self.list_streams(basin, "", None, 1000, |_| true)?;
             if listing.streams.is_empty() {
                 break;
             }

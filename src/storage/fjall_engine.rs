@@ -38,6 +38,7 @@ struct Keyspaces {
     producers: Keyspace,
     snapshots: Keyspace,
     buckets: Keyspace,
+    tokens: Keyspace,
     system: Keyspace,
 }
 
@@ -80,6 +81,7 @@ impl FjallEngine {
             producers: open("producers")?,
             snapshots: open("snapshots")?,
             buckets: open("buckets")?,
+            tokens: open("tokens")?,
             system: open("system")?,
             db,
         };
@@ -194,6 +196,17 @@ impl Engine for FjallEngine {
                 .map_err(|e| StorageError::Corrupt(format!("metadata of bucket {name}: {e}")))?;
             buckets.push((name, meta));
         }
+        let mut tokens = Vec::new();
+        for guard in ks.tokens.iter() {
+            let (key, value) = guard.into_inner().map_err(io)?;
+            let token = serde_json::from_slice(&value).map_err(|e| {
+                StorageError::Corrupt(format!(
+                    "access token {}: {e}",
+                    String::from_utf8_lossy(&key)
+                ))
+            })?;
+            tokens.push(token);
+        }
         let mut streams = Vec::new();
         for guard in ks.streams.iter() {
             let (key, value) = guard.into_inner().map_err(io)?;
@@ -242,6 +255,7 @@ impl Engine for FjallEngine {
         Ok(Recovered {
             streams,
             buckets,
+            tokens,
             next_id,
         })
     }
@@ -356,6 +370,13 @@ impl Writer {
                 }
                 Change::RemoveBucket(name) => {
                     batch.remove(&ks.buckets, name.as_bytes());
+                }
+                Change::PutToken(token) => {
+                    let value = serde_json::to_vec(token).map_err(io)?;
+                    batch.insert(&ks.tokens, token.id.as_bytes(), value);
+                }
+                Change::RemoveToken(id) => {
+                    batch.remove(&ks.tokens, id.as_bytes());
                 }
             }
         }

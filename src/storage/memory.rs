@@ -8,6 +8,7 @@ use futures::future::{self, BoxFuture};
 
 use super::{ByteBudget, Change, Engine, Recovered, RecoveredStream, StorageError, StreamId};
 use crate::model::Record;
+use crate::model::access::TokenRecord;
 use crate::model::producer::ProducerState;
 use crate::model::stream::{BucketMeta, StreamMeta};
 
@@ -23,6 +24,7 @@ struct State {
     producers: BTreeMap<(StreamId, String), ProducerState>,
     snapshots: BTreeMap<StreamId, Bytes>,
     buckets: BTreeMap<String, BucketMeta>,
+    tokens: BTreeMap<String, TokenRecord>,
     next_id: StreamId,
 }
 
@@ -78,6 +80,12 @@ impl Engine for MemoryEngine {
                 }
                 Change::RemoveBucket(name) => {
                     state.buckets.remove(&name);
+                }
+                Change::PutToken(token) => {
+                    state.tokens.insert(token.id.clone(), token);
+                }
+                Change::RemoveToken(id) => {
+                    state.tokens.remove(&id);
                 }
             }
         }
@@ -141,6 +149,7 @@ impl Engine for MemoryEngine {
         Ok(Recovered {
             streams,
             buckets,
+            tokens: state.tokens.values().cloned().collect(),
             next_id: state.next_id,
         })
     }

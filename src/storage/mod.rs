@@ -14,6 +14,7 @@ use bytes::Bytes;
 use futures::future::BoxFuture;
 
 use crate::model::Record;
+use crate::model::access::TokenRecord;
 use crate::model::producer::ProducerState;
 use crate::model::stream::{BucketMeta, StreamMeta};
 
@@ -40,6 +41,9 @@ pub enum Change {
     RemoveSnapshot(StreamId),
     PutBucket(String, BucketMeta),
     RemoveBucket(String),
+    /// Store an access token (its digest, never its secret), replacing one with the same id.
+    PutToken(TokenRecord),
+    RemoveToken(String),
 }
 
 #[derive(Clone, Debug, thiserror::Error)]
@@ -57,6 +61,7 @@ pub enum StorageError {
 pub struct Recovered {
     pub streams: Vec<RecoveredStream>,
     pub buckets: Vec<(String, BucketMeta)>,
+    pub tokens: Vec<TokenRecord>,
     /// The smallest id never used by any stream.
     pub next_id: StreamId,
 }

@@ -181,10 +181,19 @@ def test_stream_create_body_with_invalid_name_is_400_bad_path(c, basin):
 
 # --- not implemented -----------------------------------------------------------------
 
-@pytest.mark.parametrize("method", ["GET", "POST"])
-def test_access_tokens_are_501_not_implemented(c, method):
-    body = {"id": "tok", "scope": {}} if method == "POST" else None
-    expect_error(c.request(method, "/v1/access-tokens", json=body), 501, "not_implemented")
+def test_access_tokens_are_issued_listed_and_revoked(c):
+    """Without --auth every caller is the operator; tokens still round-trip (tests/auth.rs checks
+    what they permit with --auth on)."""
+    scope = {"basins": {"prefix": ""}, "streams": {"prefix": ""}, "op_groups": {"stream": {"read": True}}}
+    issued = json_of(c.post("/v1/access-tokens", json={"id": "tok-1", "scope": scope}), 201)
+    assert issued["access_token"]
+    listed = json_of(c.get("/v1/access-tokens"), 200)["access_tokens"]
+    assert [t["id"] for t in listed] == ["tok-1"]
+    assert issued["access_token"] not in str(listed)
+    expect_error(c.post("/v1/access-tokens", json={"id": "tok-1", "scope": scope}), 409,
+                 "resource_already_exists")
+    json_of(c.delete("/v1/access-tokens/tok-1"), 200)
+    expect_error(c.delete("/v1/access-tokens/tok-1"), 404, "access_token_not_found")
 
 
 def test_s2_routes_do_not_shadow_durable_streams_buckets(c, basin, stream):

@@ -57,14 +57,18 @@ impl Provision {
 
 pub(super) async fn list_basins(
     State(app): State<AppState>,
+    Extension(principal): Extension<Principal>,
     RawQuery(query): RawQuery,
 ) -> Response {
     let result = (|| {
         let query = Query::parse(query.as_deref());
         let prefix = query.get("prefix")?.unwrap_or_default();
-        let (page, has_more) =
-            app.service
-                .list_buckets(prefix, query.get("start_after")?, limit_of(&query)?);
+        let (page, has_more) = app.service.list_buckets(
+            prefix,
+            query.get("start_after")?,
+            limit_of(&query)?,
+            |basin| principal.scope.covers_basin(basin),
+        );
         let basins: Vec<Value> = page
             .iter()
             .map(|(name, meta)| basin_info(name, meta.created_ms))
@@ -86,6 +90,7 @@ struct CreateBasin {
 
 pub(super) async fn create_basin(
     State(app): State<AppState>,
+    Extension(principal): Extension<Principal>,
     headers: HeaderMap,
     body: Body,
 ) -> Response {
@@ -93,6 +98,11 @@ pub(super) async fn create_basin(
         let request: CreateBasin = json_body(&app, &headers, body)
             .await?
             .ok_or_else(|| bad("bad_json", "a body is required"))?;
+        permit(
+            &principal,
+            Operation::CreateBasin,
+            Resource::Basin(&request.basin),
+        )?;
         if !s2::is_valid_basin_name(&request.basin) {
             return Err(bad(
                 "invalid",
@@ -224,6 +234,7 @@ async fn stream_info_of(app: &AppState, key: &str) -> Result<Value, S2Error> {
 
 pub(super) async fn list_streams(
     State(app): State<AppState>,
+    Extension(principal): Extension<Principal>,
     RawQuery(query): RawQuery,
     headers: HeaderMap,
 ) -> Response {
@@ -236,6 +247,7 @@ pub(super) async fn list_streams(
             prefix,
             query.get("start_after")?,
             limit_of(&query)?,
+            |stream| principal.scope.covers_stream(&basin, stream),
         )?;
         let streams: Vec<Value> = listing.streams.iter().map(stream_info).collect();
         Ok::<_, S2Error>(json_response(
@@ -255,6 +267,7 @@ struct CreateStream {
 
 pub(super) async fn create_stream(
     State(app): State<AppState>,
+    Extension(principal): Extension<Principal>,
     headers: HeaderMap,
     body: Body,
 ) -> Response {
@@ -263,6 +276,14 @@ pub(super) async fn create_stream(
         let request: CreateStream = json_body(&app, &headers, body)
             .await?
             .ok_or_else(|| bad("bad_json", "a body is required"))?;
+        permit(
+            &principal,
+            Operation::CreateStream,
+            Resource::Stream {
+                basin: &basin,
+                stream: &request.stream,
+            },
+        )?;
         valid_stream(&basin, &request.stream)?;
         let config = validated::<StreamConfig>(request.config)?;
         app.service

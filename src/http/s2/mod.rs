@@ -7,10 +7,10 @@ use std::time::Duration;
 
 use axum::Router;
 use axum::body::Body;
-use axum::extract::{Path, RawQuery, State};
+use axum::extract::{Extension, Path, RawQuery, State};
 use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{any, get};
+use axum::routing::{any, delete, get};
 use bytes::Bytes;
 use serde::Deserialize;
 use serde_json::{Value, json};
@@ -21,13 +21,14 @@ use tower_http::decompression::RequestDecompressionLayer;
 
 use super::AppState;
 use super::request::{self, Query, Rejection};
+use crate::model::access::{Operation, Resource};
 use crate::model::cipher::{CipherError, RecordKey};
 use crate::model::headers::format_timestamp;
 use crate::model::s2::{self, BasinConfig, EventId, Format, StreamConfig};
 use crate::model::{Offset, Record, names};
 use crate::service::{
-    S2Append, S2Batch, S2Limits, S2Position, S2Record, S2Start, Stream, StreamError, StreamSummary,
-    now_ms,
+    Principal, S2Append, S2Batch, S2Limits, S2Position, S2Record, S2Start, Stream, StreamError,
+    StreamSummary, now_ms,
 };
 
 /// How often an idle SSE session hears a `ping`.
@@ -39,9 +40,11 @@ mod manage;
 mod records;
 mod s2s;
 mod session;
+mod tokens;
 
 use manage::{basin, create_basin, create_stream, list_basins, list_streams, stream};
 use records::{batch_json, check_tail, records};
+use tokens::{issue_token, list_tokens, revoke_token};
 
 /// Responses smaller than this go uncompressed, as S2 does.
 const COMPRESS_ABOVE_BYTES: u16 = 1024;
@@ -59,8 +62,8 @@ pub fn routes() -> Router<AppState> {
         .route("/v1/streams/{stream}", any(stream))
         .route("/v1/streams/{stream}/records", any(records))
         .route("/v1/streams/{stream}/records/tail", get(check_tail))
-        .route("/v1/access-tokens", any(not_implemented))
-        .route("/v1/access-tokens/{id}", any(not_implemented))
+        .route("/v1/access-tokens", get(list_tokens).post(issue_token))
+        .route("/v1/access-tokens/{id}", delete(revoke_token))
         .layer(CompressionLayer::new().compress_when(compress_when))
         .layer(RequestDecompressionLayer::new())
 }
@@ -121,6 +124,8 @@ impl From<StreamError> for S2Error {
                 (StatusCode::NOT_FOUND, "stream_not_found")
             }
             StreamError::BucketNotFound => (StatusCode::NOT_FOUND, "basin_not_found"),
+            StreamError::TokenNotFound => (StatusCode::NOT_FOUND, "access_token_not_found"),
+            StreamError::Forbidden(_) => (StatusCode::FORBIDDEN, "permission_denied"),
             StreamError::AlreadyExists(_) => (StatusCode::CONFLICT, "resource_already_exists"),
             StreamError::Conflict(_) => (StatusCode::CONFLICT, "transaction_conflict"),
             StreamError::Storage(_) => (StatusCode::SERVICE_UNAVAILABLE, "unavailable"),
@@ -180,13 +185,18 @@ fn position_json(position: S2Position) -> Value {
     json!({ "seq_num": position.seq_num, "timestamp": position.timestamp })
 }
 
-async fn not_implemented() -> Response {
-    S2Error::new(
-        StatusCode::NOT_IMPLEMENTED,
-        "not_implemented",
-        "access tokens are not supported yet",
-    )
-    .into_response()
+/// Refuses what the caller's token does not allow (for resources named in a request body,
+/// which the authorization layer cannot see).
+fn permit(principal: &Principal, op: Operation, resource: Resource<'_>) -> Result<(), S2Error> {
+    if principal.scope.allows(op, resource) {
+        Ok(())
+    } else {
+        Err(S2Error::new(
+            StatusCode::FORBIDDEN,
+            "permission_denied",
+            "the access token does not permit this operation on this resource",
+        ))
+    }
 }
 
 /// The basin of a records or streams request: the `s2-basin` header, else a `{basin}.` prefix
@@ -220,6 +230,11 @@ fn basin_of(headers: &HeaderMap) -> Result<String, S2Error> {
             "missing header s2-basin (or a {basin}. host prefix)",
         )),
     }
+}
+
+/// The basin a request names (header or host), if any; for classifying requests.
+pub(crate) fn basin_name(headers: &HeaderMap) -> Option<String> {
+    basin_of(headers).ok()
 }
 
 fn valid_basin(name: &str) -> Result<String, S2Error> {

@@ -88,6 +88,7 @@ impl From<s2::JsonInputError> for S2Error {
 
 pub(super) async fn records(
     State(app): State<AppState>,
+    Extension(principal): Extension<Principal>,
     Path(name): Path<String>,
     method: Method,
     RawQuery(query): RawQuery,
@@ -95,23 +96,72 @@ pub(super) async fn records(
     body: Body,
 ) -> Response {
     let result = match method {
-        Method::POST if s2s::is_session(&headers) => {
-            append_session(&app, &name, &headers, body).await
-        }
-        Method::POST => append(&app, &name, &headers, body).await,
+        Method::POST => match CommandGuard::new(principal, &headers, &name) {
+            Ok(guard) if s2s::is_session(&headers) => {
+                append_session(&app, &name, &headers, guard, body).await
+            }
+            Ok(guard) => append(&app, &name, &headers, &guard, body).await,
+            Err(e) => Err(e),
+        },
         Method::GET => read(&app, &name, query.as_deref(), &headers).await,
         _ => Err(method_not_allowed()),
     };
     result.unwrap_or_else(IntoResponse::into_response)
 }
 
-async fn append_session(app: &AppState, name: &str, headers: &HeaderMap, body: Body) -> S2Result {
-    let key = key_of(headers)?;
-    let stream = records_stream(app, headers, name, true).await?;
-    Ok(s2s::append_session(app, headers, stream, key, body))
+/// Command records need their own permission (`fence`, `trim`) beyond `append`.
+pub(super) struct CommandGuard {
+    principal: Principal,
+    basin: String,
+    stream: String,
 }
 
-async fn append(app: &AppState, name: &str, headers: &HeaderMap, body: Body) -> S2Result {
+impl CommandGuard {
+    fn new(principal: Principal, headers: &HeaderMap, stream: &str) -> Result<Self, S2Error> {
+        Ok(CommandGuard {
+            principal,
+            basin: basin_of(headers)?,
+            stream: stream.to_string(),
+        })
+    }
+
+    pub(super) fn check(&self, append: &S2Append) -> Result<(), S2Error> {
+        for record in &append.records {
+            let op = match s2::command_of(&record.headers, &record.body) {
+                Ok(Some(s2::Command::Fence(_))) => Operation::Fence,
+                Ok(Some(s2::Command::Trim(_))) => Operation::Trim,
+                // Ordinary records, and malformed commands the service refuses with 422.
+                _ => continue,
+            };
+            let resource = Resource::Stream {
+                basin: &self.basin,
+                stream: &self.stream,
+            };
+            permit(&self.principal, op, resource)?;
+        }
+        Ok(())
+    }
+}
+
+async fn append_session(
+    app: &AppState,
+    name: &str,
+    headers: &HeaderMap,
+    guard: CommandGuard,
+    body: Body,
+) -> S2Result {
+    let key = key_of(headers)?;
+    let stream = records_stream(app, headers, name, true).await?;
+    Ok(s2s::append_session(app, headers, stream, key, guard, body))
+}
+
+async fn append(
+    app: &AppState,
+    name: &str,
+    headers: &HeaderMap,
+    guard: &CommandGuard,
+    body: Body,
+) -> S2Result {
     let protobuf_in = s2s::media_type(headers, header::CONTENT_TYPE).is_some_and(s2s::is_protobuf);
     let append = if protobuf_in {
         let bytes = request::body(headers, body, app.config.max_body_bytes).await?;
@@ -119,6 +169,7 @@ async fn append(app: &AppState, name: &str, headers: &HeaderMap, body: Body) -> 
     } else {
         json_append(app, headers, body).await?
     };
+    guard.check(&append)?;
     let stream = records_stream(app, headers, name, true).await?;
     let ack = app
         .service

@@ -16,6 +16,7 @@ use s2_api::v1::stream::s2s::{
 use tokio_util::codec::FramedRead;
 use tokio_util::io::StreamReader;
 
+use super::records::CommandGuard;
 use super::session::{self, Session, SessionEvent};
 use super::*;
 use crate::service::S2Ack;
@@ -190,6 +191,7 @@ pub(super) fn append_session(
     headers: &HeaderMap,
     stream: Arc<Stream>,
     key: Option<RecordKey>,
+    guard: CommandGuard,
     body: Body,
 ) -> Response {
     let compression = CompressionAlgorithm::from_accept_encoding(headers);
@@ -219,9 +221,12 @@ pub(super) fn append_session(
                 input = inputs.next(), if inputs_open && failure.is_none() => match input {
                     None => inputs_open = false,
                     Some(Err(error)) => failure = Some(error),
-                    Some(Ok(append)) => match service.s2_sequence(&stream, append, key.as_ref()).await {
-                        Ok(ack) => pending.push_back(ack),
-                        Err(error) => failure = Some(error.into()),
+                    Some(Ok(append)) => match guard.check(&append) {
+                        Err(refused) => failure = Some(refused),
+                        Ok(()) => match service.s2_sequence(&stream, append, key.as_ref()).await {
+                            Ok(ack) => pending.push_back(ack),
+                            Err(error) => failure = Some(error.into()),
+                        },
                     },
                 },
                 else => break,

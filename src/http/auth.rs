@@ -1,0 +1,389 @@
+//! Bearer-token authentication and authorization for every face (`--auth`). Each request is
+//! classified as one of S2's operations on a resource (a basin, a stream, a token, the account)
+//! and checked against the caller's scope before any handler runs, so the answer never depends
+//! on whether the resource exists: a token without access to a bucket learns nothing about it.
+//!
+//! Operations whose resource is named in the body (creating a basin or stream through S2,
+//! issuing a token) and listings are narrowed further by their handlers with the `Principal`
+//! this layer leaves in the request's extensions.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use axum::extract::{Request, State};
+use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, header};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use percent_encoding::percent_decode_str;
+use serde_json::json;
+
+use super::AppState;
+use crate::model::access::{self, Operation, Resource};
+use crate::service::{Principal, TokenError};
+
+/// Authentication settings.
+#[derive(Debug)]
+pub struct AuthConfig {
+    /// SHA-256 (hex) of the operator token, which may do everything.
+    pub operator_digest: String,
+    /// Requests per second one token may make (with a burst of as many); `None`: no limit.
+    pub rate_limit: Option<u32>,
+    pub limiter: RateLimiter,
+}
+
+impl AuthConfig {
+    pub fn new(operator_token: &str, rate_limit: Option<u32>) -> AuthConfig {
+        AuthConfig {
+            operator_digest: access::digest(operator_token),
+            rate_limit,
+            limiter: RateLimiter::default(),
+        }
+    }
+}
+
+/// One token bucket per principal.
+#[derive(Debug, Default)]
+pub struct RateLimiter {
+    buckets: Mutex<HashMap<String, (f64, Instant)>>,
+}
+
+impl RateLimiter {
+    /// Takes one request from `key`'s bucket; `Err` with the wait until the next one if empty.
+    fn take(&self, key: &str, per_second: u32) -> Result<(), Duration> {
+        let rate = f64::from(per_second.max(1));
+        let now = Instant::now();
+        let mut buckets = self.buckets.lock().unwrap_or_else(|e| e.into_inner());
+        let (tokens, last) = buckets.entry(key.to_string()).or_insert((rate, now));
+        *tokens = (*tokens + now.duration_since(*last).as_secs_f64() * rate).min(rate);
+        *last = now;
+        if *tokens >= 1.0 {
+            *tokens -= 1.0;
+            Ok(())
+        } else {
+            Err(Duration::from_secs_f64((1.0 - *tokens) / rate))
+        }
+    }
+}
+
+/// What a request asks to do.
+#[derive(Debug, PartialEq, Eq)]
+enum Access {
+    /// No token needed (health checks, CORS preflights).
+    Public,
+    /// Any valid token (the handler narrows further, or the route does not exist).
+    Authenticated,
+    Operation(Operation, Target),
+}
+
+/// The resource of an operation, with owned names.
+#[derive(Debug, PartialEq, Eq)]
+enum Target {
+    Account,
+    Basin(String),
+    Stream(String, String),
+    AccessToken(String),
+}
+
+impl Target {
+    fn resource(&self) -> Resource<'_> {
+        match self {
+            Target::Account => Resource::Account,
+            Target::Basin(b) => Resource::Basin(b),
+            Target::Stream(b, s) => Resource::Stream {
+                basin: b,
+                stream: s,
+            },
+            Target::AccessToken(id) => Resource::AccessToken(id),
+        }
+    }
+}
+
+fn decoded(segment: &str) -> String {
+    percent_decode_str(segment).decode_utf8_lossy().into_owned()
+}
+
+/// Classifies a request by route and method. Base-surface streams (`/v1/stream/…`) live in the
+/// basin named `""`.
+fn classify(method: &Method, path: &str, headers: &HeaderMap) -> Access {
+    use Operation::*;
+    if method == Method::OPTIONS || path == "/healthz" || path == "/readyz" {
+        return Access::Public;
+    }
+    let read = method == Method::GET || method == Method::HEAD;
+    let op = |op: Operation, target: Target| Access::Operation(op, target);
+    let s2_basin = || super::s2::basin_name(headers).unwrap_or_default();
+    if path == "/metrics" {
+        return op(AccountMetrics, Target::Account);
+    }
+    if let Some(rest) = path.strip_prefix("/v1/stream/") {
+        let stream = Target::Stream(String::new(), decoded(rest));
+        return op(stream_op(method), stream);
+    }
+    let segments: Vec<&str> = path.trim_start_matches('/').split('/').collect();
+    match segments.as_slice() {
+        ["v1", "streamld", "replication"] => Access::Authenticated,
+        ["v1", "basins"] if read => op(ListBasins, Target::Account),
+        ["v1", "basins"] => Access::Authenticated,
+        ["v1", "basins", basin] => {
+            let basin = Target::Basin(decoded(basin));
+            match *method {
+                Method::GET | Method::HEAD => op(GetBasinConfig, basin),
+                Method::PUT => op(CreateBasin, basin),
+                Method::PATCH => op(ReconfigureBasin, basin),
+                Method::DELETE => op(DeleteBasin, basin),
+                _ => Access::Authenticated,
+            }
+        }
+        ["v1", "streams"] if read => op(ListStreams, Target::Basin(s2_basin())),
+        ["v1", "streams"] => Access::Authenticated,
+        ["v1", "streams", stream, tail @ ..] => {
+            let target = Target::Stream(s2_basin(), decoded(stream));
+            match (tail, method.clone()) {
+                ([], Method::GET | Method::HEAD) => op(GetStreamConfig, target),
+                ([], Method::PUT) => op(CreateStream, target),
+                ([], Method::PATCH) => op(ReconfigureStream, target),
+                ([], Method::DELETE) => op(DeleteStream, target),
+                (["records"], Method::POST) => op(Append, target),
+                (["records"], _) => op(Read, target),
+                (["records", "tail"], _) => op(CheckTail, target),
+                _ => Access::Authenticated,
+            }
+        }
+        ["v1", "access-tokens"] if read => op(ListAccessTokens, Target::Account),
+        ["v1", "access-tokens"] => Access::Authenticated,
+        ["v1", "access-tokens", id] => match *method {
+            Method::DELETE => op(RevokeAccessToken, Target::AccessToken(decoded(id))),
+            _ => Access::Authenticated,
+        },
+        [bucket] if !bucket.is_empty() => {
+            let basin = Target::Basin(decoded(bucket));
+            match *method {
+                Method::PUT => op(CreateBasin, basin),
+                Method::DELETE => op(DeleteBasin, basin),
+                _ => op(GetBasinConfig, basin),
+            }
+        }
+        [bucket, "streams"] if read => op(ListStreams, Target::Basin(decoded(bucket))),
+        [bucket, stream] => op(
+            stream_op(method),
+            Target::Stream(decoded(bucket), decoded(stream)),
+        ),
+        [bucket, stream, extension, ..] => {
+            let target = Target::Stream(decoded(bucket), decoded(stream));
+            let op_ = match (*extension, read) {
+                ("attrs", true) => GetStreamConfig,
+                ("attrs", false) => ReconfigureStream,
+                ("retention", _) => Trim,
+                (_, true) => Read,
+                (_, false) => Append,
+            };
+            op(op_, target)
+        }
+        _ => Access::Authenticated,
+    }
+}
+
+/// A Durable Streams stream request's operation.
+fn stream_op(method: &Method) -> Operation {
+    match *method {
+        Method::PUT => Operation::CreateStream,
+        Method::POST => Operation::Append,
+        Method::DELETE => Operation::DeleteStream,
+        _ => Operation::Read,
+    }
+}
+
+/// The bearer token of a request.
+fn bearer(headers: &HeaderMap) -> Option<&str> {
+    let value = headers.get(header::AUTHORIZATION)?.to_str().ok()?;
+    let (scheme, token) = value.split_once(' ')?;
+    scheme
+        .eq_ignore_ascii_case("bearer")
+        .then(|| token.trim())
+        .filter(|t| !t.is_empty())
+}
+
+/// The error response of a refused request, in the face's own style.
+fn refusal(path: &str, status: StatusCode, code: &str, message: &str) -> Response {
+    let s2 = ["/v1/basins", "/v1/streams", "/v1/access-tokens"]
+        .iter()
+        .any(|p| path.starts_with(p));
+    let mut response = if s2 {
+        (
+            status,
+            [(header::CONTENT_TYPE, "application/json")],
+            json!({ "code": code, "message": message }).to_string(),
+        )
+            .into_response()
+    } else {
+        super::text_error(status, message)
+    };
+    if status == StatusCode::UNAUTHORIZED {
+        response.headers_mut().insert(
+            header::WWW_AUTHENTICATE,
+            HeaderValue::from_static("Bearer realm=\"runnel\""),
+        );
+    }
+    response
+}
+
+/// The middleware: authenticates, rate-limits and authorizes, then hands the principal on in
+/// the request's extensions (the operator when authentication is off, or the route public).
+pub async fn authorize(State(app): State<AppState>, mut request: Request, next: Next) -> Response {
+    let Some(auth) = app.config.auth.as_ref() else {
+        request.extensions_mut().insert(Principal::operator());
+        return next.run(request).await;
+    };
+    let path = request.uri().path().to_string();
+    let access = classify(request.method(), &path, request.headers());
+    if access == Access::Public {
+        request.extensions_mut().insert(Principal::operator());
+        return next.run(request).await;
+    }
+    let Some(secret) = bearer(request.headers()) else {
+        return refusal(
+            &path,
+            StatusCode::UNAUTHORIZED,
+            "unauthenticated",
+            "send an access token: Authorization: Bearer <token>",
+        );
+    };
+    let principal = if access::same_digest(&access::digest(secret), &auth.operator_digest) {
+        Principal::operator()
+    } else {
+        match app.service.authenticate(secret) {
+            Ok(principal) => principal,
+            Err(e @ (TokenError::Unknown | TokenError::Expired)) => {
+                return refusal(
+                    &path,
+                    StatusCode::UNAUTHORIZED,
+                    "unauthenticated",
+                    &e.to_string(),
+                );
+            }
+        }
+    };
+    if let Some(rate) = auth.rate_limit {
+        let key = principal.token_id.as_deref().unwrap_or("");
+        if let Err(wait) = auth.limiter.take(key, rate) {
+            let mut response = refusal(
+                &path,
+                StatusCode::TOO_MANY_REQUESTS,
+                "rate_limited",
+                &format!("over {rate} requests per second for this token"),
+            );
+            let seconds = wait.as_secs().max(1).to_string();
+            if let Ok(value) = HeaderValue::from_str(&seconds) {
+                response.headers_mut().insert(header::RETRY_AFTER, value);
+            }
+            return response;
+        }
+    }
+    if let Access::Operation(op, target) = &access
+        && !principal.scope.allows(*op, target.resource())
+    {
+        return refusal(
+            &path,
+            StatusCode::FORBIDDEN,
+            "permission_denied",
+            "the access token does not permit this operation on this resource",
+        );
+    }
+    request.extensions_mut().insert(principal);
+    next.run(request).await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn class(method: Method, path: &str) -> Access {
+        let mut headers = HeaderMap::new();
+        headers.insert("s2-basin", HeaderValue::from_static("logs-basin"));
+        classify(&method, path, &headers)
+    }
+
+    #[test]
+    fn requests_on_every_face_map_to_s2_operations() {
+        use Operation::*;
+        let stream = |b: &str, s: &str| Target::Stream(b.into(), s.into());
+        let cases = [
+            (Method::GET, "/v1/stream/a%2Fb", Read, stream("", "a/b")),
+            (Method::POST, "/v1/stream/x", Append, stream("", "x")),
+            (Method::PUT, "/bkt1/s", CreateStream, stream("bkt1", "s")),
+            (Method::DELETE, "/bkt1/s", DeleteStream, stream("bkt1", "s")),
+            (
+                Method::POST,
+                "/bkt1/s/append-batch",
+                Append,
+                stream("bkt1", "s"),
+            ),
+            (Method::GET, "/bkt1/s/bootstrap", Read, stream("bkt1", "s")),
+            (
+                Method::PUT,
+                "/bkt1/s/retention/5",
+                Trim,
+                stream("bkt1", "s"),
+            ),
+            (
+                Method::PUT,
+                "/bkt1/s/attrs",
+                ReconfigureStream,
+                stream("bkt1", "s"),
+            ),
+            (
+                Method::POST,
+                "/v1/streams/a%2Fb/records",
+                Append,
+                stream("logs-basin", "a/b"),
+            ),
+            (
+                Method::GET,
+                "/v1/streams/s/records/tail",
+                CheckTail,
+                stream("logs-basin", "s"),
+            ),
+            (
+                Method::GET,
+                "/bkt1/streams",
+                ListStreams,
+                Target::Basin("bkt1".into()),
+            ),
+            (
+                Method::PUT,
+                "/bkt1",
+                CreateBasin,
+                Target::Basin("bkt1".into()),
+            ),
+            (Method::GET, "/metrics", AccountMetrics, Target::Account),
+            (
+                Method::DELETE,
+                "/v1/access-tokens/t1",
+                RevokeAccessToken,
+                Target::AccessToken("t1".into()),
+            ),
+        ];
+        for (method, path, op, target) in cases {
+            assert_eq!(
+                class(method.clone(), path),
+                Access::Operation(op, target),
+                "{method} {path}"
+            );
+        }
+        assert_eq!(class(Method::GET, "/healthz"), Access::Public);
+        assert_eq!(class(Method::OPTIONS, "/bkt1/s"), Access::Public);
+        assert_eq!(class(Method::POST, "/v1/basins"), Access::Authenticated);
+    }
+
+    #[test]
+    fn the_rate_limiter_allows_a_burst_then_refuses_until_refilled() {
+        let limiter = RateLimiter::default();
+        for _ in 0..5 {
+            assert!(limiter.take("t", 5).is_ok());
+        }
+        let wait = limiter.take("t", 5).unwrap_err();
+        assert!(wait <= Duration::from_millis(200));
+        assert!(limiter.take("other", 5).is_ok(), "buckets are per token");
+    }
+}

@@ -1,0 +1,104 @@
+//! S2's access token API: issue (`POST /v1/access-tokens`), list (`GET`) and revoke
+//! (`DELETE /v1/access-tokens/{id}`). Secrets are shown once, at issue, and stored as digests.
+
+use super::*;
+use crate::model::access::{Scope, TokenRecord};
+use crate::model::headers::parse_expires_at;
+use crate::service::IssueToken;
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct IssueRequest {
+    id: String,
+    #[serde(default)]
+    expires_at: Option<String>,
+    #[serde(default)]
+    auto_prefix_streams: Option<bool>,
+    scope: Scope,
+}
+
+fn token_info(token: &TokenRecord) -> Value {
+    json!({
+        "id": token.id,
+        "expires_at": token.expires_ms.map(format_timestamp),
+        "auto_prefix_streams": false,
+        "scope": token.scope,
+    })
+}
+
+pub(super) async fn issue_token(
+    State(app): State<AppState>,
+    Extension(principal): Extension<Principal>,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
+    let result = async {
+        let request: IssueRequest = json_body(&app, &headers, body)
+            .await?
+            .ok_or_else(|| bad("bad_json", "a body is required"))?;
+        permit(
+            &principal,
+            Operation::IssueAccessToken,
+            Resource::AccessToken(&request.id),
+        )?;
+        if request.auto_prefix_streams == Some(true) {
+            return Err(bad(
+                "invalid",
+                "auto_prefix_streams is not supported by Runnel",
+            ));
+        }
+        let expires_ms = request
+            .expires_at
+            .as_deref()
+            .map(parse_expires_at)
+            .transpose()
+            .map_err(|_| bad("invalid", "expires_at must be an RFC 3339 timestamp"))?;
+        let secret = app
+            .service
+            .issue_token(
+                &principal,
+                IssueToken {
+                    id: request.id,
+                    expires_ms,
+                    scope: request.scope,
+                },
+            )
+            .await?;
+        Ok::<_, S2Error>(json_response(
+            StatusCode::CREATED,
+            json!({ "access_token": secret }),
+        ))
+    };
+    result.await.unwrap_or_else(IntoResponse::into_response)
+}
+
+pub(super) async fn list_tokens(
+    State(app): State<AppState>,
+    Extension(principal): Extension<Principal>,
+    RawQuery(query): RawQuery,
+) -> Response {
+    let result = (|| {
+        let query = Query::parse(query.as_deref());
+        let prefix = query.get("prefix")?.unwrap_or_default();
+        let (page, has_more) = app.service.list_tokens(
+            &principal,
+            prefix,
+            query.get("start_after")?,
+            limit_of(&query)?,
+        );
+        let tokens: Vec<Value> = page.iter().map(token_info).collect();
+        Ok::<_, S2Error>(json_response(
+            StatusCode::OK,
+            json!({ "access_tokens": tokens, "has_more": has_more }),
+        ))
+    })();
+    result.unwrap_or_else(IntoResponse::into_response)
+}
+
+pub(super) async fn revoke_token(State(app): State<AppState>, Path(id): Path<String>) -> Response {
+    // The authorization layer already checked the caller may revoke this id.
+    match app.service.revoke_token(&id).await {
+        Ok(token) => json_response(StatusCode::OK, token_info(&token)),
+        Err(e) => S2Error::from(e).into_response(),
+    }
+}

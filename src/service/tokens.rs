@@ -1,0 +1,263 @@
+//! Access tokens issued through S2's `/v1/access-tokens`: kept by id, found by the digest of
+//! their secret, stored durably (digest only) with the streams.
+
+use std::collections::{BTreeMap, HashMap};
+
+use base64::Engine as _;
+use rand::RngCore;
+
+use super::{StreamError, StreamResult, StreamService, now_ms};
+use crate::model::access::{self, Scope, TokenRecord};
+use crate::storage::Change;
+
+/// The tokens the server knows.
+#[derive(Default)]
+pub(super) struct TokenRegistry {
+    by_id: BTreeMap<String, TokenRecord>,
+    /// Digest to id.
+    by_digest: HashMap<String, String>,
+}
+
+impl TokenRegistry {
+    pub(super) fn new(tokens: Vec<TokenRecord>) -> TokenRegistry {
+        let mut registry = TokenRegistry::default();
+        for token in tokens {
+            registry.insert(token);
+        }
+        registry
+    }
+
+    fn insert(&mut self, token: TokenRecord) {
+        self.by_digest
+            .insert(token.digest.clone(), token.id.clone());
+        self.by_id.insert(token.id.clone(), token);
+    }
+}
+
+/// Who made a request, once authenticated.
+#[derive(Clone, Debug)]
+pub struct Principal {
+    /// The token's id; `None` for the operator token.
+    pub token_id: Option<String>,
+    pub scope: Scope,
+    /// When the token stops working (milliseconds since the epoch).
+    pub expires_ms: Option<i64>,
+}
+
+impl Principal {
+    pub fn operator() -> Principal {
+        Principal {
+            token_id: None,
+            scope: Scope::everything(),
+            expires_ms: None,
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum TokenError {
+    #[error("the access token is not valid")]
+    Unknown,
+    #[error("the access token has expired")]
+    Expired,
+}
+
+/// A new random secret: 256 bits, URL-safe.
+fn new_secret() -> String {
+    let mut bytes = [0u8; 32];
+    rand::rng().fill_bytes(&mut bytes);
+    format!(
+        "rnl_{}",
+        base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(bytes)
+    )
+}
+
+/// A request to issue a token.
+#[derive(Clone, Debug)]
+pub struct IssueToken {
+    pub id: String,
+    pub expires_ms: Option<i64>,
+    pub scope: Scope,
+}
+
+impl StreamService {
+    /// The principal a presented secret belongs to.
+    pub fn authenticate(&self, secret: &str) -> Result<Principal, TokenError> {
+        let digest = access::digest(secret);
+        let tokens = self.lock_tokens();
+        let token = tokens
+            .by_digest
+            .get(&digest)
+            .and_then(|id| tokens.by_id.get(id))
+            .filter(|t| access::same_digest(&t.digest, &digest))
+            .ok_or(TokenError::Unknown)?;
+        if token.expires_ms.is_some_and(|at| at <= now_ms()) {
+            return Err(TokenError::Expired);
+        }
+        Ok(Principal {
+            token_id: Some(token.id.clone()),
+            scope: token.scope.clone(),
+            expires_ms: token.expires_ms,
+        })
+    }
+
+    /// Issues a token for `issuer`, which must hold at least the new token's permissions.
+    /// Returns the secret, the only time it is ever shown.
+    pub async fn issue_token(
+        &self,
+        issuer: &Principal,
+        request: IssueToken,
+    ) -> StreamResult<String> {
+        if !access::valid_token_id(&request.id) {
+            return Err(StreamError::BadRequest(
+                "an access token id is 1 to 96 printable ASCII characters".into(),
+            ));
+        }
+        if request.expires_ms.is_some_and(|at| at <= now_ms()) {
+            return Err(StreamError::Invalid("expires_at is in the past".into()));
+        }
+        let outlives = |limit: i64| request.expires_ms.is_none_or(|at| at > limit);
+        if issuer.expires_ms.is_some_and(outlives) {
+            return Err(StreamError::Invalid(
+                "a token cannot outlive the token that issues it".into(),
+            ));
+        }
+        if !request.scope.within(&issuer.scope) {
+            return Err(StreamError::Forbidden(
+                "the new token's scope goes beyond the issuer's".into(),
+            ));
+        }
+        let secret = new_secret();
+        let token = TokenRecord {
+            id: request.id,
+            digest: access::digest(&secret),
+            expires_ms: request.expires_ms,
+            scope: request.scope,
+            created_ms: now_ms(),
+        };
+        let commit = {
+            let mut tokens = self.lock_tokens();
+            if tokens.by_id.contains_key(&token.id) {
+                return Err(StreamError::AlreadyExists("access token"));
+            }
+            tokens.insert(token.clone());
+            self.engine.commit(vec![Change::PutToken(token)])
+        };
+        commit.await?;
+        Ok(secret)
+    }
+
+    /// Tokens `viewer` may see, by id, after `start_after` and with `prefix`.
+    pub fn list_tokens(
+        &self,
+        viewer: &Principal,
+        prefix: &str,
+        start_after: Option<&str>,
+        limit: usize,
+    ) -> (Vec<TokenRecord>, bool) {
+        let tokens = self.lock_tokens();
+        let mut visible = tokens
+            .by_id
+            .range(start_after.unwrap_or("").to_string()..)
+            .map(|(_, t)| t)
+            .filter(|t| Some(t.id.as_str()) != start_after)
+            .filter(|t| t.id.starts_with(prefix) && viewer.scope.covers_token(&t.id));
+        let page: Vec<TokenRecord> = visible.by_ref().take(limit).cloned().collect();
+        let has_more = visible.next().is_some();
+        (page, has_more)
+    }
+
+    /// Revokes a token: it stops working at once.
+    pub async fn revoke_token(&self, id: &str) -> StreamResult<TokenRecord> {
+        let (token, commit) = {
+            let mut tokens = self.lock_tokens();
+            let token = tokens.by_id.remove(id).ok_or(StreamError::TokenNotFound)?;
+            tokens.by_digest.remove(&token.digest);
+            (
+                token,
+                self.engine
+                    .commit(vec![Change::RemoveToken(id.to_string())]),
+            )
+        };
+        commit.await?;
+        Ok(token)
+    }
+
+    fn lock_tokens(&self) -> std::sync::MutexGuard<'_, TokenRegistry> {
+        self.tokens.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use super::*;
+    use crate::service::ServiceConfig;
+    use crate::storage::{Engine, MemoryEngine};
+
+    fn reader_of(basin: &str) -> Scope {
+        serde_json::from_value(serde_json::json!({
+            "basins": {"exact": basin},
+            "streams": {"prefix": ""},
+            "op_groups": {"stream": {"read": true}}
+        }))
+        .unwrap()
+    }
+
+    #[tokio::test]
+    async fn issued_tokens_authenticate_survive_recovery_and_stop_working_when_revoked() {
+        let engine = Arc::new(MemoryEngine::new());
+        let service = StreamService::open(engine.clone(), ServiceConfig::default()).unwrap();
+        let secret = service
+            .issue_token(
+                &Principal::operator(),
+                IssueToken {
+                    id: "reader".into(),
+                    expires_ms: None,
+                    scope: reader_of("logs"),
+                },
+            )
+            .await
+            .unwrap();
+        let principal = service.authenticate(&secret).unwrap();
+        assert_eq!(principal.token_id.as_deref(), Some("reader"));
+        assert_eq!(
+            service.authenticate("rnl_guess").err(),
+            Some(TokenError::Unknown)
+        );
+
+        let recovered = engine.recover().unwrap();
+        assert!(
+            recovered.tokens.iter().all(|t| t.digest != secret),
+            "only the digest is stored"
+        );
+        let reopened = StreamService::open(engine, ServiceConfig::default()).unwrap();
+        assert!(reopened.authenticate(&secret).is_ok());
+        reopened.revoke_token("reader").await.unwrap();
+        assert_eq!(
+            reopened.authenticate(&secret).err(),
+            Some(TokenError::Unknown)
+        );
+    }
+
+    #[tokio::test]
+    async fn a_token_cannot_issue_a_wider_one() {
+        let service =
+            StreamService::open(Arc::new(MemoryEngine::new()), ServiceConfig::default()).unwrap();
+        let narrow = Principal {
+            token_id: Some("narrow".into()),
+            scope: reader_of("logs"),
+            expires_ms: None,
+        };
+        let wider = IssueToken {
+            id: "wider".into(),
+            expires_ms: None,
+            scope: reader_of("other"),
+        };
+        assert!(matches!(
+            service.issue_token(&narrow, wider).await,
+            Err(StreamError::Forbidden(_))
+        ));
+    }
+}

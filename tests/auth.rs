@@ -1,0 +1,530 @@
+//! Access control with `--auth`: bearer tokens on every face, scoped tokens issued, listed and
+//! revoked through S2's `/v1/access-tokens`, 401 / 403 / 429, sessions that end when their token
+//! expires, tokens that survive restarts, and a mirror that authenticates to its upstream.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::{Server, client, header};
+use serde_json::{Value, json};
+
+const OPERATOR: &str = "operator-token-for-tests-0123456789";
+
+fn auth_server(extra: &[&str]) -> Server {
+    let mut args = vec!["--memory", "--auth", "--auth-token", OPERATOR];
+    args.extend_from_slice(extra);
+    Server::start(&args)
+}
+
+async fn send(
+    server: &Server,
+    method: reqwest::Method,
+    path: &str,
+    token: Option<&str>,
+    headers: &[(&str, &str)],
+    body: Option<Value>,
+) -> reqwest::Response {
+    let mut request = client().request(method, server.url(path));
+    if let Some(token) = token {
+        request = request.bearer_auth(token);
+    }
+    for (name, value) in headers {
+        request = request.header(*name, *value);
+    }
+    if let Some(body) = body {
+        request = request
+            .header("content-type", "application/json")
+            .body(body.to_string());
+    }
+    request.send().await.unwrap()
+}
+
+async fn json_of(response: reqwest::Response) -> Value {
+    serde_json::from_slice(&response.bytes().await.unwrap()).expect("JSON")
+}
+
+async fn issue(
+    server: &Server,
+    issuer: &str,
+    id: &str,
+    scope: Value,
+    expires: Option<String>,
+) -> reqwest::Response {
+    let mut body = json!({ "id": id, "scope": scope });
+    if let Some(at) = expires {
+        body["expires_at"] = json!(at);
+    }
+    send(
+        server,
+        reqwest::Method::POST,
+        "/v1/access-tokens",
+        Some(issuer),
+        &[],
+        Some(body),
+    )
+    .await
+}
+
+async fn issued(server: &Server, id: &str, scope: Value) -> String {
+    let response = issue(server, OPERATOR, id, scope, None).await;
+    assert_eq!(response.status(), 201);
+    json_of(response).await["access_token"]
+        .as_str()
+        .unwrap()
+        .to_string()
+}
+
+/// Two buckets with a stream each, made by the operator.
+async fn setup(server: &Server) {
+    for bucket in ["team-a", "team-b"] {
+        let r = send(
+            server,
+            reqwest::Method::PUT,
+            &format!("/{bucket}"),
+            Some(OPERATOR),
+            &[],
+            None,
+        )
+        .await;
+        assert_eq!(r.status(), 201);
+        let r = client()
+            .put(server.url(&format!("/{bucket}/events")))
+            .bearer_auth(OPERATOR)
+            .header("content-type", "text/plain")
+            .body("hello")
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 201);
+    }
+}
+
+fn reader_of(bucket: &str) -> Value {
+    json!({
+        "basins": {"exact": bucket},
+        "streams": {"prefix": ""},
+        "op_groups": {"stream": {"read": true}, "basin": {"read": true}}
+    })
+}
+
+#[tokio::test]
+async fn every_face_wants_a_token_but_health_checks_do_not() {
+    let server = auth_server(&[]);
+    setup(&server).await;
+    use reqwest::Method;
+    for (method, path) in [
+        (Method::GET, "/team-a/events?offset=-1"),
+        (Method::GET, "/v1/stream/x?offset=-1"),
+        (Method::POST, "/team-a/events"),
+        (Method::GET, "/v1/basins"),
+        (Method::GET, "/metrics"),
+        (Method::GET, "/v1/streamld/replication"),
+    ] {
+        let r = send(&server, method.clone(), path, None, &[], None).await;
+        assert_eq!(r.status(), 401, "{method} {path}");
+        assert!(header(&r, "www-authenticate").is_some_and(|v| v.starts_with("Bearer")));
+        let r = send(
+            &server,
+            method.clone(),
+            path,
+            Some("not-a-token"),
+            &[],
+            None,
+        )
+        .await;
+        assert_eq!(r.status(), 401, "{method} {path} with a wrong token");
+    }
+    let s2 = send(&server, Method::GET, "/v1/basins", None, &[], None).await;
+    assert_eq!(json_of(s2).await["code"], "unauthenticated");
+    for path in ["/healthz", "/readyz"] {
+        assert_eq!(
+            send(&server, Method::GET, path, None, &[], None)
+                .await
+                .status(),
+            200
+        );
+    }
+    let r = send(
+        &server,
+        Method::GET,
+        "/team-a/events?offset=-1",
+        Some(OPERATOR),
+        &[],
+        None,
+    )
+    .await;
+    assert_eq!(r.status(), 200);
+    assert_eq!(r.text().await.unwrap(), "hello");
+}
+
+#[tokio::test]
+async fn a_scoped_token_reads_its_bucket_and_nothing_else_and_learns_nothing_about_others() {
+    let server = auth_server(&[]);
+    setup(&server).await;
+    let reader = issued(&server, "reader", reader_of("team-a")).await;
+    use reqwest::Method;
+    let r = send(
+        &server,
+        Method::GET,
+        "/team-a/events?offset=-1",
+        Some(&reader),
+        &[],
+        None,
+    )
+    .await;
+    assert_eq!(r.status(), 200);
+    let r = send(
+        &server,
+        Method::POST,
+        "/team-a/events",
+        Some(&reader),
+        &[("content-type", "text/plain")],
+        None,
+    )
+    .await;
+    assert_eq!(r.status(), 403, "read-only");
+    // Another bucket: the same 403 whether the stream exists or not.
+    for path in [
+        "/team-b/events?offset=-1",
+        "/team-b/missing?offset=-1",
+        "/nobucket/x?offset=-1",
+    ] {
+        let r = send(&server, Method::GET, path, Some(&reader), &[], None).await;
+        assert_eq!(r.status(), 403, "{path}");
+    }
+    // S2 listings show only what the token covers.
+    let basins = json_of(
+        send(
+            &server,
+            Method::GET,
+            "/v1/basins",
+            Some(OPERATOR),
+            &[],
+            None,
+        )
+        .await,
+    )
+    .await;
+    assert_eq!(basins["basins"].as_array().unwrap().len(), 2);
+    let lister = issued(
+        &server,
+        "lister",
+        json!({"basins": {"prefix": "team-a"}, "streams": {"prefix": ""}, "op_groups": {"account": {"read": true}, "basin": {"read": true}}}),
+    )
+    .await;
+    let basins =
+        json_of(send(&server, Method::GET, "/v1/basins", Some(&lister), &[], None).await).await;
+    let names: Vec<&str> = basins["basins"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|b| b["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["team-a"]);
+    let r = send(
+        &server,
+        Method::GET,
+        "/v1/streams/events/records?seq_num=0",
+        Some(&reader),
+        &[("s2-basin", "team-a")],
+        None,
+    )
+    .await;
+    assert_eq!(r.status(), 200);
+    let r = send(
+        &server,
+        Method::GET,
+        "/v1/streams/events/records?seq_num=0",
+        Some(&reader),
+        &[("s2-basin", "team-b")],
+        None,
+    )
+    .await;
+    assert_eq!(r.status(), 403);
+    assert_eq!(json_of(r).await["code"], "permission_denied");
+}
+
+#[tokio::test]
+async fn tokens_are_listed_without_secrets_cannot_widen_and_stop_working_when_revoked() {
+    let server = auth_server(&[]);
+    setup(&server).await;
+    use reqwest::Method;
+    let issuer = issued(
+        &server,
+        "team-a-admin",
+        json!({
+            "basins": {"exact": "team-a"}, "streams": {"prefix": ""}, "access_tokens": {"prefix": "team-a-"},
+            "op_groups": {"stream": {"read": true, "write": true}}, "ops": ["issue-access-token", "list-access-tokens"]
+        }),
+    )
+    .await;
+    let wider = issue(&server, &issuer, "team-a-wide", reader_of("team-b"), None).await;
+    assert_eq!(wider.status(), 403);
+    let narrower = issue(&server, &issuer, "team-a-reader", reader_of("team-a"), None).await;
+    assert_eq!(
+        narrower.status(),
+        403,
+        "basin reads are beyond the issuer's stream-only groups"
+    );
+    let ok = issue(
+        &server,
+        &issuer,
+        "team-a-reader",
+        json!({"basins": {"exact": "team-a"}, "streams": {"prefix": ""}, "op_groups": {"stream": {"read": true}}}),
+        None,
+    )
+    .await;
+    assert_eq!(ok.status(), 201);
+    let secret = json_of(ok).await["access_token"]
+        .as_str()
+        .unwrap()
+        .to_string();
+
+    let listed = json_of(
+        send(
+            &server,
+            Method::GET,
+            "/v1/access-tokens",
+            Some(&issuer),
+            &[],
+            None,
+        )
+        .await,
+    )
+    .await;
+    let ids: Vec<&str> = listed["access_tokens"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["id"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        ids,
+        ["team-a-admin", "team-a-reader"],
+        "only ids the issuer covers"
+    );
+    assert!(
+        !listed.to_string().contains(&secret),
+        "secrets are never listed"
+    );
+
+    let r = send(
+        &server,
+        Method::GET,
+        "/team-a/events?offset=-1",
+        Some(&secret),
+        &[],
+        None,
+    )
+    .await;
+    assert_eq!(r.status(), 200);
+    let r = send(
+        &server,
+        Method::DELETE,
+        "/v1/access-tokens/team-a-reader",
+        Some(OPERATOR),
+        &[],
+        None,
+    )
+    .await;
+    assert_eq!(r.status(), 200);
+    let r = send(
+        &server,
+        Method::GET,
+        "/team-a/events?offset=-1",
+        Some(&secret),
+        &[],
+        None,
+    )
+    .await;
+    assert_eq!(r.status(), 401, "a revoked token is refused at once");
+}
+
+#[tokio::test]
+async fn fencing_needs_the_fence_operation_not_just_append() {
+    let server = auth_server(&[]);
+    use reqwest::Method;
+    let r = send(
+        &server,
+        Method::POST,
+        "/v1/basins",
+        Some(OPERATOR),
+        &[],
+        Some(json!({"basin": "fenced-basin"})),
+    )
+    .await;
+    assert_eq!(r.status(), 201);
+    let r = send(
+        &server,
+        Method::POST,
+        "/v1/streams",
+        Some(OPERATOR),
+        &[("s2-basin", "fenced-basin")],
+        Some(json!({"stream": "s"})),
+    )
+    .await;
+    assert_eq!(r.status(), 201);
+    let appender = issued(
+        &server,
+        "appender",
+        json!({"basins": {"prefix": ""}, "streams": {"prefix": ""}, "ops": ["append"]}),
+    )
+    .await;
+    let h = [("s2-basin", "fenced-basin")];
+    let plain = json!({"records": [{"body": "x"}]});
+    let r = send(
+        &server,
+        Method::POST,
+        "/v1/streams/s/records",
+        Some(&appender),
+        &h,
+        Some(plain),
+    )
+    .await;
+    assert_eq!(r.status(), 200);
+    let fence = json!({"records": [{"headers": [["", "fence"]], "body": "mine"}]});
+    let r = send(
+        &server,
+        Method::POST,
+        "/v1/streams/s/records",
+        Some(&appender),
+        &h,
+        Some(fence),
+    )
+    .await;
+    assert_eq!(r.status(), 403);
+}
+
+#[tokio::test]
+async fn an_expiring_token_ends_its_live_session_and_is_then_refused() {
+    let server = auth_server(&["--sse-max-duration-secs", "600"]);
+    setup(&server).await;
+    let expires = time::OffsetDateTime::now_utc() + time::Duration::seconds(2);
+    let at = expires
+        .format(&time::format_description::well_known::Rfc3339)
+        .unwrap();
+    let response = issue(&server, OPERATOR, "short", reader_of("team-a"), Some(at)).await;
+    assert_eq!(response.status(), 201);
+    let short = json_of(response).await["access_token"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let mut sse = client()
+        .get(server.url("/team-a/events?offset=-1&live=sse"))
+        .bearer_auth(&short)
+        .timeout(Duration::from_secs(20))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(sse.status(), 200);
+    let started = Instant::now();
+    let ended = tokio::time::timeout(Duration::from_secs(10), async {
+        while let Some(_chunk) = sse.chunk().await.unwrap() {}
+    })
+    .await;
+    assert!(ended.is_ok(), "the SSE session ends when its token expires");
+    assert!(started.elapsed() < Duration::from_secs(8));
+    let r = send(
+        &server,
+        reqwest::Method::GET,
+        "/team-a/events?offset=-1",
+        Some(&short),
+        &[],
+        None,
+    )
+    .await;
+    assert_eq!(r.status(), 401);
+}
+
+#[tokio::test]
+async fn requests_over_the_rate_limit_get_429_with_retry_after() {
+    let server = auth_server(&["--rate-limit", "5"]);
+    let mut limited = None;
+    for _ in 0..20 {
+        let r = send(
+            &server,
+            reqwest::Method::GET,
+            "/v1/basins",
+            Some(OPERATOR),
+            &[],
+            None,
+        )
+        .await;
+        if r.status() == 429 {
+            limited = Some(r);
+            break;
+        }
+        assert_eq!(r.status(), 200);
+    }
+    let limited = limited.expect("a 429 within 20 quick requests at 5 per second");
+    assert!(header(&limited, "retry-after").is_some());
+}
+
+#[tokio::test]
+async fn tokens_survive_a_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().to_str().unwrap();
+    let args = ["--data-dir", data, "--auth", "--auth-token", OPERATOR];
+    let server = Server::start(&args);
+    setup(&server).await;
+    let reader = issued(&server, "reader", reader_of("team-a")).await;
+    server.kill();
+    let server = Server::start(&args);
+    let r = send(
+        &server,
+        reqwest::Method::GET,
+        "/team-a/events?offset=-1",
+        Some(&reader),
+        &[],
+        None,
+    )
+    .await;
+    assert_eq!(r.status(), 200);
+}
+
+#[tokio::test]
+async fn a_mirror_authenticates_to_its_upstream_with_a_token() {
+    let upstream = auth_server(&[]);
+    setup(&upstream).await;
+    let token = issued(
+        &upstream,
+        "mirror",
+        json!({"basins": {"exact": "team-a"}, "streams": {"prefix": ""}, "op_groups": {"stream": {"read": true}, "basin": {"read": true}}}),
+    )
+    .await;
+    let source = format!("{}/team-a", upstream.base);
+    let mirror = Server::start(&[
+        "--memory",
+        "--mirror-from",
+        &source,
+        "--mirror-token",
+        &token,
+    ]);
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        let r = client()
+            .get(mirror.url("/team-a/events?offset=-1"))
+            .send()
+            .await
+            .unwrap();
+        if r.status() == 200 {
+            assert_eq!(r.text().await.unwrap(), "hello");
+            break;
+        }
+        assert!(Instant::now() < deadline, "the mirror never caught up");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let unauthenticated = Server::start(&["--memory", "--mirror-from", &source]);
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let r = client()
+        .get(unauthenticated.url("/team-a/events?offset=-1"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(
+        r.status(),
+        404,
+        "without a token the upstream gives the mirror nothing"
+    );
+}
