@@ -18,6 +18,7 @@ pub const DEFAULT_HEADER_READ_TIMEOUT_SECS: u64 = 10;
 pub const DEFAULT_MAX_HEADER_BYTES: usize = 64 << 10;
 pub const DEFAULT_MAX_CONNECTIONS: usize = 10_000;
 pub const DEFAULT_SHUTDOWN_TIMEOUT_SECS: u64 = 10;
+pub const DEFAULT_MAX_LIVE_READERS: usize = 10_000;
 
 #[derive(Debug, Parser)]
 #[command(name = "runnel", version, about = "A durable stream server")]
@@ -90,6 +91,13 @@ pub struct ServeArgs {
     /// Connections open at once; more are closed on arrival [default: 10000].
     #[arg(long, env = "RUNNEL_MAX_CONNECTIONS")]
     pub max_connections: Option<usize>,
+    /// Live readers (long-polls, SSE, S2S read sessions) served at once; more get 503 with
+    /// Retry-After [default: 10000].
+    #[arg(long, env = "RUNNEL_MAX_LIVE_READERS")]
+    pub max_live_readers: Option<usize>,
+    /// Streams one bucket (S2 basin) may hold; creating more gets 409 [default: no limit].
+    #[arg(long, env = "RUNNEL_MAX_STREAMS_PER_BUCKET")]
+    pub max_streams_per_bucket: Option<usize>,
     /// On SIGTERM or Ctrl-C, how long to wait for in-flight requests [default: 10].
     #[arg(long, env = "RUNNEL_SHUTDOWN_TIMEOUT_SECS")]
     pub shutdown_timeout_secs: Option<u64>,
@@ -132,6 +140,8 @@ pub struct FileConfig {
     max_header_bytes: Option<usize>,
     max_connections: Option<usize>,
     shutdown_timeout_secs: Option<u64>,
+    max_live_readers: Option<usize>,
+    max_streams_per_bucket: Option<usize>,
     auth: Option<bool>,
     auth_token: Option<String>,
     rate_limit: Option<u32>,
@@ -161,6 +171,8 @@ pub struct Settings {
     pub max_header_bytes: usize,
     pub max_connections: usize,
     pub shutdown_timeout: Duration,
+    pub max_live_readers: usize,
+    pub max_streams_per_bucket: Option<usize>,
     /// Bearer-token authentication, when on.
     pub auth: Option<AuthSettings>,
     /// What a mirror presents to its upstream.
@@ -317,6 +329,14 @@ impl ServeArgs {
                     .or(file.shutdown_timeout_secs)
                     .unwrap_or(DEFAULT_SHUTDOWN_TIMEOUT_SECS),
             ),
+            max_live_readers: self
+                .max_live_readers
+                .or(file.max_live_readers)
+                .unwrap_or(DEFAULT_MAX_LIVE_READERS),
+            max_streams_per_bucket: self
+                .max_streams_per_bucket
+                .or(file.max_streams_per_bucket)
+                .filter(|n| *n > 0),
             auth,
             mirror_token: self.mirror_token.or(file.mirror_token),
         })

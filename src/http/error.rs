@@ -89,6 +89,7 @@ pub fn describe(error: &StreamError) -> (StatusCode, Vec<(&'static str, String)>
         | StreamError::SnapshotNotFound
         | StreamError::TokenNotFound => (StatusCode::NOT_FOUND, vec![]),
         StreamError::Forbidden(_) => (StatusCode::FORBIDDEN, vec![]),
+        StreamError::LimitReached(_) => (StatusCode::CONFLICT, vec![]),
         StreamError::Gone => (StatusCode::GONE, vec![]),
         StreamError::Retained { first } => (
             StatusCode::GONE,
@@ -167,6 +168,7 @@ pub fn error_code(error: &StreamError) -> &'static str {
         StreamError::SnapshotNotFound => "snapshot_not_found",
         StreamError::TokenNotFound => "access_token_not_found",
         StreamError::Forbidden(_) => "permission_denied",
+        StreamError::LimitReached(_) => "limit_reached",
         StreamError::Gone => "stream_gone",
         StreamError::Retained { .. } | StreamError::RecordRetained { .. } => "retained",
         StreamError::RecordBeyondTail { .. } => "record_beyond_tail",

@@ -8,9 +8,53 @@ use axum::response::{IntoResponse, Response};
 
 use super::AppState;
 
+/// Latency buckets, in seconds, for request and sync histograms.
+pub const LATENCY_BUCKETS: &[f64] = &[
+    0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 30.0,
+];
+/// Buckets for the number of appends one group commit carries.
+pub const GROUP_BUCKETS: &[f64] = &[1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0];
+
+/// Installs the process-wide Prometheus recorder the `metrics` macros report to.
+pub fn install_recorder() -> Option<metrics_exporter_prometheus::PrometheusHandle> {
+    use metrics_exporter_prometheus::{Matcher, PrometheusBuilder};
+    let installed = PrometheusBuilder::new()
+        .set_buckets(LATENCY_BUCKETS)
+        .and_then(|b| {
+            b.set_buckets_for_metric(
+                Matcher::Full("runnel_commit_group_appends".into()),
+                GROUP_BUCKETS,
+            )
+        })
+        .and_then(|b| b.install_recorder());
+    match installed {
+        Ok(handle) => Some(handle),
+        Err(error) => {
+            tracing::warn!(%error, "metrics recorder not installed; /metrics shows gauges only");
+            None
+        }
+    }
+}
+
 pub async fn metrics(State(app): State<AppState>) -> Response {
     let (streams, buckets, cache_bytes) = app.service.counts();
-    let mut out = String::new();
+    let mut out = app
+        .metrics
+        .as_ref()
+        .map(|handle| handle.render())
+        .unwrap_or_default();
+    gauge(
+        &mut out,
+        "runnel_live_readers",
+        "Live readers (long-polls, SSE, S2S read sessions) being served.",
+        app.live_reader_count(),
+    );
+    gauge(
+        &mut out,
+        "runnel_stream_bytes",
+        "Bytes of stream data retained (appended and not yet trimmed), across all streams.",
+        usize::try_from(app.service.retained_bytes()).unwrap_or(usize::MAX),
+    );
     gauge(
         &mut out,
         "runnel_streams",

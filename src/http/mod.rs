@@ -6,7 +6,9 @@ mod buckets;
 mod ds;
 mod error;
 mod extensions;
+mod live;
 mod metrics;
+mod observe;
 mod request;
 mod s2;
 mod sse;
@@ -16,17 +18,16 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use axum::Router;
-use axum::body::Body;
 use axum::extract::{Request, State};
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{any, get};
-use futures::StreamExt as _;
 
 use crate::service::StreamService;
 
 pub use auth::AuthConfig;
+pub use metrics::install_recorder as install_metrics_recorder;
 
 /// Settings of the HTTP faces.
 #[derive(Clone, Debug)]
@@ -39,12 +40,35 @@ pub struct HttpConfig {
     pub sse_max_duration: Duration,
     /// Bearer-token authentication, when on (`--auth`).
     pub auth: Option<Arc<AuthConfig>>,
+    /// Live readers served at once; more get 503 with `Retry-After`.
+    pub max_live_readers: usize,
 }
 
 #[derive(Clone)]
 pub struct AppState {
     pub service: Arc<StreamService>,
     pub config: Arc<HttpConfig>,
+    /// One permit per live reader (long-poll, SSE, S2S read session) being served.
+    pub live_readers: Arc<tokio::sync::Semaphore>,
+    /// Renders the process's metrics, when a Prometheus recorder is installed.
+    pub metrics: Option<metrics_exporter_prometheus::PrometheusHandle>,
+}
+
+impl AppState {
+    pub fn new(service: Arc<StreamService>, config: HttpConfig) -> AppState {
+        let live_readers = Arc::new(tokio::sync::Semaphore::new(config.max_live_readers));
+        AppState {
+            service,
+            config: Arc::new(config),
+            live_readers,
+            metrics: None,
+        }
+    }
+
+    /// Live readers being served now.
+    pub fn live_reader_count(&self) -> usize {
+        self.config.max_live_readers - self.live_readers.available_permits()
+    }
 }
 
 pub fn router(state: AppState) -> Router {
@@ -65,13 +89,14 @@ pub fn router(state: AppState) -> Router {
         .fallback(|| async { (StatusCode::NOT_FOUND, "no such route\n") })
         .layer(middleware::from_fn_with_state(
             state.clone(),
-            end_live_bodies,
+            live::live_reads,
         ))
         .layer(middleware::from_fn_with_state(
             state.clone(),
             auth::authorize,
         ))
         .layer(middleware::from_fn(common_headers))
+        .layer(middleware::from_fn(observe::observe))
         .with_state(state)
 }
 
@@ -82,41 +107,6 @@ async fn readyz(State(app): State<AppState>) -> Response {
         return text_error(StatusCode::SERVICE_UNAVAILABLE, "shutting down");
     }
     (StatusCode::OK, "ready\n").into_response()
-}
-
-/// Live responses (SSE, S2S sessions) end cleanly, between two events, when the server starts
-/// shutting down (clients reconnect elsewhere or once it is back), or when the access token
-/// that opened them expires (the client reconnects with a fresh one).
-async fn end_live_bodies(State(app): State<AppState>, request: Request, next: Next) -> Response {
-    let token_expiry = request
-        .extensions()
-        .get::<crate::service::Principal>()
-        .and_then(|p| p.expires_ms);
-    let response = next.run(request).await;
-    let live = response
-        .headers()
-        .get(header::CONTENT_TYPE)
-        .and_then(|v| v.to_str().ok())
-        .is_some_and(|t| t.starts_with("text/event-stream") || t.starts_with("s2s/proto"));
-    if !live {
-        return response;
-    }
-    let shutdown = app.service.shutdown_signal();
-    let end = async move {
-        let expiry = async {
-            match token_expiry {
-                Some(at) => tokio::time::sleep(until_ms(at)).await,
-                None => std::future::pending().await,
-            }
-        };
-        tokio::select! {
-            () = shutdown.cancelled() => {}
-            () = expiry => {}
-        }
-    };
-    let (parts, body) = response.into_parts();
-    let body = body.into_data_stream().take_until(Box::pin(end));
-    Response::from_parts(parts, Body::from_stream(body))
 }
 
 /// The time from now until a moment in milliseconds since the epoch (zero if past).

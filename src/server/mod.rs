@@ -43,7 +43,11 @@ pub async fn serve(settings: Settings) -> anyhow::Result<()> {
             Arc::new(engine)
         }
     };
-    let service = StreamService::open(engine, ServiceConfig::default())
+    let service_config = ServiceConfig {
+        max_streams_per_bucket: settings.max_streams_per_bucket,
+        ..ServiceConfig::default()
+    };
+    let service = StreamService::open(engine, service_config)
         .map_err(|e| anyhow::anyhow!("cannot recover streams: {e}"))?;
 
     let sweeper = service.clone();
@@ -72,9 +76,9 @@ pub async fn serve(settings: Settings) -> anyhow::Result<()> {
         ));
     }
 
-    let state = AppState {
+    let mut state = AppState::new(
         service,
-        config: Arc::new(HttpConfig {
+        HttpConfig {
             long_poll_timeout: settings.long_poll_timeout,
             max_body_bytes: settings.max_body_bytes,
             sse_max_duration: settings.sse_max_duration,
@@ -82,8 +86,10 @@ pub async fn serve(settings: Settings) -> anyhow::Result<()> {
                 .auth
                 .as_ref()
                 .map(|auth| Arc::new(AuthConfig::new(&auth.operator_token, auth.rate_limit))),
-        }),
-    };
+            max_live_readers: settings.max_live_readers,
+        },
+    );
+    state.metrics = crate::http::install_metrics_recorder();
     let tls = settings
         .tls
         .as_ref()

@@ -64,6 +64,9 @@ pub enum StreamError {
     KeyRequired,
     #[error("{0}")]
     Forbidden(String),
+    /// A configured limit (streams per bucket) is reached.
+    #[error("{0}")]
+    LimitReached(String),
     #[error("access token not found")]
     TokenNotFound,
     #[error(transparent)]

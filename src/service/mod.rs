@@ -59,6 +59,8 @@ pub struct ServiceConfig {
     pub cache: CacheLimits,
     /// Appends submitted to storage but not yet durable, across all streams.
     pub max_inflight_commits: usize,
+    /// Streams one bucket may hold (`None`: no limit).
+    pub max_streams_per_bucket: Option<usize>,
 }
 
 impl Default for ServiceConfig {
@@ -67,6 +69,7 @@ impl Default for ServiceConfig {
             max_read_bytes: 1 << 20,
             cache: CacheLimits::default(),
             max_inflight_commits: 8192,
+            max_streams_per_bucket: None,
         }
     }
 }
@@ -446,10 +449,24 @@ impl StreamService {
         if registry.streams.contains_key(name) {
             return Ok(None);
         }
-        if let Some(bucket) = names::bucket_of(name)
-            && !registry.buckets.contains_key(bucket)
-        {
-            return Err(StreamError::BucketNotFound);
+        if let Some(bucket) = names::bucket_of(name) {
+            if !registry.buckets.contains_key(bucket) {
+                return Err(StreamError::BucketNotFound);
+            }
+            if let Some(limit) = self.config.max_streams_per_bucket {
+                let prefix = names::bucket_prefix(bucket);
+                let held = registry
+                    .streams
+                    .range(prefix.clone()..)
+                    .take_while(|(key, _)| key.starts_with(&prefix))
+                    .take(limit)
+                    .count();
+                if held >= limit {
+                    return Err(StreamError::LimitReached(format!(
+                        "bucket {bucket} holds its limit of {limit} streams"
+                    )));
+                }
+            }
         }
         let now = now_ms();
         let (start, mut records) = match plan {
@@ -601,6 +618,18 @@ impl StreamService {
             registry.buckets.len(),
             self.cache_budget.used(),
         )
+    }
+
+    /// Bytes of stream data retained (appended and not trimmed), across all streams.
+    pub fn retained_bytes(&self) -> u64 {
+        let streams: Vec<Arc<Stream>> = self.lock_registry().streams.values().cloned().collect();
+        streams
+            .iter()
+            .map(|s| {
+                let d = s.durable();
+                d.tail.pos.saturating_sub(d.first.pos)
+            })
+            .sum()
     }
 
     /// Removes every stream whose TTL or expiry time has passed.

@@ -285,6 +285,10 @@ impl Writer {
                 self.write_group(&group, &mut next_id)
             };
             self.stats.groups.fetch_add(1, Ordering::Relaxed);
+            metrics::histogram!("runnel_commit_group_appends").record(group.len() as f64);
+            if result.is_err() {
+                metrics::counter!("runnel_commit_failures_total").increment(1);
+            }
             self.stats
                 .batches
                 .fetch_add(group.len() as u64, Ordering::Relaxed);
@@ -384,7 +388,10 @@ impl Writer {
             SyncMode::Fsync => Some(PersistMode::SyncAll),
             SyncMode::None => None,
         };
-        batch.durability(durability).commit().map_err(io)
+        let started = std::time::Instant::now();
+        let committed = batch.durability(durability).commit().map_err(io);
+        metrics::histogram!("runnel_commit_seconds").record(started.elapsed().as_secs_f64());
+        committed
     }
 }
 

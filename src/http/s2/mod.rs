@@ -126,6 +126,7 @@ impl From<StreamError> for S2Error {
             StreamError::BucketNotFound => (StatusCode::NOT_FOUND, "basin_not_found"),
             StreamError::TokenNotFound => (StatusCode::NOT_FOUND, "access_token_not_found"),
             StreamError::Forbidden(_) => (StatusCode::FORBIDDEN, "permission_denied"),
+            StreamError::LimitReached(_) => (StatusCode::CONFLICT, "limit_reached"),
             StreamError::AlreadyExists(_) => (StatusCode::CONFLICT, "resource_already_exists"),
             StreamError::Conflict(_) => (StatusCode::CONFLICT, "transaction_conflict"),
             StreamError::Storage(_) => (StatusCode::SERVICE_UNAVAILABLE, "unavailable"),
