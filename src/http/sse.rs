@@ -6,7 +6,6 @@ use std::time::Duration;
 use axum::body::Body;
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use base64::Engine as _;
 use bytes::Bytes;
 use tokio::time::Instant;
 
@@ -14,6 +13,7 @@ use super::AppState;
 use super::ds::{Read, View, canonical_body, next_cursor, visible};
 use crate::model::content_type::sse_needs_base64;
 use crate::model::records::{self, RecordView};
+use crate::model::sse::data_event;
 use crate::service::ReadChunk;
 
 /// How often an idle connection gets a control event, so proxies and clients see it is alive.
@@ -127,56 +127,6 @@ pub fn respond(app: &AppState, read: Read) -> Response {
     response
 }
 
-/// `event: data`, one `data:` line per line of the payload. Splitting on every line break keeps
-/// payload text from ever starting a new SSE field.
-fn data_event(payload: &[u8], base64: bool) -> Vec<u8> {
-    let mut out = Vec::with_capacity(payload.len() + 32);
-    out.extend_from_slice(b"event: data\n");
-    if base64 {
-        out.extend_from_slice(b"data:");
-        out.extend_from_slice(
-            base64::engine::general_purpose::STANDARD
-                .encode(payload)
-                .as_bytes(),
-        );
-        out.push(b'\n');
-    } else {
-        for line in split_lines(payload) {
-            out.extend_from_slice(b"data:");
-            out.extend_from_slice(line);
-            out.push(b'\n');
-        }
-    }
-    out.push(b'\n');
-    out
-}
-
-/// Splits on CRLF, CR and LF.
-fn split_lines(payload: &[u8]) -> Vec<&[u8]> {
-    let mut lines = Vec::new();
-    let mut start = 0;
-    let mut i = 0;
-    while i < payload.len() {
-        match payload[i] {
-            b'\n' => {
-                lines.push(&payload[start..i]);
-                start = i + 1;
-            }
-            b'\r' => {
-                lines.push(&payload[start..i]);
-                if payload.get(i + 1) == Some(&b'\n') {
-                    i += 1;
-                }
-                start = i + 1;
-            }
-            _ => {}
-        }
-        i += 1;
-    }
-    lines.push(&payload[start..]);
-    lines
-}
-
 fn control_event(read: &Read, chunk: &ReadChunk, cursor: u64) -> Vec<u8> {
     let mut control = serde_json::Map::new();
     control.insert("streamNextOffset".into(), chunk.next.to_string().into());
@@ -197,32 +147,4 @@ fn control_event(read: &Read, chunk: &ReadChunk, cursor: u64) -> Vec<u8> {
     }
     let json = serde_json::Value::Object(control).to_string();
     format!("event: control\ndata:{json}\n\n").into_bytes()
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn payload_lines_split_on_every_line_break() {
-        let lines: Vec<&[u8]> = split_lines(b"a\r\nb\rc\nd");
-        assert_eq!(lines, vec![&b"a"[..], b"b", b"c", b"d"]);
-    }
-
-    #[test]
-    fn injected_event_text_stays_inside_data_lines() {
-        let event = data_event(b"x\nevent: control\ndata:{}", false);
-        assert_eq!(
-            event,
-            b"event: data\ndata:x\ndata:event: control\ndata:data:{}\n\n"
-        );
-    }
-
-    #[test]
-    fn binary_payloads_travel_as_padded_base64() {
-        assert_eq!(
-            data_event(&[0xff, 0x00], true),
-            b"event: data\ndata:/wA=\n\n"
-        );
-    }
 }

@@ -14,6 +14,7 @@ pub mod producer;
 pub mod record;
 pub mod records;
 pub mod s2;
+pub mod sse;
 pub mod stream;
 pub mod streamld;
 

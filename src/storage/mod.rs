@@ -4,7 +4,7 @@
 //! Two engines implement [`Engine`]: [`FjallEngine`] on disk (the default) and [`MemoryEngine`]
 //! for tests and `--memory`. Both pass the same contract tests at the bottom of this file.
 
-mod codec;
+pub mod codec;
 mod fjall_engine;
 mod memory;
 
