@@ -19,6 +19,7 @@ pub const DEFAULT_MAX_HEADER_BYTES: usize = 64 << 10;
 pub const DEFAULT_MAX_CONNECTIONS: usize = 10_000;
 pub const DEFAULT_SHUTDOWN_TIMEOUT_SECS: u64 = 10;
 pub const DEFAULT_MAX_LIVE_READERS: usize = 10_000;
+pub const DEFAULT_MIN_FREE_BYTES: u64 = 64 << 20;
 
 #[derive(Debug, Parser)]
 #[command(name = "runnel", version, about = "A durable stream server")]
@@ -91,6 +92,10 @@ pub struct ServeArgs {
     /// Connections open at once; more are closed on arrival [default: 10000].
     #[arg(long, env = "RUNNEL_MAX_CONNECTIONS")]
     pub max_connections: Option<usize>,
+    /// Free disk space to keep: below it, writes get 507 until space returns [default:
+    /// 67108864; 0 turns the check off].
+    #[arg(long, env = "RUNNEL_MIN_FREE_BYTES")]
+    pub min_free_bytes: Option<u64>,
     /// Live readers (long-polls, SSE, S2S read sessions) served at once; more get 503 with
     /// Retry-After [default: 10000].
     #[arg(long, env = "RUNNEL_MAX_LIVE_READERS")]
@@ -142,6 +147,7 @@ pub struct FileConfig {
     shutdown_timeout_secs: Option<u64>,
     max_live_readers: Option<usize>,
     max_streams_per_bucket: Option<usize>,
+    min_free_bytes: Option<u64>,
     auth: Option<bool>,
     auth_token: Option<String>,
     rate_limit: Option<u32>,
@@ -173,6 +179,8 @@ pub struct Settings {
     pub shutdown_timeout: Duration,
     pub max_live_readers: usize,
     pub max_streams_per_bucket: Option<usize>,
+    /// Free disk space below which writes are refused (0: no check).
+    pub min_free_bytes: u64,
     /// Bearer-token authentication, when on.
     pub auth: Option<AuthSettings>,
     /// What a mirror presents to its upstream.
@@ -337,6 +345,10 @@ impl ServeArgs {
                 .max_streams_per_bucket
                 .or(file.max_streams_per_bucket)
                 .filter(|n| *n > 0),
+            min_free_bytes: self
+                .min_free_bytes
+                .or(file.min_free_bytes)
+                .unwrap_or(DEFAULT_MIN_FREE_BYTES),
             auth,
             mirror_token: self.mirror_token.or(file.mirror_token),
         })

@@ -10,6 +10,7 @@ use crate::model::Offset;
 use crate::model::headers::HeaderError;
 use crate::model::producer::ProducerError;
 use crate::service::StreamError;
+use crate::storage::StorageError;
 
 /// Why a request failed, on its way to becoming a response.
 pub enum Failure {
@@ -149,6 +150,10 @@ pub fn describe(error: &StreamError) -> (StatusCode, Vec<(&'static str, String)>
             vec![("location", upstream.clone())],
         ),
         StreamError::KeyRequired | StreamError::Cipher(_) => (StatusCode::BAD_REQUEST, vec![]),
+        StreamError::Storage(StorageError::Full { .. }) => (
+            StatusCode::INSUFFICIENT_STORAGE,
+            vec![("retry-after", "5".into())],
+        ),
         StreamError::Storage(_) => (
             StatusCode::SERVICE_UNAVAILABLE,
             vec![("retry-after", "1".into())],
@@ -189,6 +194,7 @@ pub fn error_code(error: &StreamError) -> &'static str {
         StreamError::Mirrored { .. } => "mirrored",
         StreamError::KeyRequired => "bad_header",
         StreamError::Cipher(_) => "decryption_failed",
+        StreamError::Storage(StorageError::Full { .. }) => "storage_full",
         StreamError::Storage(_) => "unavailable",
     }
 }

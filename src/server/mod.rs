@@ -37,7 +37,7 @@ pub async fn serve(settings: Settings) -> anyhow::Result<()> {
                     SyncMode::None
                 }
             };
-            let engine = FjallEngine::open(dir, mode).map_err(|e| {
+            let engine = FjallEngine::open(dir, mode, settings.min_free_bytes).map_err(|e| {
                 anyhow::anyhow!("cannot open data directory {}: {e}", dir.display())
             })?;
             Arc::new(engine)

@@ -64,6 +64,7 @@ impl StreamService {
     pub async fn append(&self, name: &str, request: AppendRequest) -> StreamResult<AppendAck> {
         let stream = self.find(name, true).await?;
         Self::writable(&stream)?;
+        self.engine.room()?;
         let bodies = parse_bodies(&stream, &request.body);
         let _permit = self
             .commit_permits
@@ -121,6 +122,7 @@ impl StreamService {
     ) -> StreamResult<Vec<StreamResult<AppendAck>>> {
         let stream = self.find(name, true).await?;
         Self::writable(&stream)?;
+        self.engine.room()?;
         if !content_type::same_media_type(content_type, &stream.content_type) {
             return Err(StreamError::ContentTypeMismatch);
         }

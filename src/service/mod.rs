@@ -445,6 +445,7 @@ impl StreamService {
             futures::future::BoxFuture<'static, Result<(), StorageError>>,
         )>,
     > {
+        self.engine.room()?;
         let mut registry = self.lock_registry();
         if registry.streams.contains_key(name) {
             return Ok(None);

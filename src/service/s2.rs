@@ -285,6 +285,7 @@ impl StreamService {
         key: Option<&RecordKey>,
     ) -> StreamResult<impl Future<Output = StreamResult<S2Ack>> + Send + 'static> {
         Self::writable(stream)?;
+        self.engine.room()?;
         let mut prepared = prepare(stream, append.records)?;
         if stream.encrypted {
             let key = key.ok_or(StreamError::KeyRequired)?;

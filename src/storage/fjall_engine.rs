@@ -47,6 +47,60 @@ pub struct FjallEngine {
     queue: mpsc::Sender<Submission>,
     failed: Arc<AtomicBool>,
     stats: Arc<CommitStats>,
+    space: Arc<FreeSpace>,
+}
+
+/// How often free disk space is measured.
+const SPACE_CHECK_INTERVAL: std::time::Duration = std::time::Duration::from_millis(200);
+
+/// Free space on the data directory's file system, measured in the background, against the
+/// reserve below which writes are refused. Refusing early keeps the engine from ever meeting a
+/// full disk mid-write (which would poison it until a restart); deleting data or freeing space
+/// elsewhere lets writes through again on the next measurement.
+struct FreeSpace {
+    reserve: u64,
+    has_room: AtomicBool,
+}
+
+impl FreeSpace {
+    fn watch(dir: &Path, reserve: u64) -> Arc<FreeSpace> {
+        let space = Arc::new(FreeSpace {
+            reserve,
+            has_room: AtomicBool::new(true),
+        });
+        if reserve == 0 {
+            return space;
+        }
+        space.measure(dir);
+        let (weak, dir) = (Arc::downgrade(&space), dir.to_path_buf());
+        let _ = std::thread::Builder::new()
+            .name("runnel-free-space".into())
+            .spawn(move || {
+                while let Some(space) = weak.upgrade() {
+                    space.measure(&dir);
+                    drop(space);
+                    std::thread::sleep(SPACE_CHECK_INTERVAL);
+                }
+            });
+        space
+    }
+
+    fn measure(&self, dir: &Path) {
+        let Ok(stats) = rustix::fs::statvfs(dir) else {
+            return;
+        };
+        let free = stats.f_bavail.saturating_mul(stats.f_frsize);
+        let had = self.has_room.swap(free >= self.reserve, Ordering::AcqRel);
+        if had && free < self.reserve {
+            tracing::error!(
+                free,
+                reserve = self.reserve,
+                "disk nearly full; refusing writes until space returns"
+            );
+        } else if !had && free >= self.reserve {
+            tracing::info!(free, "disk space is back; accepting writes again");
+        }
+    }
 }
 
 /// Counters of the group commit: how many batches were written in how many synced groups.
@@ -68,7 +122,9 @@ fn io(e: impl std::fmt::Display) -> StorageError {
 }
 
 impl FjallEngine {
-    pub fn open(dir: &Path, sync: SyncMode) -> Result<Self, StorageError> {
+    /// Opens (or creates) the store in `dir`. Writes are refused while the file system has
+    /// less than `reserve` bytes free (0: never).
+    pub fn open(dir: &Path, sync: SyncMode, reserve: u64) -> Result<Self, StorageError> {
         std::fs::create_dir_all(dir).map_err(io)?;
         let db = Database::builder(dir).open().map_err(io)?;
         let open = |name: &str| {
@@ -103,6 +159,7 @@ impl FjallEngine {
             queue,
             failed,
             stats,
+            space: FreeSpace::watch(dir, reserve),
         })
     }
 
@@ -183,6 +240,16 @@ impl Engine for FjallEngine {
             .map_err(io)?
         }
         .boxed()
+    }
+
+    fn room(&self) -> Result<(), StorageError> {
+        if self.space.has_room.load(Ordering::Acquire) {
+            Ok(())
+        } else {
+            Err(StorageError::Full {
+                reserve: self.space.reserve,
+            })
+        }
     }
 
     fn recover(&self) -> Result<Recovered, StorageError> {
@@ -404,7 +471,7 @@ mod tests {
     #[tokio::test]
     async fn concurrent_batches_share_one_sync() {
         let dir = tempfile::tempdir().unwrap();
-        let engine = FjallEngine::open(dir.path(), SyncMode::Fsync).unwrap();
+        let engine = FjallEngine::open(dir.path(), SyncMode::Fsync, 0).unwrap();
         let commits: Vec<_> = (0..200u64)
             .map(|i| {
                 let records = lay_out(Offset::new(i, i), 0, vec![Bytes::from_static(b"x")]);

@@ -54,6 +54,10 @@ pub enum StorageError {
     Corrupt(String),
     #[error("storage is unavailable after an earlier write failure")]
     Failed,
+    /// The disk holding the data has less free space than the configured reserve; writes are
+    /// refused (before anything is sequenced) until space returns.
+    #[error("the disk is full: less than {reserve} bytes free; retry once space is freed")]
+    Full { reserve: u64 },
 }
 
 /// What an engine holds after a restart.
@@ -102,6 +106,12 @@ pub trait Engine: Send + Sync + 'static {
 
     /// Everything stored, for rebuilding in-memory state at start.
     fn recover(&self) -> Result<Recovered, StorageError>;
+
+    /// Whether there is room for new data: `Err(Full)` while free disk space is below the
+    /// reserve. Checked before an append is sequenced, so a refused append changes nothing.
+    fn room(&self) -> Result<(), StorageError> {
+        Ok(())
+    }
 }
 
 pub type SharedEngine = Arc<dyn Engine>;
@@ -307,7 +317,10 @@ mod contract {
     engine_contract!(memory_engine, (MemoryEngine::new(), ()));
     engine_contract!(fjall_engine, {
         let dir = tempfile::tempdir().unwrap();
-        (FjallEngine::open(dir.path(), SyncMode::Fsync).unwrap(), dir)
+        (
+            FjallEngine::open(dir.path(), SyncMode::Fsync, 0).unwrap(),
+            dir,
+        )
     });
 
     #[tokio::test]
@@ -315,7 +328,7 @@ mod contract {
         let dir = tempfile::tempdir().unwrap();
         let records = lay_out(Offset::START, 3, bodies(&["persist", "me"]));
         {
-            let engine = FjallEngine::open(dir.path(), SyncMode::Fsync).unwrap();
+            let engine = FjallEngine::open(dir.path(), SyncMode::Fsync, 0).unwrap();
             engine
                 .commit(vec![
                     Change::PutStream(1, Box::new(meta("p", Offset::new(2, 9)))),
@@ -324,7 +337,7 @@ mod contract {
                 .await
                 .unwrap();
         }
-        let engine = FjallEngine::open(dir.path(), SyncMode::Fsync).unwrap();
+        let engine = FjallEngine::open(dir.path(), SyncMode::Fsync, 0).unwrap();
         let recovered = engine.recover().unwrap();
         assert_eq!(recovered.streams[0].last_record.as_ref(), records.last());
         assert_eq!(

@@ -129,6 +129,9 @@ impl From<StreamError> for S2Error {
             StreamError::LimitReached(_) => (StatusCode::CONFLICT, "limit_reached"),
             StreamError::AlreadyExists(_) => (StatusCode::CONFLICT, "resource_already_exists"),
             StreamError::Conflict(_) => (StatusCode::CONFLICT, "transaction_conflict"),
+            StreamError::Storage(crate::storage::StorageError::Full { .. }) => {
+                (StatusCode::INSUFFICIENT_STORAGE, "storage_full")
+            }
             StreamError::Storage(_) => (StatusCode::SERVICE_UNAVAILABLE, "unavailable"),
             StreamError::KeyRequired | StreamError::Cipher(CipherError::BadKey) => {
                 (StatusCode::BAD_REQUEST, "bad_header")
