@@ -317,7 +317,8 @@ impl ServeArgs {
                 self.sse_max_duration_secs
                     .or(file.sse_max_duration_secs)
                     .unwrap_or(DEFAULT_SSE_MAX_DURATION_SECS)
-                    .max(1),
+                    // Bounded so `Instant::now() + sse_max_duration` cannot overflow.
+                    .clamp(1, u64::from(u32::MAX)),
             ),
             mirror_from,
             tls,
@@ -325,7 +326,7 @@ impl ServeArgs {
                 self.header_read_timeout_secs
                     .or(file.header_read_timeout_secs)
                     .unwrap_or(DEFAULT_HEADER_READ_TIMEOUT_SECS)
-                    .max(1),
+                    .clamp(1, u64::from(u32::MAX)),
             ),
             max_header_bytes: self
                 .max_header_bytes
@@ -335,7 +336,8 @@ impl ServeArgs {
             shutdown_timeout: Duration::from_secs(
                 self.shutdown_timeout_secs
                     .or(file.shutdown_timeout_secs)
-                    .unwrap_or(DEFAULT_SHUTDOWN_TIMEOUT_SECS),
+                    .unwrap_or(DEFAULT_SHUTDOWN_TIMEOUT_SECS)
+                    .min(u64::from(u32::MAX)),
             ),
             max_live_readers: self
                 .max_live_readers
@@ -413,6 +415,22 @@ mod tests {
                 ..
             }
         ));
+    }
+
+    #[test]
+    fn huge_durations_are_bounded_so_deadlines_cannot_overflow() {
+        let f = file(
+            "sse_max_duration_secs = 18446744073709551615\nheader_read_timeout_secs = 18446744073709551615\n",
+        );
+        let settings = ServeArgs {
+            config: Some(f.path().to_owned()),
+            ..Default::default()
+        }
+        .resolve()
+        .unwrap();
+        let now = tokio::time::Instant::now();
+        assert!(now.checked_add(settings.sse_max_duration).is_some());
+        assert!(now.checked_add(settings.header_read_timeout).is_some());
     }
 
     #[test]

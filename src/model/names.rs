@@ -51,6 +51,7 @@ pub fn bucket_stream_key(bucket: &str, stream: &str) -> Result<String, NameError
         || stream.len() > MAX_STREAM_KEY_BYTES
         || bucket.len() + 1 + stream.len() > MAX_STREAM_KEY_BYTES
         || stream.contains(['/', '\0'])
+        || stream == "."
         || stream.contains("..");
     if bad {
         return Err(NameError::BadStreamId);
@@ -134,6 +135,10 @@ mod tests {
         assert!(
             bucket_stream_key("basin-1", "users/42").is_err(),
             "the bucketed surface keeps its narrower rule"
+        );
+        assert!(
+            bucket_stream_key("basin-1", ".").is_err(),
+            "every bucket stream id is also an S2 name"
         );
     }
 

@@ -205,18 +205,25 @@ fn short_term(term: &str) -> String {
     term.to_string()
 }
 
-/// Rewrites every key (and `@type` value) to its short name, recursively, dropping `@context`.
+/// Members whose values are data, not vocabulary: a record's payload, a stream's attributes and
+/// cursors keyed by stream name. They travel exactly as sent.
+const DATA_TERMS: [&str; 3] = ["payload", "attrs", "runnel:cursors"];
+
+/// Rewrites every key (and `@type` value) to its short name, recursively, dropping `@context`;
+/// the values of data members are left as they are.
 fn compact(value: Value) -> Value {
     match value {
         Value::Object(map) => Value::Object(
             map.into_iter()
                 .filter(|(key, _)| key != "@context")
                 .map(|(key, value)| {
+                    let key = short_term(&key);
                     let value = match (key.as_str(), value) {
                         ("@type", Value::String(t)) => Value::String(short_term(&t)),
+                        (term, data) if DATA_TERMS.contains(&term) => data,
                         (_, other) => compact(other),
                     };
-                    (short_term(&key), value)
+                    (key, value)
                 })
                 .collect(),
         ),
@@ -229,7 +236,8 @@ fn typed<T: serde::de::DeserializeOwned>(
     kind: &'static str,
     value: Value,
 ) -> Result<T, MessageError> {
-    serde_json::from_value(value).map_err(|e| MessageError::Malformed {
+    // From text rather than `from_value`, which (with arbitrary_precision) turns `-0` into `0`.
+    serde_json::from_str(&value.to_string()).map_err(|e| MessageError::Malformed {
         kind,
         reason: e.to_string(),
     })
@@ -429,6 +437,36 @@ mod tests {
         let text = frame.to_json();
         assert!(text.contains(r#""@type":"EventEnvelope""#) && text.contains("@context"));
         assert_eq!(Message::parse(&text).unwrap(), frame);
+    }
+
+    #[test]
+    fn record_payloads_travel_exactly_even_when_they_look_like_vocabulary() {
+        for payload in [
+            json!({"@context": 1, "streamld:a": 1}),
+            json!({"metadata": {"@type": "streamld:X"}}),
+            serde_json::from_str::<serde_json::Value>("-0").unwrap(),
+        ] {
+            let frame = Message::Frame(Box::new(ReplicationFrame {
+                upstream_next: None,
+                cursor: 0,
+                event: EventEnvelope {
+                    sequence: 0,
+                    stream_id: "http://up/b/s".into(),
+                    is_snapshot: false,
+                    payload: payload.clone(),
+                    encoding: Some(PayloadEncoding::Json),
+                    offset: None,
+                    timestamp: None,
+                    headers: vec![],
+                    command: false,
+                    starts_unit: true,
+                },
+            }));
+            let Message::Frame(back) = Message::parse(&frame.to_json()).unwrap() else {
+                panic!("not a frame")
+            };
+            assert_eq!(back.event.payload.to_string(), payload.to_string());
+        }
     }
 
     #[test]

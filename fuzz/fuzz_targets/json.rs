@@ -1,0 +1,62 @@
+//! JSON normalisation: `json::messages` (a JSON-mode append body) and `json::canonical_value`.
+//!
+//! Input: a request body.
+//! Properties: the canonical form is idempotent, one line, UTF-8 and the same JSON value; a
+//! top-level array of N values gives N messages that render back as the canonical array; any
+//! other value is one message; an empty array is refused exactly when appending; the two
+//! functions accept the same bodies.
+#![no_main]
+
+use libfuzzer_sys::fuzz_target;
+use runnel::model::json::{EmptyArray, JsonError, array_of, canonical_value, messages};
+use serde_json::Value;
+
+fn assert_canonical(bytes: &[u8]) {
+    assert_eq!(
+        canonical_value(bytes).as_deref(),
+        Ok(bytes),
+        "canonical form is not idempotent"
+    );
+    assert!(!bytes.contains(&b'\n'), "a record must be one line");
+    assert!(std::str::from_utf8(bytes).is_ok());
+}
+
+fuzz_target!(|body: &[u8]| {
+    let canonical = canonical_value(body);
+    let allowed = messages(body, EmptyArray::Allowed);
+    let rejected = messages(body, EmptyArray::Rejected);
+
+    let Ok(canonical) = canonical else {
+        assert!(matches!(allowed, Err(JsonError::Invalid(_))));
+        assert!(matches!(rejected, Err(JsonError::Invalid(_))));
+        return;
+    };
+    assert_canonical(&canonical);
+    let original: Value = serde_json::from_slice(body).unwrap();
+    let normalised: Value = serde_json::from_slice(&canonical).unwrap();
+    assert_eq!(original, normalised, "normalisation changed the value");
+
+    let allowed = allowed.expect("canonical_value accepted the body but messages refused it");
+    match &normalised {
+        Value::Array(items) => {
+            assert_eq!(allowed.len(), items.len());
+            assert_eq!(
+                array_of(allowed.iter().map(|m| m.as_ref())),
+                canonical.as_ref()
+            );
+            for (message, item) in allowed.iter().zip(items) {
+                assert_canonical(message);
+                assert_eq!(&serde_json::from_slice::<Value>(message).unwrap(), item);
+            }
+            if items.is_empty() {
+                assert_eq!(rejected, Err(JsonError::EmptyArray));
+            } else {
+                assert_eq!(rejected, Ok(allowed));
+            }
+        }
+        _ => {
+            assert_eq!(allowed, vec![canonical.clone()]);
+            assert_eq!(rejected, Ok(allowed));
+        }
+    }
+});
