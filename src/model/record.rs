@@ -11,8 +11,12 @@ pub struct Record {
     pub seq: u64,
     /// Byte position of the first body byte in the stream's canonical byte sequence.
     pub pos: u64,
-    /// Arrival time in milliseconds since the Unix epoch, never decreasing within a stream.
+    /// Milliseconds since the Unix epoch, never decreasing within a stream: the arrival time,
+    /// or the S2 client's timestamp where the stream's timestamping mode takes it.
     pub timestamp_ms: i64,
+    /// When the server sequenced the record (milliseconds since the Unix epoch). S2 retention
+    /// ages count from it, whatever timestamp the client chose.
+    pub arrival_ms: i64,
     /// Whether this record begins an append unit (one POST, one PUT body). Fork sub-offsets and
     /// producer acknowledgements are defined per unit.
     pub starts_unit: bool,
@@ -61,6 +65,7 @@ pub fn lay_out(tail: Offset, timestamp_ms: i64, bodies: Vec<Bytes>) -> Vec<Recor
                 seq: at.seq,
                 pos: at.pos,
                 timestamp_ms,
+                arrival_ms: timestamp_ms,
                 starts_unit: i == 0,
                 headers: Vec::new(),
                 body,

@@ -357,6 +357,8 @@ pub fn record_of(event: &EventEnvelope) -> Option<Record> {
         seq: offset.seq,
         pos: offset.pos,
         timestamp_ms: event.timestamp?,
+        // A mirror follows its upstream's retention, so its own arrival time is enough.
+        arrival_ms: crate::service::now_ms(),
         starts_unit: event.starts_unit,
         headers,
         body,
@@ -500,6 +502,7 @@ mod tests {
             seq: 4,
             pos: 10,
             timestamp_ms: 99,
+            arrival_ms: 99,
             starts_unit: true,
             headers: vec![(Bytes::from("k"), Bytes::from_static(&[0, 255]))],
             body: Bytes::copy_from_slice(body),

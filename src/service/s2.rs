@@ -392,8 +392,12 @@ impl StreamService {
             if durable.first.seq >= durable.tail.seq {
                 continue;
             }
+            // Ages count from arrival: a client's timestamps (which may be anything, under
+            // client-prefer or client-require) never make a record expire early.
             let expired = match self
-                .first_at_or_after(&stream, cutoff, durable.first.seq, durable.tail.seq)
+                .first_at_or_after(&stream, cutoff, durable.first.seq, durable.tail.seq, |r| {
+                    r.arrival_ms
+                })
                 .await
             {
                 Ok(keep_from) => self.trim(&stream, keep_from).await,
@@ -451,19 +455,23 @@ impl StreamService {
                         Err(beyond())
                     };
                 }
-                self.first_at_or_after(stream, ts, first, tail).await
+                self.first_at_or_after(stream, ts, first, tail, |r| r.timestamp_ms)
+                    .await
             }
         }
     }
 
     /// The first retained record with a timestamp at or after `ts`. Timestamps never decrease
     /// along a stream, so a binary search over sequence numbers finds it.
+    /// The first record in `low..high` whose `time` (timestamp or arrival, both never
+    /// decreasing) is at least `ts`.
     async fn first_at_or_after(
         &self,
         stream: &Arc<Stream>,
         ts: u64,
         mut low: u64,
         mut high: u64,
+        time: fn(&Record) -> i64,
     ) -> StreamResult<u64> {
         while low < high {
             let mid = low + (high - low) / 2;
@@ -471,7 +479,7 @@ impl StreamService {
             let Some(record) = found.first() else {
                 return Ok(high);
             };
-            if ms(record.timestamp_ms) >= ts {
+            if ms(time(record)) >= ts {
                 high = mid;
             } else {
                 low = mid + 1;
@@ -643,6 +651,7 @@ fn sequence(
             seq: at.seq,
             pos: at.pos,
             timestamp_ms: i64::try_from(timestamp).unwrap_or(i64::MAX),
+            arrival_ms: i64::try_from(arrival).unwrap_or(i64::MAX),
             starts_unit: i == 0,
             headers: record.headers,
             body: record.body,

@@ -289,3 +289,39 @@ async fn restart_removes_soft_deleted_streams_no_fork_reads_any_more() {
         "only kept and reader remain stored: {stored:?}"
     );
 }
+
+#[tokio::test]
+async fn s2_retention_ages_count_from_arrival_not_from_client_timestamps() {
+    let service =
+        StreamService::open(Arc::new(MemoryEngine::new()), ServiceConfig::default()).unwrap();
+    service.create_bucket("aging", None).await.unwrap();
+    let config = serde_json::json!({
+        "retention_policy": {"age": 3600},
+        "timestamping": {"mode": "client-require", "uncapped": true}
+    });
+    service
+        .create_s2_stream("aging", "s", Some(config))
+        .await
+        .unwrap();
+    let stream = service.find("/aging/s", false).await.unwrap();
+    // Timestamps from 1970, as a client counting from its own start would send.
+    let records = (0..3)
+        .map(|i| S2Record {
+            timestamp: Some(1_000 + i),
+            headers: Vec::new(),
+            body: Bytes::from_static(b"old-looking"),
+        })
+        .collect();
+    let append = S2Append {
+        records,
+        match_seq_num: None,
+        fencing_token: None,
+    };
+    service.s2_append(&stream, append, None).await.unwrap();
+    service.enforce_retention_ages().await;
+    assert_eq!(
+        stream.durable().first.seq,
+        0,
+        "records that arrived just now are an hour from expiry"
+    );
+}

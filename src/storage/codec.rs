@@ -9,7 +9,10 @@ use bytes::Bytes;
 use super::{StorageError, StreamId};
 use crate::model::Record;
 
-const RECORD_VERSION: u8 = 1;
+/// Version 2 adds the arrival time; version 1 records (written before) arrived at their
+/// timestamp.
+const RECORD_VERSION: u8 = 2;
+const RECORD_VERSION_WITHOUT_ARRIVAL: u8 = 1;
 const FLAG_STARTS_UNIT: u8 = 1;
 const FLAG_COMMAND: u8 = 2;
 
@@ -39,20 +42,21 @@ pub fn split_key(key: &[u8]) -> Result<(StreamId, &[u8]), StorageError> {
     Ok((u64::from_be_bytes(*id), rest))
 }
 
-/// Layout: version, flags, pos (8), timestamp (8), header count (4), then per header name length
-/// (4), name, value length (4), value; then the body to the end.
+/// Layout: version, flags, pos (8), timestamp (8), arrival (8), header count (4), then per header
+/// name length (4), name, value length (4), value; then the body to the end.
 pub fn encode_record(record: &Record) -> Vec<u8> {
     let header_bytes: usize = record
         .headers
         .iter()
         .map(|(n, v)| 8 + n.len() + v.len())
         .sum();
-    let mut out = Vec::with_capacity(22 + header_bytes + record.body.len());
+    let mut out = Vec::with_capacity(30 + header_bytes + record.body.len());
     out.push(RECORD_VERSION);
     let flag = |set: bool, bit: u8| if set { bit } else { 0 };
     out.push(flag(record.starts_unit, FLAG_STARTS_UNIT) | flag(record.command, FLAG_COMMAND));
     out.extend_from_slice(&record.pos.to_be_bytes());
     out.extend_from_slice(&record.timestamp_ms.to_be_bytes());
+    out.extend_from_slice(&record.arrival_ms.to_be_bytes());
     out.extend_from_slice(&(record.headers.len() as u32).to_be_bytes());
     for (name, value) in &record.headers {
         out.extend_from_slice(&(name.len() as u32).to_be_bytes());
@@ -70,7 +74,8 @@ pub fn decode_record(seq: u64, value: Bytes) -> Result<Record, StorageError> {
         data: &value,
         at: 0,
     };
-    if reader.take(1).ok_or_else(corrupt)? != [RECORD_VERSION] {
+    let version = reader.take(1).ok_or_else(corrupt)?[0];
+    if version != RECORD_VERSION && version != RECORD_VERSION_WITHOUT_ARRIVAL {
         return Err(StorageError::Corrupt(format!(
             "record {seq} has an unknown version"
         )));
@@ -78,6 +83,11 @@ pub fn decode_record(seq: u64, value: Bytes) -> Result<Record, StorageError> {
     let flags = reader.take(1).ok_or_else(corrupt)?[0];
     let pos = reader.u64().ok_or_else(corrupt)?;
     let timestamp_ms = reader.u64().ok_or_else(corrupt)? as i64;
+    let arrival_ms = if version == RECORD_VERSION {
+        reader.u64().ok_or_else(corrupt)? as i64
+    } else {
+        timestamp_ms
+    };
     let count = reader.u32().ok_or_else(corrupt)?;
     let mut headers = Vec::new();
     for _ in 0..count {
@@ -90,6 +100,7 @@ pub fn decode_record(seq: u64, value: Bytes) -> Result<Record, StorageError> {
         seq,
         pos,
         timestamp_ms,
+        arrival_ms,
         starts_unit: flags & FLAG_STARTS_UNIT != 0,
         headers,
         body,
@@ -134,13 +145,14 @@ mod tests {
     proptest! {
         #[test]
         fn records_round_trip(
-            seq in any::<u64>(), pos in any::<u64>(), ts in any::<i64>(), starts in any::<bool>(),
+            seq in any::<u64>(), pos in any::<u64>(), ts in any::<i64>(), arrival in any::<i64>(),
+            starts in any::<bool>(),
             command in any::<bool>(),
             headers in proptest::collection::vec((any::<Vec<u8>>(), any::<Vec<u8>>()), 0..4),
             body in any::<Vec<u8>>(),
         ) {
             let record = Record {
-                seq, pos, timestamp_ms: ts, starts_unit: starts,
+                seq, pos, timestamp_ms: ts, arrival_ms: arrival, starts_unit: starts,
                 headers: headers.into_iter().map(|(n, v)| (Bytes::from(n), Bytes::from(v))).collect(),
                 body: Bytes::from(body),
                 command,
@@ -159,5 +171,26 @@ mod tests {
         assert!(record_key(1, 255) < record_key(1, 256));
         assert!(record_key(1, u64::MAX) < record_key(2, 0));
         assert_eq!(split_key(&record_key(7, 9)).unwrap().0, 7);
+    }
+
+    #[test]
+    fn records_written_before_arrival_times_read_as_arriving_at_their_timestamp() {
+        let record = Record {
+            seq: 3,
+            pos: 0,
+            timestamp_ms: 1_700,
+            arrival_ms: 9_999,
+            starts_unit: true,
+            headers: vec![(Bytes::from_static(b"k"), Bytes::from_static(b"v"))],
+            body: Bytes::from_static(b"body"),
+            command: false,
+        };
+        let mut v1 = encode_record(&record);
+        v1[0] = RECORD_VERSION_WITHOUT_ARRIVAL;
+        v1.drain(18..26);
+        let decoded = decode_record(3, Bytes::from(v1)).unwrap();
+        assert_eq!(decoded.arrival_ms, 1_700);
+        assert_eq!(decoded.body, record.body);
+        assert_eq!(decoded.headers, record.headers);
     }
 }

@@ -304,16 +304,19 @@ async fn read(app: &AppState, name: &str, query: Option<&str>, headers: &HeaderM
         request.limits.count = request.limits.count.map(|c| c.saturating_sub(resume.count));
         request.limits.bytes = request.limits.bytes.map(|b| b.saturating_sub(resume.bytes));
     }
+    let requested = request.start.unwrap_or(S2Start::TailOffset(0));
     let start = app
         .service
-        .s2_resolve(
-            &stream,
-            request.start.unwrap_or(S2Start::TailOffset(0)),
-            request.clamp,
-        )
+        .s2_resolve(&stream, requested, request.clamp)
         .await?;
     let durable = stream.durable();
-    if start >= durable.tail.seq && !may_follow {
+    // A start below the tail whose records were all trimmed reads nothing (the resolved start
+    // moved up to the first retained record); only a start at or past the tail is 416.
+    let asked = match requested {
+        S2Start::SeqNum(seq) => seq.min(start),
+        _ => start,
+    };
+    if asked >= durable.tail.seq && !may_follow {
         return Err(StreamError::BeyondTail {
             tail: durable.tail.seq,
             timestamp_ms: durable.last_timestamp_ms,
