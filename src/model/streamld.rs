@@ -357,8 +357,9 @@ pub fn record_of(event: &EventEnvelope) -> Option<Record> {
         seq: offset.seq,
         pos: offset.pos,
         timestamp_ms: event.timestamp?,
-        // A mirror follows its upstream's retention, so its own arrival time is enough.
-        arrival_ms: crate::service::now_ms(),
+        // Mirrors follow their upstream's retention rather than apply ages themselves, so the
+        // record's timestamp stands in for its arrival.
+        arrival_ms: event.timestamp?,
         starts_unit: event.starts_unit,
         headers,
         body,
