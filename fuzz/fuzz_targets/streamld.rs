@@ -59,6 +59,8 @@ fuzz_target!(|data: &[u8]| {
         seq: 3,
         pos: 17,
         timestamp_ms: 1_700_000_000_000,
+        // Replicated records carry their timestamp as their arrival.
+        arrival_ms: 1_700_000_000_000,
         starts_unit: true,
         headers: vec![(Bytes::from_static(b"k"), Bytes::from_static(&[0, 255]))],
         body: Bytes::copy_from_slice(data),
