@@ -8,7 +8,7 @@
 //! this layer leaves in the request's extensions.
 
 use std::collections::HashMap;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use axum::extract::{Request, State};
@@ -232,13 +232,17 @@ fn refusal(path: &str, status: StatusCode, code: &str, message: &str) -> Respons
 /// the request's extensions (the operator when authentication is off, or the route public).
 pub async fn authorize(State(app): State<AppState>, mut request: Request, next: Next) -> Response {
     let Some(auth) = app.config.auth.as_ref() else {
-        request.extensions_mut().insert(Principal::operator());
+        request
+            .extensions_mut()
+            .insert(Principal::shared_operator());
         return next.run(request).await;
     };
     let path = request.uri().path().to_string();
     let access = classify(request.method(), &path, request.headers());
     if access == Access::Public {
-        request.extensions_mut().insert(Principal::operator());
+        request
+            .extensions_mut()
+            .insert(Principal::shared_operator());
         return next.run(request).await;
     }
     let Some(secret) = bearer(request.headers()) else {
@@ -250,10 +254,10 @@ pub async fn authorize(State(app): State<AppState>, mut request: Request, next: 
         );
     };
     let principal = if access::same_digest(&access::digest(secret), &auth.operator_digest) {
-        Principal::operator()
+        Principal::shared_operator()
     } else {
         match app.service.authenticate(secret) {
-            Ok(principal) => principal,
+            Ok(principal) => Arc::new(principal),
             Err(e @ (TokenError::Unknown | TokenError::Expired)) => {
                 return refusal(
                     &path,

@@ -2,6 +2,8 @@
 //! `/{bucket}/streams`, and streams at `/{bucket}/{stream}` with the same operations as the base
 //! surface.
 
+use std::sync::Arc;
+
 use axum::body::Body;
 use axum::extract::{Extension, Path, State};
 use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, Uri, header};
@@ -68,7 +70,7 @@ pub async fn bucket(
 pub async fn stream(
     State(app): State<AppState>,
     Path((bucket, stream)): Path<(String, String)>,
-    Extension(principal): Extension<Principal>,
+    Extension(principal): Extension<Arc<Principal>>,
     method: Method,
     uri: Uri,
     headers: HeaderMap,

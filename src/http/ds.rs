@@ -8,7 +8,7 @@ use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, Uri, header};
 use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
 
-use super::error::{Handled, empty, set, set_tail};
+use super::error::{Handled, empty, set, set_number, set_tail};
 use super::request::{self, Query, Rejection};
 use super::{AppState, sse, text_error};
 use crate::model::headers as hv;
@@ -290,14 +290,14 @@ pub(super) fn advertise_records(response: &mut Response) {
 
 /// `Stream-Record-First` / `Stream-Record-Next`: the retained records of a JSON stream.
 pub(super) fn set_record_bounds(response: &mut Response, first: u64, next: u64) {
-    set(response, "stream-record-first", &first.to_string());
-    set(response, "stream-record-next", &next.to_string());
+    set_number(response, "stream-record-first", first);
+    set_number(response, "stream-record-next", next);
 }
 
 /// `Stream-Record-Start` / `Stream-Record-Next` of an operation that created records.
 pub(super) fn set_record_range(response: &mut Response, (start, next): (u64, u64)) {
-    set(response, "stream-record-start", &start.to_string());
-    set(response, "stream-record-next", &next.to_string());
+    set_number(response, "stream-record-start", start);
+    set_number(response, "stream-record-next", next);
 }
 
 fn acknowledge(ack: &AppendAck, has_body: bool) -> Response {
@@ -310,8 +310,8 @@ fn acknowledge(ack: &AppendAck, has_body: bool) -> Response {
     let mut response = empty(status);
     set_tail(&mut response, ack.tail, ack.closed);
     if let Some((epoch, seq)) = ack.producer {
-        set(&mut response, "producer-epoch", &epoch.to_string());
-        set(&mut response, "producer-seq", &seq.to_string());
+        set_number(&mut response, "producer-epoch", epoch);
+        set_number(&mut response, "producer-seq", seq);
     }
     response
 }

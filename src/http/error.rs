@@ -207,8 +207,19 @@ pub fn set(response: &mut Response, name: &'static str, value: &str) {
     }
 }
 
+/// Sets a numeric header (no intermediate `String`).
+pub fn set_number(response: &mut Response, name: &'static str, value: u64) {
+    response
+        .headers_mut()
+        .insert(HeaderName::from_static(name), HeaderValue::from(value));
+}
+
 pub fn set_tail(response: &mut Response, tail: Offset, closed: bool) {
-    set(response, "stream-next-offset", &tail.to_string());
+    if tail.is_representable() {
+        set(response, "stream-next-offset", tail.token().as_str());
+    } else {
+        set(response, "stream-next-offset", &tail.to_string());
+    }
     if closed {
         set(response, "stream-closed", "true");
     }

@@ -3,6 +3,8 @@
 //! between two events, when the server starts shutting down or when the access token that
 //! opened them expires; clients then reconnect from where they were.
 
+use std::sync::Arc;
+
 use axum::body::Body;
 use axum::extract::{Request, State};
 use axum::http::{HeaderValue, Method, StatusCode, header};
@@ -69,7 +71,7 @@ pub async fn live_reads(State(app): State<AppState>, request: Request, next: Nex
     };
     let token_expiry = request
         .extensions()
-        .get::<Principal>()
+        .get::<Arc<Principal>>()
         .and_then(|p| p.expires_ms);
     let response = next.run(request).await;
     if !is_streaming(&response) {

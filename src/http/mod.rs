@@ -44,25 +44,40 @@ pub struct HttpConfig {
     pub max_live_readers: usize,
 }
 
+/// What every handler shares. One `Arc`, because axum clones the state into each layer of every
+/// request: cloning one pointer is cheaper than cloning (and dropping) each field's.
 #[derive(Clone)]
-pub struct AppState {
+pub struct AppState(Arc<Shared>);
+
+pub struct Shared {
     pub service: Arc<StreamService>,
-    pub config: Arc<HttpConfig>,
+    pub config: HttpConfig,
     /// One permit per live reader (long-poll, SSE, S2S read session) being served.
     pub live_readers: Arc<tokio::sync::Semaphore>,
     /// Renders the process's metrics, when a Prometheus recorder is installed.
     pub metrics: Option<metrics_exporter_prometheus::PrometheusHandle>,
 }
 
+impl std::ops::Deref for AppState {
+    type Target = Shared;
+
+    fn deref(&self) -> &Shared {
+        &self.0
+    }
+}
+
 impl AppState {
-    pub fn new(service: Arc<StreamService>, config: HttpConfig) -> AppState {
-        let live_readers = Arc::new(tokio::sync::Semaphore::new(config.max_live_readers));
-        AppState {
+    pub fn new(
+        service: Arc<StreamService>,
+        config: HttpConfig,
+        metrics: Option<metrics_exporter_prometheus::PrometheusHandle>,
+    ) -> AppState {
+        AppState(Arc::new(Shared {
             service,
-            config: Arc::new(config),
-            live_readers,
-            metrics: None,
-        }
+            live_readers: Arc::new(tokio::sync::Semaphore::new(config.max_live_readers)),
+            config,
+            metrics,
+        }))
     }
 
     /// Live readers being served now.

@@ -13,7 +13,7 @@ use super::AppState;
 use super::ds::{Read, View, canonical_body, next_cursor, visible};
 use crate::model::content_type::sse_needs_base64;
 use crate::model::records::{self, RecordView};
-use crate::model::sse::data_event;
+use crate::model::sse::write_data_event;
 use crate::service::ReadChunk;
 
 /// How often an idle connection gets a control event, so proxies and clients see it is alive.
@@ -55,14 +55,16 @@ pub fn respond(app: &AppState, read: Read) -> Response {
                             up_to_date: last && chunk.up_to_date,
                             closed: last && chunk.closed,
                         };
-                        events.extend(data_event(&records::envelope(record.seq, &record.body), false));
-                        events.extend(control_event(&read, &step, fresh));
+                        write_data_event(&mut events, &records::envelope(record.seq, &record.body), false);
+                        write_control_event(&mut events, &read, &step, fresh);
                     }
                 } else {
                     // Without the envelope, data events keep the base protocol's representation
                     // (a JSON array on JSON streams) even on record-aware reads (§6.9).
-                    events.extend(data_event(&canonical_body(stream.json, &chunk.records), base64));
-                    events.extend(control_event(&read, &chunk, fresh));
+                    let body = canonical_body(stream.json, &chunk.records);
+                    events.reserve(body.len() + 160);
+                    write_data_event(&mut events, &body, base64);
+                    write_control_event(&mut events, &read, &chunk, fresh);
                 }
                 at = chunk.next;
                 yield Ok::<Bytes, std::io::Error>(Bytes::from(events));
@@ -128,23 +130,38 @@ pub fn respond(app: &AppState, read: Read) -> Response {
 }
 
 fn control_event(read: &Read, chunk: &ReadChunk, cursor: u64) -> Vec<u8> {
-    let mut control = serde_json::Map::new();
-    control.insert("streamNextOffset".into(), chunk.next.to_string().into());
+    let mut out = Vec::with_capacity(160);
+    write_control_event(&mut out, read, chunk, cursor);
+    out
+}
+
+/// The control event after a chunk, rendered by hand: every subscriber gets one per event, and
+/// building a JSON map for it showed in fan-out profiles. Every value is a number, a boolean or an
+/// offset token, none of which needs escaping.
+fn write_control_event(out: &mut Vec<u8>, read: &Read, chunk: &ReadChunk, cursor: u64) {
+    use std::io::Write as _;
+    out.extend_from_slice(b"event: control\ndata:{\"streamNextOffset\":\"");
+    if chunk.next.is_representable() {
+        out.extend_from_slice(chunk.next.token().as_str().as_bytes());
+    } else {
+        let _ = write!(out, "{}", chunk.next);
+    }
+    out.push(b'"');
     if let View::Records(_) = read.view {
-        control.insert(
-            "streamFirstRecord".into(),
-            read.stream.durable().first.seq.into(),
+        let first = read.stream.durable().first.seq;
+        let _ = write!(
+            out,
+            ",\"streamFirstRecord\":{first},\"streamNextRecord\":{}",
+            chunk.next.seq
         );
-        control.insert("streamNextRecord".into(), chunk.next.seq.into());
     }
     if chunk.closed {
-        control.insert("streamClosed".into(), true.into());
+        out.extend_from_slice(b",\"streamClosed\":true");
     } else {
-        control.insert("streamCursor".into(), cursor.to_string().into());
+        let _ = write!(out, ",\"streamCursor\":\"{cursor}\"");
     }
     if chunk.up_to_date {
-        control.insert("upToDate".into(), true.into());
+        out.extend_from_slice(b",\"upToDate\":true");
     }
-    let json = serde_json::Value::Object(control).to_string();
-    format!("event: control\ndata:{json}\n\n").into_bytes()
+    out.extend_from_slice(b"}\n\n");
 }

@@ -53,7 +53,7 @@ pub fn links(host: &str, path: &str, stream: bool) -> String {
 
 pub async fn replication(
     State(app): State<AppState>,
-    Extension(principal): Extension<Principal>,
+    Extension(principal): Extension<Arc<Principal>>,
     headers: HeaderMap,
     upgrade: WebSocketUpgrade,
 ) -> Response {
@@ -83,7 +83,7 @@ fn may_replicate(principal: &Principal, target: &Target) -> bool {
 
 /// One replica's connection: any number of subscriptions, each pumped by its own task into one
 /// bounded queue that the writer drains into the socket.
-async fn session(app: AppState, principal: Principal, socket: WebSocket, host: String) {
+async fn session(app: AppState, principal: Arc<Principal>, socket: WebSocket, host: String) {
     let (mut sink, mut incoming) = socket.split();
     let (queue, mut outgoing) = mpsc::channel::<Message>(SESSION_QUEUE);
     let writer = tokio::spawn(async move {

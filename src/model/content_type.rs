@@ -14,13 +14,19 @@ pub fn media_type(content_type: &str) -> String {
         .to_ascii_lowercase()
 }
 
+/// The media type as written (parameters cut, whitespace trimmed, case kept), without allocating:
+/// the comparisons below run on every append.
+fn bare_media_type(content_type: &str) -> &str {
+    content_type.split(';').next().unwrap_or_default().trim()
+}
+
 pub fn same_media_type(a: &str, b: &str) -> bool {
-    media_type(a) == media_type(b)
+    bare_media_type(a).eq_ignore_ascii_case(bare_media_type(b))
 }
 
 /// JSON mode (message boundaries, array flattening, array reads) applies to `application/json`.
 pub fn is_json(content_type: &str) -> bool {
-    media_type(content_type) == "application/json"
+    bare_media_type(content_type).eq_ignore_ascii_case("application/json")
 }
 
 /// SSE carries text for `text/*` and JSON streams; everything else travels base64-encoded.

@@ -7,14 +7,23 @@ use base64::Engine as _;
 /// payload text from ever starting a new SSE field.
 pub fn data_event(payload: &[u8], base64: bool) -> Vec<u8> {
     let mut out = Vec::with_capacity(payload.len() + 32);
+    write_data_event(&mut out, payload, base64);
+    out
+}
+
+/// [`data_event`], appended to `out`, so one frame can hold a data event and its control event.
+pub fn write_data_event(out: &mut Vec<u8>, payload: &[u8], base64: bool) {
     out.extend_from_slice(b"event: data\n");
     if base64 {
         out.extend_from_slice(b"data:");
-        out.extend_from_slice(
-            base64::engine::general_purpose::STANDARD
-                .encode(payload)
-                .as_bytes(),
-        );
+        // Encoded in place at the end of the frame: no intermediate String.
+        let start = out.len();
+        let len = base64::encoded_len(payload.len(), true).unwrap_or(0);
+        out.resize(start + len, 0);
+        let written = base64::engine::general_purpose::STANDARD
+            .encode_slice(payload, &mut out[start..])
+            .unwrap_or(0);
+        out.truncate(start + written);
         out.push(b'\n');
     } else {
         for line in split_lines(payload) {
@@ -24,7 +33,6 @@ pub fn data_event(payload: &[u8], base64: bool) -> Vec<u8> {
         }
     }
     out.push(b'\n');
-    out
 }
 
 /// Splits on CRLF, CR and LF.

@@ -76,7 +76,7 @@ pub async fn serve(settings: Settings) -> anyhow::Result<()> {
         ));
     }
 
-    let mut state = AppState::new(
+    let state = AppState::new(
         service,
         HttpConfig {
             long_poll_timeout: settings.long_poll_timeout,
@@ -88,8 +88,8 @@ pub async fn serve(settings: Settings) -> anyhow::Result<()> {
                 .map(|auth| Arc::new(AuthConfig::new(&auth.operator_token, auth.rate_limit))),
             max_live_readers: settings.max_live_readers,
         },
+        crate::http::install_metrics_recorder(),
     );
-    state.metrics = crate::http::install_metrics_recorder();
     let tls = settings
         .tls
         .as_ref()

@@ -2,6 +2,7 @@
 //! their secret, stored durably (digest only) with the streams.
 
 use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
 
 use base64::Engine as _;
 use rand::RngCore;
@@ -51,6 +52,15 @@ impl Principal {
             scope: Scope::everything(),
             expires_ms: None,
         }
+    }
+
+    /// The operator, built once: requests without `--auth` all act as it, and building its
+    /// scope allocates.
+    pub fn shared_operator() -> Arc<Principal> {
+        static OPERATOR: std::sync::OnceLock<Arc<Principal>> = std::sync::OnceLock::new();
+        OPERATOR
+            .get_or_init(|| Arc::new(Principal::operator()))
+            .clone()
     }
 }
 

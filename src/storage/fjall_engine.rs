@@ -286,7 +286,7 @@ impl Engine for FjallEngine {
                 let (_, name) = codec::split_key(&key)?;
                 let name = String::from_utf8(name.to_vec())
                     .map_err(|_| StorageError::Corrupt(format!("producer id in stream {id}")))?;
-                let state = serde_json::from_slice(&value).map_err(|e| {
+                let state = codec::decode_producer(&value).map_err(|e| {
                     StorageError::Corrupt(format!("producer {name} of stream {id}: {e}"))
                 })?;
                 producers.push((name, state));
@@ -328,6 +328,56 @@ impl Engine for FjallEngine {
     }
 }
 
+/// Takes what is already queued, up to the group limit.
+fn take_queued(incoming: &mpsc::Receiver<Submission>, group: &mut Vec<Submission>) {
+    while group.len() < MAX_GROUP {
+        match incoming.try_recv() {
+            Ok(more) => group.push(more),
+            Err(_) => break,
+        }
+    }
+}
+
+/// How long a group waits for more submissions once the previous group showed concurrency.
+///
+/// Committing only what is already queued forms tiny groups when the HTTP workers and the writer
+/// share a busy core: the workers cannot queue more while the writer runs, so at 500 concurrent
+/// writers each fsync covered about 5 appends, and the fsyncs themselves ate the core. Waiting in
+/// short steps while submissions keep arriving lets a group grow to what the load offers. A lone
+/// or low-concurrency writer never waits: the previous group was small, or a step brings nothing.
+#[derive(Default)]
+struct Linger {
+    previous_group: usize,
+}
+
+/// Groups at least this large mean enough concurrent writers to be worth waiting for.
+const LINGER_MIN_GROUP: usize = 4;
+/// One wait; a step that brings no submission ends the gathering.
+const LINGER_STEP: std::time::Duration = std::time::Duration::from_micros(100);
+/// The longest a group gathers, which bounds the latency the wait adds.
+const LINGER_MAX: std::time::Duration = std::time::Duration::from_micros(800);
+
+impl Linger {
+    fn gather(&self, incoming: &mpsc::Receiver<Submission>, group: &mut Vec<Submission>) {
+        if self.previous_group < LINGER_MIN_GROUP {
+            return;
+        }
+        let started = std::time::Instant::now();
+        while group.len() < MAX_GROUP && started.elapsed() < LINGER_MAX {
+            std::thread::sleep(LINGER_STEP);
+            let before = group.len();
+            take_queued(incoming, group);
+            if group.len() == before {
+                break;
+            }
+        }
+    }
+
+    fn committed(&mut self, group: usize) {
+        self.previous_group = group;
+    }
+}
+
 struct Writer {
     keyspaces: Keyspaces,
     sync: SyncMode,
@@ -338,19 +388,17 @@ struct Writer {
 impl Writer {
     fn run(self, incoming: mpsc::Receiver<Submission>) {
         let mut next_id = self.stored_next_id();
+        let mut linger = Linger::default();
         while let Ok(first) = incoming.recv() {
             let mut group = vec![first];
-            while group.len() < MAX_GROUP {
-                match incoming.try_recv() {
-                    Ok(more) => group.push(more),
-                    Err(_) => break,
-                }
-            }
+            take_queued(&incoming, &mut group);
+            linger.gather(&incoming, &mut group);
             let result = if self.failed.load(Ordering::Acquire) {
                 Err(StorageError::Failed)
             } else {
                 self.write_group(&group, &mut next_id)
             };
+            linger.committed(group.len());
             self.stats.groups.fetch_add(1, Ordering::Relaxed);
             metrics::histogram!("runnel_commit_group_appends").record(group.len() as f64);
             if result.is_err() {
@@ -403,7 +451,7 @@ impl Writer {
                     }
                 }
                 Change::PutProducer(id, name, state) => {
-                    let value = serde_json::to_vec(state).map_err(io)?;
+                    let value = codec::encode_producer(state);
                     batch.insert(&ks.producers, codec::producer_key(*id, name), value);
                 }
                 Change::RemoveStream(id) => {

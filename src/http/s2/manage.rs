@@ -1,5 +1,7 @@
 //! S2 basin and stream management: `/v1/basins…` and `/v1/streams…`.
 
+use std::sync::Arc;
+
 use super::*;
 
 fn basin_info(name: &str, created_ms: i64) -> Value {
@@ -57,7 +59,7 @@ impl Provision {
 
 pub(super) async fn list_basins(
     State(app): State<AppState>,
-    Extension(principal): Extension<Principal>,
+    Extension(principal): Extension<Arc<Principal>>,
     RawQuery(query): RawQuery,
 ) -> Response {
     let result = (|| {
@@ -90,7 +92,7 @@ struct CreateBasin {
 
 pub(super) async fn create_basin(
     State(app): State<AppState>,
-    Extension(principal): Extension<Principal>,
+    Extension(principal): Extension<Arc<Principal>>,
     headers: HeaderMap,
     body: Body,
 ) -> Response {
@@ -234,7 +236,7 @@ async fn stream_info_of(app: &AppState, key: &str) -> Result<Value, S2Error> {
 
 pub(super) async fn list_streams(
     State(app): State<AppState>,
-    Extension(principal): Extension<Principal>,
+    Extension(principal): Extension<Arc<Principal>>,
     RawQuery(query): RawQuery,
     headers: HeaderMap,
 ) -> Response {
@@ -267,7 +269,7 @@ struct CreateStream {
 
 pub(super) async fn create_stream(
     State(app): State<AppState>,
-    Extension(principal): Extension<Principal>,
+    Extension(principal): Extension<Arc<Principal>>,
     headers: HeaderMap,
     body: Body,
 ) -> Response {

@@ -1,6 +1,8 @@
 //! The S2 records API: append and read (unary JSON or protobuf, long-poll, and SSE or S2S
 //! sessions) and check-tail.
 
+use std::sync::Arc;
+
 use super::s2s;
 use super::session::{self, Session};
 use super::*;
@@ -88,7 +90,7 @@ impl From<s2::JsonInputError> for S2Error {
 
 pub(super) async fn records(
     State(app): State<AppState>,
-    Extension(principal): Extension<Principal>,
+    Extension(principal): Extension<Arc<Principal>>,
     Path(name): Path<String>,
     method: Method,
     RawQuery(query): RawQuery,
@@ -111,13 +113,13 @@ pub(super) async fn records(
 
 /// Command records need their own permission (`fence`, `trim`) beyond `append`.
 pub(super) struct CommandGuard {
-    principal: Principal,
+    principal: Arc<Principal>,
     basin: String,
     stream: String,
 }
 
 impl CommandGuard {
-    fn new(principal: Principal, headers: &HeaderMap, stream: &str) -> Result<Self, S2Error> {
+    fn new(principal: Arc<Principal>, headers: &HeaderMap, stream: &str) -> Result<Self, S2Error> {
         Ok(CommandGuard {
             principal,
             basin: basin_of(headers)?,

@@ -1,6 +1,8 @@
 //! S2's access token API: issue (`POST /v1/access-tokens`), list (`GET`) and revoke
 //! (`DELETE /v1/access-tokens/{id}`). Secrets are shown once, at issue, and stored as digests.
 
+use std::sync::Arc;
+
 use super::*;
 use crate::model::access::{Scope, TokenRecord};
 use crate::model::headers::parse_expires_at;
@@ -28,7 +30,7 @@ fn token_info(token: &TokenRecord) -> Value {
 
 pub(super) async fn issue_token(
     State(app): State<AppState>,
-    Extension(principal): Extension<Principal>,
+    Extension(principal): Extension<Arc<Principal>>,
     headers: HeaderMap,
     body: Body,
 ) -> Response {
@@ -74,7 +76,7 @@ pub(super) async fn issue_token(
 
 pub(super) async fn list_tokens(
     State(app): State<AppState>,
-    Extension(principal): Extension<Principal>,
+    Extension(principal): Extension<Arc<Principal>>,
     RawQuery(query): RawQuery,
 ) -> Response {
     let result = (|| {
