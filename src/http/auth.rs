@@ -11,9 +11,8 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use axum::extract::{Request, State};
+use axum::extract::Request;
 use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, header};
-use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use percent_encoding::percent_decode_str;
 use serde_json::json;
@@ -228,14 +227,15 @@ fn refusal(path: &str, status: StatusCode, code: &str, message: &str) -> Respons
     response
 }
 
-/// The middleware: authenticates, rate-limits and authorizes, then hands the principal on in
-/// the request's extensions (the operator when authentication is off, or the route public).
-pub async fn authorize(State(app): State<AppState>, mut request: Request, next: Next) -> Response {
+/// Authenticates, rate-limits and authorizes, then hands the principal on in the request's
+/// extensions (the operator when authentication is off, or the route public). `Err` is the
+/// refusal to send instead (boxed: refusals are rare, and the `Ok` path stays small).
+pub fn authorize(app: &AppState, request: &mut Request) -> Result<(), Box<Response>> {
     let Some(auth) = app.config.auth.as_ref() else {
         request
             .extensions_mut()
             .insert(Principal::shared_operator());
-        return next.run(request).await;
+        return Ok(());
     };
     let path = request.uri().path().to_string();
     let access = classify(request.method(), &path, request.headers());
@@ -243,15 +243,15 @@ pub async fn authorize(State(app): State<AppState>, mut request: Request, next: 
         request
             .extensions_mut()
             .insert(Principal::shared_operator());
-        return next.run(request).await;
+        return Ok(());
     }
     let Some(secret) = bearer(request.headers()) else {
-        return refusal(
+        return Err(Box::new(refusal(
             &path,
             StatusCode::UNAUTHORIZED,
             "unauthenticated",
             "send an access token: Authorization: Bearer <token>",
-        );
+        )));
     };
     let principal = if access::same_digest(&access::digest(secret), &auth.operator_digest) {
         Principal::shared_operator()
@@ -259,12 +259,12 @@ pub async fn authorize(State(app): State<AppState>, mut request: Request, next: 
         match app.service.authenticate(secret) {
             Ok(principal) => Arc::new(principal),
             Err(e @ (TokenError::Unknown | TokenError::Expired)) => {
-                return refusal(
+                return Err(Box::new(refusal(
                     &path,
                     StatusCode::UNAUTHORIZED,
                     "unauthenticated",
                     &e.to_string(),
-                );
+                )));
             }
         }
     };
@@ -281,21 +281,21 @@ pub async fn authorize(State(app): State<AppState>, mut request: Request, next: 
             if let Ok(value) = HeaderValue::from_str(&seconds) {
                 response.headers_mut().insert(header::RETRY_AFTER, value);
             }
-            return response;
+            return Err(Box::new(response));
         }
     }
     if let Access::Operation(op, target) = &access
         && !principal.scope.allows(*op, target.resource())
     {
-        return refusal(
+        return Err(Box::new(refusal(
             &path,
             StatusCode::FORBIDDEN,
             "permission_denied",
             "the access token does not permit this operation on this resource",
-        );
+        )));
     }
     request.extensions_mut().insert(principal);
-    next.run(request).await
+    Ok(())
 }
 
 #[cfg(test)]

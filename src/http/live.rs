@@ -6,7 +6,7 @@
 use std::sync::Arc;
 
 use axum::body::Body;
-use axum::extract::{Request, State};
+use axum::extract::Request;
 use axum::http::{HeaderValue, Method, StatusCode, header};
 use axum::middleware::Next;
 use axum::response::Response;
@@ -54,7 +54,9 @@ fn is_streaming(response: &Response) -> bool {
         .is_some_and(|t| t.starts_with("text/event-stream") || t.starts_with("s2s/proto"))
 }
 
-pub async fn live_reads(State(app): State<AppState>, request: Request, next: Next) -> Response {
+/// Runs the request, counting it against the live-reader limit if it is a live read, and ending a
+/// streaming body at shutdown or token expiry.
+pub async fn serve(app: &AppState, request: Request, next: Next) -> Response {
     if !is_live(&request) {
         return next.run(request).await;
     }

@@ -102,17 +102,27 @@ pub fn router(state: AppState) -> Router {
             any(extensions::extension_at),
         )
         .fallback(|| async { (StatusCode::NOT_FOUND, "no such route\n") })
-        .layer(middleware::from_fn_with_state(
-            state.clone(),
-            live::live_reads,
-        ))
-        .layer(middleware::from_fn_with_state(
-            state.clone(),
-            auth::authorize,
-        ))
-        .layer(middleware::from_fn(common_headers))
-        .layer(middleware::from_fn(observe::observe))
+        .layer(middleware::from_fn_with_state(state.clone(), front_door))
         .with_state(state)
+}
+
+/// What every request passes through, outermost first: observation (id, span, metrics), the
+/// common response headers, authorization, and live-reader admission. One layer, because each
+/// axum layer costs a boxed future and a clone of the inner service on every request.
+async fn front_door(State(app): State<AppState>, mut request: Request, next: Next) -> Response {
+    let observation = observe::Observation::start(&mut request);
+    let sent_body = sent_body(&request);
+    let mut response = observation
+        .run(async {
+            match auth::authorize(&app, &mut request) {
+                Ok(()) => live::serve(&app, request, next).await,
+                Err(refusal) => *refusal,
+            }
+        })
+        .await;
+    add_common_headers(&mut response, sent_body);
+    observation.finish(&mut response);
+    response
 }
 
 /// 200 while the server takes requests; 503 once it is shutting down, so load balancers stop
@@ -130,14 +140,16 @@ pub(crate) fn until_ms(at_ms: i64) -> Duration {
     Duration::from_millis(u64::try_from(left).unwrap_or(0))
 }
 
-/// Headers every response carries: browser security headers and CORS.
-async fn common_headers(request: Request, next: Next) -> Response {
-    let sent_body = request
+fn sent_body(request: &Request) -> bool {
+    request
         .headers()
         .get(header::CONTENT_LENGTH)
         .is_some_and(|len| len != "0")
-        || request.headers().contains_key(header::TRANSFER_ENCODING);
-    let mut response = next.run(request).await;
+        || request.headers().contains_key(header::TRANSFER_ENCODING)
+}
+
+/// Headers every response carries: browser security headers and CORS.
+fn add_common_headers(response: &mut Response, sent_body: bool) {
     let rejected = response.status().is_client_error() || response.status().is_server_error();
     let headers = response.headers_mut();
     if sent_body && rejected {
@@ -161,7 +173,6 @@ async fn common_headers(request: Request, next: Next) -> Response {
         header::ACCESS_CONTROL_EXPOSE_HEADERS,
         HeaderValue::from_static(ds::EXPOSED_HEADERS),
     );
-    response
 }
 
 /// A plain-text error response with a short reason.
