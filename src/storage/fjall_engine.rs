@@ -189,7 +189,9 @@ impl FjallEngine {
                 seq.try_into()
                     .map_err(|_| StorageError::Corrupt("record key length".into()))?,
             );
-            let record = decode_record(seq, Bytes::copy_from_slice(&value))?;
+            // The record keeps the engine's buffer alive instead of copying it: catch-up reads
+            // spent a tenth of their time in that copy.
+            let record = decode_record(seq, Bytes::from_owner(value))?;
             budget.spend(&record);
             out.push(record);
         }
@@ -234,7 +236,7 @@ impl Engine for FjallEngine {
         async move {
             tokio::task::spawn_blocking(move || {
                 let blob = snapshots.get(codec::stream_key(id)).map_err(io)?;
-                Ok(blob.map(|b| Bytes::copy_from_slice(&b)))
+                Ok(blob.map(Bytes::from_owner))
             })
             .await
             .map_err(io)?
