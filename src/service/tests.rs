@@ -367,3 +367,21 @@ async fn a_trim_hides_its_records_at_once_and_after_a_restart() {
     }
     check(open(), true).await;
 }
+
+#[tokio::test]
+async fn a_trim_racing_a_delete_does_not_bring_the_stream_back() {
+    let engine: SharedEngine = Arc::new(MemoryEngine::new());
+    let service = StreamService::open(engine.clone(), ServiceConfig::default()).unwrap();
+    service.create(create_text("t")).await.unwrap();
+    service.append("t", text("a")).await.unwrap();
+    service.append("t", text("b")).await.unwrap();
+    // A trim (a retention sweep, say) that found the stream just before it was deleted.
+    let stream = service.find("t", false).await.unwrap();
+    service.delete("t").await.unwrap();
+    let trimmed = service.move_retention(&stream, Offset::new(1, 1)).await;
+    assert!(matches!(trimmed, Err(StreamError::NotFound)));
+    assert!(
+        engine.recover().unwrap().streams.is_empty(),
+        "the deleted stream stays deleted"
+    );
+}
