@@ -585,6 +585,11 @@ impl Writer {
 /// (`purged`, stored beside the trim point) rather than from seq 0, so a long stream trimmed
 /// again and again never rescans the tombstones of its earlier trims.
 ///
+/// The writer raises the point in memory while it writes the group, just before the sync: a
+/// read racing that commit may already miss the records, as it would have when they were deleted
+/// in the commit itself (readers resolved after the trim is published never ask for them).
+/// If the write fails, the engine refuses every write until a restart reloads the stored point.
+///
 /// Why a purger thread that submits chunks through the writer's queue, rather than deleting on
 /// its own or inside the writer loop: every change to the trim state then goes through the one
 /// writer, in queue order, so a purge can never race a new trim, a stream removal or a restart
