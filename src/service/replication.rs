@@ -165,6 +165,10 @@ impl StreamService {
     ) -> StreamResult<()> {
         let (commit, changed) = {
             let mut state = stream.lock();
+            if state.removed {
+                // Deleted since the caller found it: writing its metadata would bring it back.
+                return Err(StreamError::NotFound);
+            }
             let mut changes = Vec::new();
             let at_tail = state.meta.tail == upstream.tail;
             let mut changed = false;

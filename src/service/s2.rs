@@ -690,6 +690,10 @@ impl StreamService {
     ) -> StreamResult<()> {
         let commit = {
             let mut state = stream.lock();
+            if state.removed {
+                // Deleted since the caller found it: writing its metadata would bring it back.
+                return Err(StreamError::NotFound);
+            }
             if at <= state.meta.retained_from {
                 return Ok(());
             }

@@ -44,6 +44,38 @@ pub fn split_key(key: &[u8]) -> Result<(StreamId, &[u8]), StorageError> {
     Ok((u64::from_be_bytes(*id), rest))
 }
 
+/// The sequence number of a record key.
+pub fn record_seq(key: &[u8]) -> Result<u64, StorageError> {
+    let (_, seq) = split_key(key)?;
+    let seq = seq
+        .try_into()
+        .map_err(|_| StorageError::Corrupt("record key length".into()))?;
+    Ok(u64::from_be_bytes(seq))
+}
+
+const TRIM_VERSION: u8 = 1;
+
+/// A stream's trim state: records below `before` are trimmed, those below `purged` are also
+/// deleted. Layout: version, before (8), purged (8).
+pub fn encode_trim(before: u64, purged: u64) -> [u8; 17] {
+    let mut out = [0u8; 17];
+    out[0] = TRIM_VERSION;
+    out[1..9].copy_from_slice(&before.to_be_bytes());
+    out[9..].copy_from_slice(&purged.to_be_bytes());
+    out
+}
+
+/// The `(before, purged)` of an encoded trim state.
+pub fn decode_trim(value: &[u8]) -> Result<(u64, u64), StorageError> {
+    let corrupt = || StorageError::Corrupt(format!("trim state of {} bytes", value.len()));
+    let [TRIM_VERSION, rest @ ..] = value else {
+        return Err(corrupt());
+    };
+    let (before, purged) = rest.split_first_chunk::<8>().ok_or_else(corrupt)?;
+    let purged: [u8; 8] = purged.try_into().map_err(|_| corrupt())?;
+    Ok((u64::from_be_bytes(*before), u64::from_be_bytes(purged)))
+}
+
 /// Layout: version, flags, pos (8), timestamp (8), arrival (8), header count (4), then per header
 /// name length (4), name, value length (4), value; then the body to the end.
 pub fn encode_record(record: &Record) -> Vec<u8> {
@@ -243,6 +275,21 @@ mod tests {
         assert!(record_key(1, 255) < record_key(1, 256));
         assert!(record_key(1, u64::MAX) < record_key(2, 0));
         assert_eq!(split_key(&record_key(7, 9)).unwrap().0, 7);
+    }
+
+    #[test]
+    fn trim_states_round_trip_and_reject_garbage() {
+        assert_eq!(
+            decode_trim(&encode_trim(7, u64::MAX)).unwrap(),
+            (7, u64::MAX)
+        );
+        assert!(decode_trim(&[]).is_err());
+        assert!(decode_trim(&encode_trim(1, 2)[..16]).is_err());
+        let mut future = encode_trim(1, 2);
+        future[0] = 9;
+        assert!(decode_trim(&future).is_err());
+        assert_eq!(record_seq(&record_key(3, 258)).unwrap(), 258);
+        assert!(record_seq(&[0; 12]).is_err());
     }
 
     #[test]

@@ -3,10 +3,13 @@
 //! Every batch goes through one writer thread. It takes whatever has queued since its last sync,
 //! writes it all, syncs the journal once, and only then acknowledges each batch in the group.
 //! Under load, many concurrent appends share one fsync.
+//!
+//! Trims are logically instant and physically lazy: see [`Trims`].
 
+use std::collections::{BTreeSet, HashMap};
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, mpsc};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, mpsc};
 
 use bytes::Bytes;
 use fjall::{Database, Keyspace, KeyspaceCreateOptions, PersistMode};
@@ -30,6 +33,10 @@ pub enum SyncMode {
 /// The most batches one sync may cover; bounds the latency of the first batch in a group.
 const MAX_GROUP: usize = 4096;
 
+/// The most trimmed records one group deletes. Deleting a key costs about a microsecond or two
+/// in the writer, so a chunk adds a few milliseconds at most to the appends sharing its group.
+const PURGE_CHUNK: usize = 2048;
+
 #[derive(Clone)]
 struct Keyspaces {
     db: Database,
@@ -40,6 +47,32 @@ struct Keyspaces {
     buckets: Keyspace,
     tokens: Keyspace,
     system: Keyspace,
+    /// Per trimmed stream, [`codec::encode_trim`]: where its trim stands and how far the
+    /// records below it are deleted.
+    trims: Keyspace,
+}
+
+impl Keyspaces {
+    fn open(dir: &Path) -> Result<Keyspaces, StorageError> {
+        std::fs::create_dir_all(dir).map_err(io)?;
+        let db = Database::builder(dir).open().map_err(io)?;
+        let open = |name: &str| {
+            db.keyspace(name, KeyspaceCreateOptions::default)
+                .map_err(io)
+        };
+        Ok(Keyspaces {
+            streams: open("streams")?,
+            records: open("records")?,
+            producers: open("producers")?,
+            snapshots: open("snapshots")?,
+            buckets: open("buckets")?,
+            tokens: open("tokens")?,
+            system: open("system")?,
+            // Created on first open by this version; data written before has no trims pending.
+            trims: open("trims")?,
+            db,
+        })
+    }
 }
 
 pub struct FjallEngine {
@@ -48,6 +81,14 @@ pub struct FjallEngine {
     failed: Arc<AtomicBool>,
     stats: Arc<CommitStats>,
     space: Arc<FreeSpace>,
+    trims: Arc<Trims>,
+}
+
+impl Drop for FjallEngine {
+    fn drop(&mut self) {
+        // The purger holds a sender of the writer's queue; once it stops, the writer does too.
+        self.trims.close();
+    }
 }
 
 /// How often free disk space is measured.
@@ -108,11 +149,16 @@ impl FreeSpace {
 pub struct CommitStats {
     pub batches: AtomicU64,
     pub groups: AtomicU64,
+    /// The most trimmed records one group deleted: what trimming added to the latency of every
+    /// append sharing that group.
+    pub most_records_purged: AtomicU64,
 }
 
 struct Submission {
     changes: Vec<Change>,
     done: oneshot::Sender<Result<(), StorageError>>,
+    /// Delete the next chunk of this stream's trimmed records (sent by the purger only).
+    purge: Option<StreamId>,
 }
 
 const NEXT_ID_KEY: &[u8] = b"next_id";
@@ -125,22 +171,8 @@ impl FjallEngine {
     /// Opens (or creates) the store in `dir`. Writes are refused while the file system has
     /// less than `reserve` bytes free (0: never).
     pub fn open(dir: &Path, sync: SyncMode, reserve: u64) -> Result<Self, StorageError> {
-        std::fs::create_dir_all(dir).map_err(io)?;
-        let db = Database::builder(dir).open().map_err(io)?;
-        let open = |name: &str| {
-            db.keyspace(name, KeyspaceCreateOptions::default)
-                .map_err(io)
-        };
-        let keyspaces = Keyspaces {
-            streams: open("streams")?,
-            records: open("records")?,
-            producers: open("producers")?,
-            snapshots: open("snapshots")?,
-            buckets: open("buckets")?,
-            tokens: open("tokens")?,
-            system: open("system")?,
-            db,
-        };
+        let keyspaces = Keyspaces::open(dir)?;
+        let trims = Arc::new(Trims::load(&keyspaces.trims)?);
         let (queue, incoming) = mpsc::channel();
         let failed = Arc::new(AtomicBool::new(false));
         let stats = Arc::new(CommitStats::default());
@@ -149,10 +181,16 @@ impl FjallEngine {
             sync,
             failed: failed.clone(),
             stats: stats.clone(),
+            trims: trims.clone(),
         };
         std::thread::Builder::new()
             .name("runnel-writer".into())
             .spawn(move || writer.run(incoming))
+            .map_err(io)?;
+        let (purger, purges) = (trims.clone(), queue.clone());
+        std::thread::Builder::new()
+            .name("runnel-purger".into())
+            .spawn(move || purger.purge(purges))
             .map_err(io)?;
         Ok(FjallEngine {
             keyspaces,
@@ -160,7 +198,13 @@ impl FjallEngine {
             failed,
             stats,
             space: FreeSpace::watch(dir, reserve),
+            trims,
         })
+    }
+
+    /// How many streams have trimmed records not yet deleted.
+    pub fn pending_trims(&self) -> usize {
+        self.trims.lock().pending.len()
     }
 
     pub fn stats(&self) -> &CommitStats {
@@ -184,11 +228,7 @@ impl FjallEngine {
                 break;
             }
             let (key, value) = guard.into_inner().map_err(io)?;
-            let (_, seq) = codec::split_key(&key)?;
-            let seq = u64::from_be_bytes(
-                seq.try_into()
-                    .map_err(|_| StorageError::Corrupt("record key length".into()))?,
-            );
+            let seq = codec::record_seq(&key)?;
             // The record keeps the engine's buffer alive instead of copying it: catch-up reads
             // spent a tenth of their time in that copy.
             let record = decode_record(seq, Bytes::from_owner(value))?;
@@ -202,9 +242,12 @@ impl FjallEngine {
 impl Engine for FjallEngine {
     fn commit(&self, changes: Vec<Change>) -> BoxFuture<'static, Result<(), StorageError>> {
         let (done, result) = oneshot::channel();
-        if self.failed.load(Ordering::Acquire)
-            || self.queue.send(Submission { changes, done }).is_err()
-        {
+        let submission = Submission {
+            changes,
+            done,
+            purge: None,
+        };
+        if self.failed.load(Ordering::Acquire) || self.queue.send(submission).is_err() {
             return futures::future::ready(Err(StorageError::Failed)).boxed();
         }
         async move { result.await.unwrap_or(Err(StorageError::Failed)) }.boxed()
@@ -218,6 +261,8 @@ impl Engine for FjallEngine {
         max_bytes: usize,
     ) -> BoxFuture<'static, Result<Vec<Record>, StorageError>> {
         let records = self.keyspaces.records.clone();
+        // Trimmed records may still be stored until the purger reaches them; never show them.
+        let from = from.max(self.trims.floor(id));
         async move {
             tokio::task::spawn_blocking(move || {
                 Self::read_sync(&records, id, from, until, max_bytes)
@@ -293,14 +338,13 @@ impl Engine for FjallEngine {
                 })?;
                 producers.push((name, state));
             }
-            let last_record = match ks.records.prefix(codec::stream_key(id)).next_back() {
+            // The last retained record: trimmed ones may linger until they are purged.
+            let retained =
+                codec::record_key(id, self.trims.floor(id))..=codec::record_key(id, u64::MAX);
+            let last_record = match ks.records.range(retained).next_back() {
                 Some(guard) => {
                     let (key, value) = guard.into_inner().map_err(io)?;
-                    let (_, seq) = codec::split_key(&key)?;
-                    let seq = u64::from_be_bytes(
-                        seq.try_into()
-                            .map_err(|_| StorageError::Corrupt("record key length".into()))?,
-                    );
+                    let seq = codec::record_seq(&key)?;
                     Some(decode_record(seq, Bytes::copy_from_slice(&value))?)
                 }
                 None => None,
@@ -385,6 +429,7 @@ struct Writer {
     sync: SyncMode,
     failed: Arc<AtomicBool>,
     stats: Arc<CommitStats>,
+    trims: Arc<Trims>,
 }
 
 impl Writer {
@@ -464,19 +509,23 @@ impl Writer {
                         .map_err(io)?;
                     batch.remove(&ks.streams, codec::stream_key(*id));
                     batch.remove(&ks.snapshots, codec::stream_key(*id));
-                    for keyspace in [&ks.records, &ks.producers] {
-                        for guard in keyspace.prefix(codec::stream_key(*id)) {
-                            batch.remove(keyspace, guard.key().map_err(io)?);
-                        }
+                    // Records below the purged point are gone already: skip their tombstones.
+                    // Dropping the trim state also stops the purger working on this stream.
+                    let purged = self.trims.forget(*id).map_or(0, |t| t.purged);
+                    batch.remove(&ks.trims, codec::stream_key(*id));
+                    let records = codec::record_key(*id, purged)..=codec::record_key(*id, u64::MAX);
+                    for guard in ks.records.range(records) {
+                        batch.remove(&ks.records, guard.key().map_err(io)?);
+                    }
+                    for guard in ks.producers.prefix(codec::stream_key(*id)) {
+                        batch.remove(&ks.producers, guard.key().map_err(io)?);
                     }
                 }
                 Change::TrimRecords(id, before) => {
-                    std::mem::replace(&mut batch, ks.db.batch())
-                        .commit()
-                        .map_err(io)?;
-                    let range = codec::record_key(*id, 0)..codec::record_key(*id, *before);
-                    for guard in ks.records.range(range) {
-                        batch.remove(&ks.records, guard.key().map_err(io)?);
+                    // Only the trim point is written here: reads stop showing the records below
+                    // it at once, and the purger deletes them in chunks in later groups.
+                    if let Some(trim) = self.trims.raise(*id, *before) {
+                        batch.insert(&ks.trims, codec::stream_key(*id), trim.encode());
                     }
                 }
                 Change::PutSnapshot(id, blob) => {
@@ -501,6 +550,13 @@ impl Writer {
                 }
             }
         }
+        let mut purged = 0;
+        for id in group.iter().filter_map(|s| s.purge) {
+            purged += self.purge_chunk(id, group, &mut batch)?;
+        }
+        self.stats
+            .most_records_purged
+            .fetch_max(purged, Ordering::Relaxed);
         let durability = match self.sync {
             SyncMode::Fsync => Some(PersistMode::SyncAll),
             SyncMode::None => None,
@@ -509,6 +565,243 @@ impl Writer {
         let committed = batch.durability(durability).commit().map_err(io);
         metrics::histogram!("runnel_commit_seconds").record(started.elapsed().as_secs_f64());
         committed
+    }
+
+    /// Adds to `batch` the deletion of the next [`PURGE_CHUNK`] trimmed records of stream `id`,
+    /// from where the last chunk stopped, and the trim state that records the progress. Returns
+    /// how many records it deletes.
+    fn purge_chunk(
+        &self,
+        id: StreamId,
+        group: &[Submission],
+        batch: &mut fjall::OwnedWriteBatch,
+    ) -> Result<u64, StorageError> {
+        let ks = &self.keyspaces;
+        // Gone if the stream was removed (its removal deleted every record).
+        let Some(trim) = self.trims.get(id).filter(Trim::pending) else {
+            return Ok(0);
+        };
+        // Range scans see only committed data. Records below the trim point can be in this
+        // group only if a trim in this group moved the point past them (every record below an
+        // earlier trim point was queued before that trim). Then commit the group so far, so the
+        // scan finds them; every submission is still written whole.
+        let uncommitted = group.iter().flat_map(|s| &s.changes).any(|change| {
+            matches!(change, Change::PutRecords(of, records)
+                if *of == id && records.first().is_some_and(|r| r.seq < trim.before))
+        });
+        if uncommitted {
+            std::mem::replace(batch, ks.db.batch())
+                .commit()
+                .map_err(io)?;
+        }
+        let mut next = trim.before;
+        let mut deleted = 0;
+        let trimmed = codec::record_key(id, trim.purged)..codec::record_key(id, trim.before);
+        for guard in ks.records.range(trimmed) {
+            let key = guard.key().map_err(io)?;
+            if deleted == PURGE_CHUNK {
+                next = codec::record_seq(&key)?;
+                break;
+            }
+            batch.remove(&ks.records, key);
+            deleted += 1;
+        }
+        let trim = Trim {
+            purged: next,
+            ..trim
+        };
+        let key = codec::stream_key(id);
+        if !trim.pending() && !ks.streams.contains_key(key).map_err(io)? {
+            // A trim that came after its stream's removal: keep no state for a stream that is
+            // gone, or it would stay forever.
+            self.trims.forget(id);
+            batch.remove(&ks.trims, key);
+        } else {
+            self.trims.set(id, trim);
+            batch.insert(&ks.trims, key, trim.encode());
+        }
+        metrics::counter!("runnel_trimmed_records_deleted_total").increment(deleted as u64);
+        Ok(deleted as u64)
+    }
+}
+
+/// Where each trimmed stream's trim stands, shared by the writer, readers and the purger.
+///
+/// A trim (`Change::TrimRecords`) only raises the stream's trim point, in memory and in the
+/// `trims` keyspace, in the same batch as the rest of its commit: logically instant. Reads never
+/// return records below the trim point, so the trim is complete for readers once committed, and
+/// after a restart too (the point is stored). The records themselves are deleted afterwards by
+/// the purger, [`PURGE_CHUNK`] keys at a time, from where the previous deletion stopped
+/// (`purged`, stored beside the trim point) rather than from seq 0, so a long stream trimmed
+/// again and again never rescans the tombstones of its earlier trims.
+///
+/// The writer raises the point in memory while it writes the group, just before the sync: a
+/// read racing that commit may already miss the records, as it would have when they were deleted
+/// in the commit itself (readers resolved after the trim is published never ask for them).
+/// If the write fails, the engine refuses every write until a restart reloads the stored point.
+///
+/// Why a purger thread that submits chunks through the writer's queue, rather than deleting on
+/// its own or inside the writer loop: every change to the trim state then goes through the one
+/// writer, in queue order, so a purge can never race a new trim, a stream removal or a restart
+/// (it reads the state the writer left, after every change queued before it). The purger sends
+/// one chunk and waits for it before the next, so at most one chunk rides in any group, and
+/// appends queued meanwhile commit in the same group: each waits for one chunk at most, never
+/// for the whole trim. The group-commit loop itself stays as it was.
+struct Trims {
+    state: Mutex<TrimTable>,
+    /// Signalled when there is new work or the engine closes.
+    wake: Condvar,
+}
+
+#[derive(Default)]
+struct TrimTable {
+    /// Every trimmed stream's trim (a few dozen bytes each; read on every read of the stream).
+    streams: HashMap<StreamId, Trim>,
+    /// The streams whose trimmed records are not all deleted yet, for the purger.
+    pending: BTreeSet<StreamId>,
+    /// The engine is gone: the purger stops.
+    closed: bool,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Trim {
+    /// Records with `seq < before` are trimmed: never read again.
+    before: u64,
+    /// Records with `seq < purged` are deleted too. Never above `before`.
+    purged: u64,
+}
+
+impl Trim {
+    fn pending(&self) -> bool {
+        self.purged < self.before
+    }
+
+    fn encode(&self) -> [u8; 17] {
+        codec::encode_trim(self.before, self.purged)
+    }
+}
+
+impl TrimTable {
+    /// Sets (or with `None` drops) stream `id`'s trim, keeping `pending` in step.
+    fn put(&mut self, id: StreamId, trim: Option<Trim>) -> Option<Trim> {
+        let old = match trim {
+            Some(trim) => self.streams.insert(id, trim),
+            None => self.streams.remove(&id),
+        };
+        if trim.is_some_and(|t| t.pending()) {
+            self.pending.insert(id);
+        } else {
+            self.pending.remove(&id);
+        }
+        metrics::gauge!("runnel_trim_pending_streams").set(self.pending.len() as f64);
+        old
+    }
+}
+
+impl Trims {
+    /// The trim states stored in `keyspace`: deletions a restart interrupted resume from them.
+    fn load(keyspace: &Keyspace) -> Result<Trims, StorageError> {
+        let mut table = TrimTable::default();
+        for guard in keyspace.iter() {
+            let (key, value) = guard.into_inner().map_err(io)?;
+            let (id, _) = codec::split_key(&key)?;
+            let (before, purged) = codec::decode_trim(&value)?;
+            let purged = purged.min(before);
+            table.put(id, Some(Trim { before, purged }));
+        }
+        Ok(Trims {
+            state: Mutex::new(table),
+            wake: Condvar::new(),
+        })
+    }
+
+    fn lock(&self) -> MutexGuard<'_, TrimTable> {
+        // Every critical section leaves the table consistent: a poisoned one is still usable.
+        self.state
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// The first seq of stream `id` that reads may return.
+    fn floor(&self, id: StreamId) -> u64 {
+        self.lock().streams.get(&id).map_or(0, |t| t.before)
+    }
+
+    fn get(&self, id: StreamId) -> Option<Trim> {
+        self.lock().streams.get(&id).copied()
+    }
+
+    /// Moves stream `id`'s trim point up to `before` (never down). Returns the new state if it
+    /// moved, and wakes the purger.
+    fn raise(&self, id: StreamId, before: u64) -> Option<Trim> {
+        let mut table = self.lock();
+        let trim = table.streams.get(&id).copied().unwrap_or(Trim {
+            before: 0,
+            purged: 0,
+        });
+        if before <= trim.before {
+            return None;
+        }
+        let trim = Trim { before, ..trim };
+        table.put(id, Some(trim));
+        drop(table);
+        self.wake.notify_all();
+        Some(trim)
+    }
+
+    fn set(&self, id: StreamId, trim: Trim) {
+        self.lock().put(id, Some(trim));
+    }
+
+    fn forget(&self, id: StreamId) -> Option<Trim> {
+        self.lock().put(id, None)
+    }
+
+    fn close(&self) {
+        self.lock().closed = true;
+        self.wake.notify_all();
+    }
+
+    /// The purger: while any stream has trimmed records left, asks the writer to delete the
+    /// next chunk of one of them and waits for it. Runs until the engine closes or fails; an
+    /// interrupted deletion resumes at the next start.
+    fn purge(&self, queue: mpsc::Sender<Submission>) {
+        let mut last = None;
+        loop {
+            let id = {
+                let mut table = self.lock();
+                loop {
+                    if table.closed {
+                        return;
+                    }
+                    // Round robin, so a stream trimmed over and over delays no other stream's.
+                    let after = last.map_or(0, |id: StreamId| id.saturating_add(1));
+                    let next = table.pending.range(after..).next();
+                    if let Some(&id) = next.or_else(|| table.pending.first()) {
+                        last = Some(id);
+                        break id;
+                    }
+                    table = self
+                        .wake
+                        .wait(table)
+                        .unwrap_or_else(|poisoned| poisoned.into_inner());
+                }
+            };
+            let (done, result) = oneshot::channel();
+            let submission = Submission {
+                changes: Vec::new(),
+                done,
+                purge: Some(id),
+            };
+            if queue.send(submission).is_err() {
+                return;
+            }
+            match result.blocking_recv() {
+                Ok(Ok(())) => {}
+                // The writer refuses writes from now on; the work resumes at the next start.
+                Ok(Err(_)) | Err(_) => return,
+            }
+        }
     }
 }
 
@@ -535,5 +828,278 @@ mod tests {
         let groups = engine.stats().groups.load(Ordering::Relaxed);
         assert_eq!(batches, 200);
         assert!(groups < 20, "200 queued batches took {groups} syncs");
+    }
+
+    /// Stream `id` with `count` one-byte records, committed in batches.
+    async fn fill(engine: &FjallEngine, id: StreamId, count: u64) {
+        use crate::model::stream::StreamMeta;
+        let meta = StreamMeta::new("s", "application/octet-stream");
+        engine
+            .commit(vec![Change::PutStream(id, Box::new(meta))])
+            .await
+            .unwrap();
+        let mut at = Offset::START;
+        while at.seq < count {
+            let n = (count - at.seq).min(10_000) as usize;
+            let records = lay_out(at, 0, vec![Bytes::from_static(b"x"); n]);
+            at = records.last().unwrap().next_offset();
+            engine
+                .commit(vec![Change::PutRecords(id, records)])
+                .await
+                .unwrap();
+        }
+    }
+
+    /// How many record keys of stream `id` with `from <= seq < until` are physically stored.
+    fn stored(ks: &Keyspaces, id: StreamId, from: u64, until: u64) -> usize {
+        ks.records
+            .range(codec::record_key(id, from)..codec::record_key(id, until))
+            .count()
+    }
+
+    fn stored_below(engine: &FjallEngine, id: StreamId, before: u64) -> usize {
+        stored(&engine.keyspaces, id, 0, before)
+    }
+
+    /// Waits until the records below `before` are physically gone.
+    async fn wait_purged(engine: &FjallEngine, id: StreamId, before: u64) {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+        while engine.pending_trims() > 0 || stored_below(engine, id, before) > 0 {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "trimmed records still stored after 60 s"
+            );
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+    }
+
+    #[tokio::test]
+    async fn a_large_trim_deletes_in_bounded_chunks_while_other_streams_append() {
+        let dir = tempfile::tempdir().unwrap();
+        let engine = FjallEngine::open(dir.path(), SyncMode::None, 0).unwrap();
+        fill(&engine, 1, 60_000).await;
+        fill(&engine, 2, 0).await;
+        let trim = engine.commit(vec![Change::TrimRecords(1, 50_000)]);
+        // Appends to another stream, queued behind the trim and during its deletion.
+        let mut worst = std::time::Duration::ZERO;
+        let mut at = Offset::START;
+        while at.seq < 20 || engine.pending_trims() > 0 {
+            let records = lay_out(at, 0, vec![Bytes::from_static(b"y")]);
+            at = records[0].next_offset();
+            let started = std::time::Instant::now();
+            engine
+                .commit(vec![Change::PutRecords(2, records)])
+                .await
+                .unwrap();
+            worst = worst.max(started.elapsed());
+        }
+        trim.await.unwrap();
+        wait_purged(&engine, 1, 50_000).await;
+        let kept = engine.read(1, 0, 60_000, usize::MAX).await.unwrap();
+        assert_eq!(kept.len(), 10_000);
+        assert_eq!(
+            kept[0].seq, 50_000,
+            "records at and after the trim point stay"
+        );
+        assert_eq!(
+            engine.read(2, 0, at.seq, usize::MAX).await.unwrap().len() as u64,
+            at.seq
+        );
+        let most = engine.stats().most_records_purged.load(Ordering::Relaxed);
+        assert!(
+            most <= PURGE_CHUNK as u64,
+            "one group deleted {most} records; every append in it waited for that"
+        );
+        // Structural bound above; this wall-clock one is generous (debug build, shared CPU).
+        assert!(
+            worst < std::time::Duration::from_secs(2),
+            "an append on another stream waited {worst:?}"
+        );
+    }
+
+    /// A writer with no threads around it, to write groups one at a time.
+    fn bare_writer(dir: &Path) -> Writer {
+        let keyspaces = Keyspaces::open(dir).unwrap();
+        let trims = Arc::new(Trims::load(&keyspaces.trims).unwrap());
+        Writer {
+            keyspaces,
+            sync: SyncMode::None,
+            failed: Arc::default(),
+            stats: Arc::default(),
+            trims,
+        }
+    }
+
+    fn batch(changes: Vec<Change>) -> Submission {
+        Submission {
+            changes,
+            done: oneshot::channel().0,
+            purge: None,
+        }
+    }
+
+    fn purge(id: StreamId) -> Submission {
+        Submission {
+            changes: Vec::new(),
+            done: oneshot::channel().0,
+            purge: Some(id),
+        }
+    }
+
+    fn write(writer: &Writer, group: Vec<Submission>) {
+        writer.write_group(&group, &mut 0).unwrap();
+    }
+
+    /// Stream `id` with one-byte records `0..count`, as one submission.
+    fn filled(id: StreamId, count: u64) -> Submission {
+        use crate::model::stream::StreamMeta;
+        let records = lay_out(
+            Offset::START,
+            0,
+            vec![Bytes::from_static(b"x"); count as usize],
+        );
+        batch(vec![
+            Change::PutStream(id, Box::new(StreamMeta::new("s", "text/plain"))),
+            Change::PutRecords(id, records),
+        ])
+    }
+
+    fn stored_trim(writer: &Writer, id: StreamId) -> Option<(u64, u64)> {
+        let value = writer.keyspaces.trims.get(codec::stream_key(id)).unwrap()?;
+        Some(codec::decode_trim(&value).unwrap())
+    }
+
+    #[test]
+    fn a_trim_deletes_nothing_and_each_purge_a_bounded_chunk_from_where_the_last_stopped() {
+        let dir = tempfile::tempdir().unwrap();
+        let writer = bare_writer(dir.path());
+        let chunk = PURGE_CHUNK as u64;
+        let (before, count) = (2 * chunk + 100, 3 * chunk);
+        write(&writer, vec![filled(1, count)]);
+        write(&writer, vec![batch(vec![Change::TrimRecords(1, before)])]);
+        assert_eq!(stored(&writer.keyspaces, 1, 0, count), count as usize);
+        assert_eq!(stored_trim(&writer, 1), Some((before, 0)));
+        for purged in [chunk, 2 * chunk, before] {
+            write(&writer, vec![purge(1)]);
+            assert_eq!(stored_trim(&writer, 1), Some((before, purged)));
+            assert_eq!(
+                stored(&writer.keyspaces, 1, 0, before),
+                (before - purged) as usize
+            );
+        }
+        let most = writer.stats.most_records_purged.load(Ordering::Relaxed);
+        assert_eq!(most, chunk, "no group deleted more than one chunk");
+        write(&writer, vec![purge(1)]);
+        assert_eq!(stored_trim(&writer, 1), Some((before, before)), "done");
+        assert_eq!(
+            stored(&writer.keyspaces, 1, before, u64::MAX),
+            (count - before) as usize,
+            "records at and after the trim point stay"
+        );
+    }
+
+    #[test]
+    fn a_purge_finds_records_written_in_its_own_group_before_the_trim() {
+        let dir = tempfile::tempdir().unwrap();
+        let writer = bare_writer(dir.path());
+        write(
+            &writer,
+            vec![
+                filled(1, 10),
+                batch(vec![Change::TrimRecords(1, 8)]),
+                purge(1),
+            ],
+        );
+        assert_eq!(stored(&writer.keyspaces, 1, 0, 8), 0);
+        assert_eq!(stored(&writer.keyspaces, 1, 8, 10), 2);
+        assert_eq!(stored_trim(&writer, 1), Some((8, 8)));
+    }
+
+    #[test]
+    fn trimming_again_while_purging_moves_the_target_up_never_down() {
+        let dir = tempfile::tempdir().unwrap();
+        let writer = bare_writer(dir.path());
+        let chunk = PURGE_CHUNK as u64;
+        write(&writer, vec![filled(1, 4 * chunk)]);
+        write(
+            &writer,
+            vec![batch(vec![Change::TrimRecords(1, chunk + 10)])],
+        );
+        write(&writer, vec![purge(1)]);
+        write(
+            &writer,
+            vec![
+                batch(vec![Change::TrimRecords(1, 3 * chunk)]),
+                batch(vec![Change::TrimRecords(1, 5)]),
+            ],
+        );
+        assert_eq!(stored_trim(&writer, 1), Some((3 * chunk, chunk)));
+        while writer.trims.get(1).is_some_and(|t| t.pending()) {
+            write(&writer, vec![purge(1)]);
+        }
+        assert_eq!(stored(&writer.keyspaces, 1, 0, 3 * chunk), 0);
+        assert_eq!(
+            stored(&writer.keyspaces, 1, 3 * chunk, u64::MAX),
+            chunk as usize
+        );
+        assert_eq!(stored_trim(&writer, 1), Some((3 * chunk, 3 * chunk)));
+    }
+
+    #[test]
+    fn a_stream_removed_during_its_purge_leaves_no_records_and_no_trim_state() {
+        let dir = tempfile::tempdir().unwrap();
+        let writer = bare_writer(dir.path());
+        let chunk = PURGE_CHUNK as u64;
+        write(&writer, vec![filled(1, 3 * chunk), filled(2, 10)]);
+        write(
+            &writer,
+            vec![batch(vec![Change::TrimRecords(1, 2 * chunk)])],
+        );
+        write(&writer, vec![purge(1)]);
+        write(
+            &writer,
+            vec![batch(vec![Change::RemoveStream(1)]), purge(1)],
+        );
+        assert_eq!(stored(&writer.keyspaces, 1, 0, u64::MAX), 0);
+        assert_eq!(stored_trim(&writer, 1), None);
+        assert_eq!(writer.trims.get(1), None);
+        // A trim that arrives after the removal leaves nothing behind either.
+        write(&writer, vec![batch(vec![Change::TrimRecords(1, 10)])]);
+        write(&writer, vec![purge(1)]);
+        assert_eq!(stored_trim(&writer, 1), None);
+        assert_eq!(writer.trims.get(1), None);
+        assert_eq!(
+            stored(&writer.keyspaces, 2, 0, u64::MAX),
+            10,
+            "others untouched"
+        );
+    }
+
+    #[tokio::test]
+    async fn an_interrupted_purge_resumes_at_the_next_open() {
+        let dir = tempfile::tempdir().unwrap();
+        {
+            // Stopped after one chunk, as a crash would leave it.
+            let writer = bare_writer(dir.path());
+            write(&writer, vec![filled(1, 10_000)]);
+            write(&writer, vec![batch(vec![Change::TrimRecords(1, 8_000)])]);
+            write(&writer, vec![purge(1)]);
+            assert_eq!(stored_trim(&writer, 1), Some((8_000, PURGE_CHUNK as u64)));
+        }
+        let engine = FjallEngine::open(dir.path(), SyncMode::Fsync, 0).unwrap();
+        let first = engine.read(1, 0, 10, usize::MAX).await.unwrap();
+        assert!(
+            first.is_empty(),
+            "trimmed records stay hidden while they are purged"
+        );
+        let recovered = engine.recover().unwrap();
+        assert_eq!(
+            recovered.streams[0].last_record.as_ref().unwrap().seq,
+            9_999
+        );
+        wait_purged(&engine, 1, 8_000).await;
+        let kept = engine.read(1, 0, 10_000, usize::MAX).await.unwrap();
+        assert_eq!(kept.len(), 2_000);
+        assert_eq!(kept[0].seq, 8_000);
     }
 }

@@ -65,9 +65,15 @@ impl Engine for MemoryEngine {
                     state.snapshots.remove(&id);
                 }
                 Change::TrimRecords(id, before) => {
-                    state
+                    // Only this stream's trimmed records, not a pass over every stream's.
+                    let trimmed: Vec<_> = state
                         .records
-                        .retain(|(stream, seq), _| *stream != id || *seq >= before);
+                        .range((id, 0)..(id, before))
+                        .map(|(key, _)| *key)
+                        .collect();
+                    for key in trimmed {
+                        state.records.remove(&key);
+                    }
                 }
                 Change::PutSnapshot(id, blob) => {
                     state.snapshots.insert(id, blob);

@@ -34,7 +34,9 @@ pub enum Change {
     PutProducer(StreamId, String, ProducerState),
     /// Remove the stream with its records, producers and snapshot.
     RemoveStream(StreamId),
-    /// Remove the stream's records with `seq < before` (retention moved past them).
+    /// Remove the stream's records with `seq < before` (retention moved past them). Reads stop
+    /// returning them once the batch is durable, and after a restart; an engine may delete them
+    /// physically later, in the background. The point never moves back: a lower one is ignored.
     TrimRecords(StreamId, u64),
     /// Store the blob of the stream's visible snapshot, replacing any earlier one.
     PutSnapshot(StreamId, Bytes),
@@ -276,6 +278,78 @@ mod contract {
         assert_eq!(engine.read(6, 0, 2, usize::MAX).await.unwrap(), records);
     }
 
+    pub async fn trimmed_records_are_never_read_and_later_ones_stay(engine: &dyn Engine) {
+        let records = lay_out(Offset::START, 1, bodies(&["a"; 10]));
+        engine
+            .commit(vec![
+                Change::PutStream(7, Box::new(meta("t", Offset::new(10, 10)))),
+                Change::PutRecords(7, records.clone()),
+                Change::PutStream(8, Box::new(meta("u", Offset::new(10, 10)))),
+                Change::PutRecords(8, records.clone()),
+            ])
+            .await
+            .unwrap();
+        engine
+            .commit(vec![Change::TrimRecords(7, 6)])
+            .await
+            .unwrap();
+        let read = |from, until| engine.read(7, from, until, usize::MAX);
+        assert_eq!(
+            read(0, 10).await.unwrap(),
+            records[6..],
+            "from the trim point on"
+        );
+        assert!(read(0, 6).await.unwrap().is_empty());
+        assert_eq!(read(0, 10).await.unwrap().len(), 4);
+        assert_eq!(
+            engine.read(8, 0, 10, usize::MAX).await.unwrap(),
+            records,
+            "another stream is untouched"
+        );
+        // A trim never moves back.
+        engine
+            .commit(vec![Change::TrimRecords(7, 2)])
+            .await
+            .unwrap();
+        assert_eq!(read(0, 10).await.unwrap(), records[6..]);
+        // Trimmed to the tail, then appended to.
+        engine
+            .commit(vec![Change::TrimRecords(7, 10)])
+            .await
+            .unwrap();
+        assert!(read(0, 10).await.unwrap().is_empty());
+        let recovered = engine.recover().unwrap();
+        let stream = recovered.streams.iter().find(|s| s.id == 7).unwrap();
+        assert_eq!(stream.last_record, None, "no retained record is left");
+        let more = lay_out(Offset::new(10, 10), 2, bodies(&["b", "c"]));
+        engine
+            .commit(vec![Change::PutRecords(7, more.clone())])
+            .await
+            .unwrap();
+        assert_eq!(read(0, 20).await.unwrap(), more);
+        let recovered = engine.recover().unwrap();
+        let stream = recovered.streams.iter().find(|s| s.id == 7).unwrap();
+        assert_eq!(stream.last_record.as_ref(), more.last());
+    }
+
+    pub async fn a_stream_trimmed_then_removed_leaves_nothing(engine: &dyn Engine) {
+        let records = lay_out(Offset::START, 1, bodies(&["a"; 5]));
+        engine
+            .commit(vec![
+                Change::PutStream(9, Box::new(meta("r", Offset::new(5, 5)))),
+                Change::PutRecords(9, records),
+            ])
+            .await
+            .unwrap();
+        engine
+            .commit(vec![Change::TrimRecords(9, 3)])
+            .await
+            .unwrap();
+        engine.commit(vec![Change::RemoveStream(9)]).await.unwrap();
+        assert!(engine.read(9, 0, 10, usize::MAX).await.unwrap().is_empty());
+        assert!(engine.recover().unwrap().streams.is_empty());
+    }
+
     macro_rules! engine_contract {
         ($module:ident, $make:expr) => {
             mod $module {
@@ -309,6 +383,18 @@ mod contract {
                 async fn record_headers_and_unit_flags_survive() {
                     let (engine, _dir) = $make;
                     super::record_headers_and_unit_flags_survive(&engine).await;
+                }
+
+                #[tokio::test]
+                async fn trimmed_records_are_never_read_and_later_ones_stay() {
+                    let (engine, _dir) = $make;
+                    super::trimmed_records_are_never_read_and_later_ones_stay(&engine).await;
+                }
+
+                #[tokio::test]
+                async fn a_stream_trimmed_then_removed_leaves_nothing() {
+                    let (engine, _dir) = $make;
+                    super::a_stream_trimmed_then_removed_leaves_nothing(&engine).await;
                 }
             }
         };
@@ -345,5 +431,32 @@ mod contract {
             Offset::new(2, 9)
         );
         assert_eq!(engine.read(1, 0, 2, usize::MAX).await.unwrap(), records);
+    }
+
+    #[tokio::test]
+    async fn fjall_engine_keeps_a_trim_across_reopen() {
+        let dir = tempfile::tempdir().unwrap();
+        let records = lay_out(Offset::START, 3, bodies(&["a", "b", "c", "d"]));
+        {
+            let engine = FjallEngine::open(dir.path(), SyncMode::Fsync, 0).unwrap();
+            engine
+                .commit(vec![
+                    Change::PutStream(1, Box::new(meta("p", Offset::new(4, 4)))),
+                    Change::PutRecords(1, records.clone()),
+                ])
+                .await
+                .unwrap();
+            engine
+                .commit(vec![Change::TrimRecords(1, 3)])
+                .await
+                .unwrap();
+        }
+        let engine = FjallEngine::open(dir.path(), SyncMode::Fsync, 0).unwrap();
+        assert_eq!(
+            engine.read(1, 0, 4, usize::MAX).await.unwrap(),
+            records[3..]
+        );
+        let recovered = engine.recover().unwrap();
+        assert_eq!(recovered.streams[0].last_record.as_ref(), records.last());
     }
 }
