@@ -389,11 +389,18 @@ fn take_queued(incoming: &mpsc::Receiver<Submission>, group: &mut Vec<Submission
 /// Committing only what is already queued forms tiny groups when the HTTP workers and the writer
 /// share a busy core: the workers cannot queue more while the writer runs, so at 500 concurrent
 /// writers each fsync covered about 5 appends, and the fsyncs themselves ate the core. Waiting in
-/// short steps while submissions keep arriving lets a group grow to what the load offers. A lone
-/// or low-concurrency writer never waits: the previous group was small, or a step brings nothing.
+/// short steps while submissions keep arriving lets a group grow to what the load offers.
+///
+/// Waiting is pure delay when every writer is already in the group (a few closed-loop clients),
+/// so a wait that did not grow the group by half backs off: the next 1, 2, 4 … 64 groups commit
+/// at once, and a fruitful wait resets that.
 #[derive(Default)]
 struct Linger {
     previous_group: usize,
+    /// Groups still to commit without waiting.
+    skip: u32,
+    /// The skip after the next fruitless wait.
+    backoff: u32,
 }
 
 /// Groups at least this large mean enough concurrent writers to be worth waiting for.
@@ -402,20 +409,38 @@ const LINGER_MIN_GROUP: usize = 4;
 const LINGER_STEP: std::time::Duration = std::time::Duration::from_micros(100);
 /// The longest a group gathers, which bounds the latency the wait adds.
 const LINGER_MAX: std::time::Duration = std::time::Duration::from_micros(800);
+/// The most groups a fruitless wait makes commit at once.
+const LINGER_MAX_BACKOFF: u32 = 64;
 
 impl Linger {
-    fn gather(&self, incoming: &mpsc::Receiver<Submission>, group: &mut Vec<Submission>) {
+    fn gather(&mut self, incoming: &mpsc::Receiver<Submission>, group: &mut Vec<Submission>) {
         if self.previous_group < LINGER_MIN_GROUP {
             return;
         }
+        if self.skip > 0 {
+            self.skip -= 1;
+            return;
+        }
+        let before = group.len();
         let started = std::time::Instant::now();
         while group.len() < MAX_GROUP && started.elapsed() < LINGER_MAX {
             std::thread::sleep(LINGER_STEP);
-            let before = group.len();
+            let had = group.len();
             take_queued(incoming, group);
-            if group.len() == before {
+            if group.len() == had {
                 break;
             }
+        }
+        self.judge(before, group.len());
+    }
+
+    /// Backs off after a wait that did not grow the group by half.
+    fn judge(&mut self, before: usize, after: usize) {
+        if (after - before) * 2 >= before {
+            self.backoff = 0;
+        } else {
+            self.backoff = (self.backoff * 2).clamp(1, LINGER_MAX_BACKOFF);
+            self.skip = self.backoff;
         }
     }
 
@@ -808,6 +833,50 @@ impl Trims {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn group_of(size: usize) -> Vec<Submission> {
+        (0..size)
+            .map(|_| Submission {
+                changes: Vec::new(),
+                done: oneshot::channel().0,
+                purge: None,
+            })
+            .collect()
+    }
+
+    #[test]
+    fn fruitless_waits_for_a_group_back_off_and_a_fruitful_one_resets() {
+        let (_queue, incoming) = mpsc::channel::<Submission>();
+        let mut linger = Linger::default();
+        linger.committed(8);
+        // Nothing else arrives: the wait was wasted, so the next group commits at once.
+        linger.gather(&incoming, &mut group_of(8));
+        assert_eq!((linger.skip, linger.backoff), (1, 1));
+        linger.gather(&incoming, &mut group_of(8));
+        assert_eq!(linger.skip, 0);
+        // Each further wasted wait doubles the groups that skip waiting, up to a bound.
+        for expected in [2, 4, 8, 16, 32, 64, 64] {
+            linger.gather(&incoming, &mut group_of(8));
+            assert_eq!(linger.backoff, expected);
+            while linger.skip > 0 {
+                linger.gather(&incoming, &mut group_of(8));
+            }
+        }
+        // A wait that grows the group by half or more turns waiting back on.
+        linger.judge(10, 15);
+        assert_eq!((linger.skip, linger.backoff), (0, 0));
+    }
+
+    #[test]
+    fn a_lone_writer_never_waits() {
+        let (_queue, incoming) = mpsc::channel::<Submission>();
+        let mut linger = Linger::default();
+        linger.committed(1);
+        let started = std::time::Instant::now();
+        linger.gather(&incoming, &mut group_of(1));
+        assert!(started.elapsed() < LINGER_STEP);
+        assert_eq!((linger.skip, linger.backoff), (0, 0));
+    }
     use crate::model::Offset;
     use crate::model::record::lay_out;
 
