@@ -74,9 +74,16 @@ impl Format {
     }
 
     pub fn encode(self, bytes: &[u8]) -> String {
+        self.encoded(bytes).into_owned()
+    }
+
+    /// [`Format::encode`], borrowing the bytes when they are already valid UTF-8 text.
+    pub fn encoded(self, bytes: &[u8]) -> std::borrow::Cow<'_, str> {
         match self {
-            Format::Raw => String::from_utf8_lossy(bytes).into_owned(),
-            Format::Base64 => base64::engine::general_purpose::STANDARD.encode(bytes),
+            Format::Raw => String::from_utf8_lossy(bytes),
+            Format::Base64 => base64::engine::general_purpose::STANDARD
+                .encode(bytes)
+                .into(),
         }
     }
 }

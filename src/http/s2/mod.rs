@@ -25,7 +25,7 @@ use crate::model::access::{Operation, Resource};
 use crate::model::cipher::{CipherError, RecordKey};
 use crate::model::headers::format_timestamp;
 use crate::model::s2::{self, BasinConfig, EventId, Format, StreamConfig};
-use crate::model::{Offset, Record, names};
+use crate::model::{Offset, names};
 use crate::service::{
     Principal, S2Append, S2Batch, S2Limits, S2Position, S2Record, S2Start, Stream, StreamError,
     StreamSummary, now_ms,

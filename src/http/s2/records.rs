@@ -365,34 +365,70 @@ async fn read(app: &AppState, name: &str, query: Option<&str>, headers: &HeaderM
     if wants_protobuf(headers) {
         return Ok(s2s::protobuf_response(&s2s::batch_message(&batch)));
     }
-    Ok(json_response(StatusCode::OK, batch_json(&batch, format)))
+    Ok((
+        StatusCode::OK,
+        [(header::CONTENT_TYPE, "application/json")],
+        batch_json(&batch, format),
+    )
+        .into_response())
 }
 
-fn record_json(record: &Record, format: Format) -> Value {
-    let mut out = json!({ "seq_num": record.seq, "timestamp": u64::try_from(record.timestamp_ms).unwrap_or(0) });
-    if !record.headers.is_empty() {
-        let headers: Vec<Value> = record
-            .headers
+/// A batch as S2's JSON, serialised straight from the records: no intermediate `Value` tree, and
+/// text bodies are borrowed rather than copied. (Building the tree cost S2 readers a third of
+/// their time.)
+pub(super) fn batch_json(batch: &S2Batch, format: Format) -> Vec<u8> {
+    let json = JsonBatch {
+        records: batch
+            .records
             .iter()
-            .map(|(n, v)| json!([format.encode(n), format.encode(v)]))
-            .collect();
-        out["headers"] = Value::Array(headers);
-    }
-    if !record.body.is_empty() {
-        out["body"] = json!(format.encode(&record.body));
-    }
-    out
+            .map(|record| JsonRecord {
+                seq_num: record.seq,
+                timestamp: u64::try_from(record.timestamp_ms).unwrap_or(0),
+                headers: record
+                    .headers
+                    .iter()
+                    .map(|(name, value)| [Encoded(name, format), Encoded(value, format)])
+                    .collect(),
+                body: (!record.body.is_empty()).then_some(Encoded(&record.body, format)),
+            })
+            .collect(),
+        tail: (batch.at_tail && !batch.records.is_empty()).then_some(JsonPosition {
+            seq_num: batch.tail.seq_num,
+            timestamp: batch.tail.timestamp,
+        }),
+    };
+    // Serialising these types into memory cannot fail: every key is a string.
+    serde_json::to_vec(&json).unwrap_or_default()
 }
 
-pub(super) fn batch_json(batch: &S2Batch, format: Format) -> Value {
-    let records: Vec<Value> = batch
-        .records
-        .iter()
-        .map(|r| record_json(r, format))
-        .collect();
-    let mut out = json!({ "records": records });
-    if batch.at_tail && !batch.records.is_empty() {
-        out["tail"] = position_json(batch.tail);
+#[derive(serde::Serialize)]
+struct JsonBatch<'a> {
+    records: Vec<JsonRecord<'a>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    tail: Option<JsonPosition>,
+}
+
+#[derive(serde::Serialize)]
+struct JsonRecord<'a> {
+    seq_num: u64,
+    timestamp: u64,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    headers: Vec<[Encoded<'a>; 2]>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    body: Option<Encoded<'a>>,
+}
+
+#[derive(serde::Serialize)]
+struct JsonPosition {
+    seq_num: u64,
+    timestamp: u64,
+}
+
+/// Bytes as a JSON string in the read's format.
+struct Encoded<'a>(&'a [u8], Format);
+
+impl serde::Serialize for Encoded<'_> {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.serialize_str(&self.1.encoded(self.0))
     }
-    out
 }

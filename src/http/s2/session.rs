@@ -122,10 +122,14 @@ pub(super) fn sse(
 ) -> Response {
     let rendered = events(app.service.clone(), stream, session).map(move |event| {
         Ok::<Bytes, std::io::Error>(match event {
-            SessionEvent::Batch { batch, id } => Bytes::from(format!(
-                "event: batch\nid: {id}\ndata: {}\n\n",
-                batch_json(&batch, format)
-            )),
+            SessionEvent::Batch { batch, id } => {
+                let json = batch_json(&batch, format);
+                let mut event = Vec::with_capacity(json.len() + 40);
+                event.extend_from_slice(format!("event: batch\nid: {id}\ndata: ").as_bytes());
+                event.extend_from_slice(&json);
+                event.extend_from_slice(b"\n\n");
+                Bytes::from(event)
+            }
             SessionEvent::Heartbeat(tail) => ping(tail),
             SessionEvent::End => Bytes::from_static(b"data: [DONE]\n\n"),
             SessionEvent::Failed(error) => error_event(error),
