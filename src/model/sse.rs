@@ -36,29 +36,22 @@ pub fn write_data_event(out: &mut Vec<u8>, payload: &[u8], base64: bool) {
 }
 
 /// Splits on CRLF, CR and LF.
-pub fn split_lines(payload: &[u8]) -> Vec<&[u8]> {
-    let mut lines = Vec::new();
-    let mut start = 0;
-    let mut i = 0;
-    while i < payload.len() {
-        match payload[i] {
-            b'\n' => {
-                lines.push(&payload[start..i]);
-                start = i + 1;
+pub fn split_lines(payload: &[u8]) -> impl Iterator<Item = &[u8]> {
+    let mut rest = Some(payload);
+    std::iter::from_fn(move || {
+        let text = rest?;
+        match text.iter().position(|&b| b == b'\n' || b == b'\r') {
+            None => {
+                rest = None;
+                Some(text)
             }
-            b'\r' => {
-                lines.push(&payload[start..i]);
-                if payload.get(i + 1) == Some(&b'\n') {
-                    i += 1;
-                }
-                start = i + 1;
+            Some(end) => {
+                let crlf = text[end] == b'\r' && text.get(end + 1) == Some(&b'\n');
+                rest = Some(&text[end + if crlf { 2 } else { 1 }..]);
+                Some(&text[..end])
             }
-            _ => {}
         }
-        i += 1;
-    }
-    lines.push(&payload[start..]);
-    lines
+    })
 }
 
 #[cfg(test)]
@@ -67,8 +60,18 @@ mod tests {
 
     #[test]
     fn payload_lines_split_on_every_line_break() {
-        let lines: Vec<&[u8]> = split_lines(b"a\r\nb\rc\nd");
+        let lines: Vec<&[u8]> = split_lines(b"a\r\nb\rc\nd").collect();
         assert_eq!(lines, vec![&b"a"[..], b"b", b"c", b"d"]);
+    }
+
+    #[test]
+    fn a_trailing_line_break_and_an_empty_payload_each_leave_an_empty_line() {
+        assert_eq!(
+            split_lines(b"a\n").collect::<Vec<_>>(),
+            vec![&b"a"[..], b""]
+        );
+        assert_eq!(split_lines(b"").collect::<Vec<_>>(), vec![&b""[..]]);
+        assert_eq!(split_lines(b"\r\n\r").count(), 3);
     }
 
     #[test]
