@@ -92,8 +92,21 @@ pub struct StreamService {
 /// Every stream by key, and every bucket. One lock, so that a stream is never created in a
 /// bucket that is being deleted.
 struct Registry {
-    streams: BTreeMap<String, Arc<Stream>>,
+    /// Keyed by the stream's own name (one allocation for both).
+    streams: BTreeMap<Arc<str>, Arc<Stream>>,
     buckets: BTreeMap<String, BucketMeta>,
+}
+
+impl Registry {
+    /// The streams whose keys sort at or after `start`, in key order.
+    fn streams_from<'a>(
+        &'a self,
+        start: &'a str,
+    ) -> impl Iterator<Item = (&'a Arc<str>, &'a Arc<Stream>)> + 'a {
+        use std::ops::Bound;
+        self.streams
+            .range::<str, _>((Bound::Included(start), Bound::Unbounded))
+    }
 }
 
 /// A create request, with header syntax already checked by the face.
@@ -205,7 +218,7 @@ impl StreamService {
             meta.tail = meta.tail.max(last.next_offset());
             meta.last_timestamp_ms = meta.last_timestamp_ms.max(last.timestamp_ms);
         }
-        let source = match &recovered.meta.fork {
+        let source = match &recovered.meta.extra().fork {
             Some(origin) => Some(self.rebuild(origin.source_id, pending, built, now)?),
             None => None,
         };
@@ -227,15 +240,10 @@ impl StreamService {
             recovered.producers.into_iter().collect(),
             source,
             durable,
-            self.new_cache(),
             now,
         ));
         built.insert(id, stream.clone());
         Some(stream)
-    }
-
-    fn new_cache(&self) -> cache::TailCache {
-        cache::TailCache::new(self.cache_budget.clone())
     }
 
     fn lock_registry(&self) -> std::sync::MutexGuard<'_, Registry> {
@@ -292,14 +300,14 @@ impl StreamService {
         let durable = stream.durable();
         let state = stream.lock();
         StreamInfo {
-            content_type: stream.content_type.clone(),
+            content_type: stream.content_type.to_string(),
             json: stream.json,
             tail: durable.tail,
             first: durable.first,
             closed: durable.closed,
             ttl_secs: state.meta.ttl_secs,
             expires_at_ms: state.meta.expires_at_ms,
-            snapshot: state.meta.snapshot.clone(),
+            snapshot: state.meta.extra().snapshot.clone(),
         }
     }
 
@@ -318,7 +326,7 @@ impl StreamService {
                 ));
             }
             (Some(given), _) if content_type::is_well_formed(given) => given.clone(),
-            (_, Some(plan)) => plan.source.content_type.clone(),
+            (_, Some(plan)) => plan.source.content_type.to_string(),
             _ => content_type::DEFAULT_CONTENT_TYPE.to_string(),
         };
         let (ttl_secs, expires_at_ms) = match (&plan, request.ttl_secs, request.expires_at_ms) {
@@ -353,7 +361,11 @@ impl StreamService {
         };
 
         loop {
-            let existing = self.lock_registry().streams.get(&request.name).cloned();
+            let existing = self
+                .lock_registry()
+                .streams
+                .get(request.name.as_str())
+                .cloned();
             if let Some(existing) = existing {
                 match self.confirm_existing(&existing, &requested).await {
                     Err(StreamError::NotFound) => continue, // removed meanwhile: create anew
@@ -457,8 +469,7 @@ impl StreamService {
             if let Some(limit) = self.config.max_streams_per_bucket {
                 let prefix = names::bucket_prefix(bucket);
                 let held = registry
-                    .streams
-                    .range(prefix.clone()..)
+                    .streams_from(&prefix)
                     .take_while(|(key, _)| key.starts_with(&prefix))
                     .take(limit)
                     .count();
@@ -483,24 +494,32 @@ impl StreamService {
             .map(|r| r.timestamp_ms)
             .or(plan.map(|p| p.source.durable().last_timestamp_ms))
             .unwrap_or(0);
-        let meta = StreamMeta {
+        let mut meta = StreamMeta {
             ttl_secs: requested.ttl_secs,
             expires_at_ms: requested.expires_at_ms,
             closed: requested.closed,
             tail,
             last_timestamp_ms,
-            fork: plan.map(|p| ForkOrigin {
-                source_id: p.source.id,
-                source_name: p.source.name.clone(),
-                offset: p.anchor,
-                sub_offset: p.sub_offset,
-            }),
             created_ms: now,
-            attrs: requested.attrs.clone(),
-            cipher: requested.cipher.clone(),
-            mirror_of: requested.mirror_of.clone(),
             ..StreamMeta::new(name, &requested.content_type)
         };
+        let fork = plan.map(|p| ForkOrigin {
+            source_id: p.source.id,
+            source_name: p.source.name.to_string(),
+            offset: p.anchor,
+            sub_offset: p.sub_offset,
+        });
+        if fork.is_some()
+            || requested.attrs.is_some()
+            || requested.cipher.is_some()
+            || requested.mirror_of.is_some()
+        {
+            let extra = meta.extra_mut();
+            extra.fork = fork;
+            extra.attrs = requested.attrs.clone();
+            extra.cipher = requested.cipher.clone();
+            extra.mirror_of = requested.mirror_of.clone();
+        }
         if let Some(plan) = plan {
             let mut source = plan.source.lock();
             if source.removed || source.meta.soft_deleted {
@@ -521,19 +540,18 @@ impl StreamService {
         let stream = Arc::new(Stream::new(
             id,
             meta.clone(),
-            HashMap::new(),
+            BTreeMap::new(),
             plan.map(|p| p.source.clone()),
             durable,
-            self.new_cache(),
             now,
         ));
-        stream.lock().recent.push(&records);
+        stream.lock().recent.push(&self.cache_budget, &records);
         let mut changes = vec![Change::PutStream(id, Box::new(meta))];
         if !records.is_empty() {
             changes.push(Change::PutRecords(id, records));
         }
         let commit = self.engine.commit(changes);
-        registry.streams.insert(name.to_string(), stream.clone());
+        registry.streams.insert(stream.name.clone(), stream.clone());
         Ok(Some((stream, commit)))
     }
 
@@ -664,7 +682,7 @@ fn prune_orphans(
 ) -> Vec<StreamId> {
     let mut forks: HashMap<StreamId, u32> = HashMap::new();
     for stream in pending.values() {
-        if let Some(origin) = &stream.meta.fork {
+        if let Some(origin) = &stream.meta.extra().fork {
             *forks.entry(origin.source_id).or_default() += 1;
         }
     }
@@ -679,7 +697,10 @@ fn prune_orphans(
             return removed;
         }
         for id in orphans {
-            if let Some(origin) = pending.remove(&id).and_then(|s| s.meta.fork) {
+            if let Some(origin) = pending
+                .remove(&id)
+                .and_then(|s| s.meta.extra().fork.clone())
+            {
                 forks.entry(origin.source_id).and_modify(|n| *n -= 1);
             }
             removed.push(id);

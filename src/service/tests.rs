@@ -240,10 +240,13 @@ async fn recovery_restores_forks_soft_deletes_and_producers() {
 
 #[tokio::test]
 async fn restart_removes_soft_deleted_streams_no_fork_reads_any_more() {
-    use crate::model::stream::{ForkOrigin, StreamMeta};
+    use crate::model::stream::{ForkOrigin, MetaExtra, StreamMeta};
     let meta = |name: &str, soft_deleted: bool, fork: Option<ForkOrigin>| StreamMeta {
-        fork,
         soft_deleted,
+        extra: Some(Box::new(MetaExtra {
+            fork,
+            ..MetaExtra::default()
+        })),
         ..StreamMeta::new(name, "text/plain")
     };
     let origin = |source_id, source_name: &str| ForkOrigin {

@@ -151,6 +151,7 @@ mod contract {
     use super::*;
     use crate::model::Offset;
     use crate::model::record::lay_out;
+    use crate::model::stream::MetaExtra;
     use bytes::Bytes;
 
     fn meta(name: &str, tail: Offset) -> StreamMeta {
@@ -158,8 +159,11 @@ mod contract {
             ttl_secs: Some(30),
             tail,
             last_timestamp_ms: 7,
-            last_stream_seq: Some("a".into()),
             created_ms: 1,
+            extra: Some(Box::new(MetaExtra {
+                last_stream_seq: Some("a".into()),
+                ..MetaExtra::default()
+            })),
             ..StreamMeta::new(name, "text/plain")
         }
     }
