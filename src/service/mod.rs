@@ -18,7 +18,7 @@ mod stream;
 mod tests;
 mod tokens;
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashSet};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{SystemTime, UNIX_EPOCH};
@@ -161,11 +161,13 @@ pub fn now_ms() -> i64 {
 impl StreamService {
     /// Rebuilds every stream from what the engine holds.
     pub fn open(engine: SharedEngine, config: ServiceConfig) -> Result<Arc<Self>, StorageError> {
-        let recovered = engine.recover()?;
+        let mut rebuild = Rebuild::new(now_ms());
+        let recovered = engine.recover_each(&mut |stream| rebuild.take(stream))?;
+        let (streams, orphans) = rebuild.finish();
         let service = Arc::new(StreamService {
             engine,
             registry: Mutex::new(Registry {
-                streams: BTreeMap::new(),
+                streams,
                 buckets: recovered.buckets.into_iter().collect(),
             }),
             next_id: AtomicU64::new(recovered.next_id),
@@ -176,13 +178,6 @@ impl StreamService {
             tokens: Mutex::new(tokens::TokenRegistry::new(recovered.tokens)),
             config,
         });
-        let now = now_ms();
-        let mut streams = recovered.streams;
-        // Engines recover in id order already; sorting keeps `Rebuild`'s lookups correct anyway.
-        if !streams.is_sorted_by_key(|s| s.id) {
-            streams.sort_unstable_by_key(|s| s.id);
-        }
-        let orphans = prune_orphans(&mut streams);
         if !orphans.is_empty() {
             // Enqueued now (the engine's contract); it completes in the background.
             drop(
@@ -191,24 +186,6 @@ impl StreamService {
                     .commit(orphans.into_iter().map(Change::RemoveStream).collect()),
             );
         }
-        let mut rebuild = Rebuild {
-            ids: streams.iter().map(|s| s.id).collect(),
-            built: vec![None; streams.len()],
-            pending: streams.into_iter().map(Some).collect(),
-            now,
-        };
-        for at in 0..rebuild.ids.len() {
-            rebuild.build(at);
-        }
-        // Collected whole, the map is built from sorted keys in one pass, with full nodes: much
-        // faster than a million inserts in id order, and smaller.
-        let streams: BTreeMap<Arc<str>, Arc<Stream>> = rebuild
-            .built
-            .into_iter()
-            .flatten()
-            .map(|stream| (stream.name.clone(), stream))
-            .collect();
-        service.lock_registry().streams = streams;
         Ok(service)
     }
 
@@ -641,36 +618,78 @@ impl StreamService {
     }
 }
 
-/// The recovered streams, in id order, while they are rebuilt.
+/// Rebuilds the streams as the engine recovers them, one at a time.
+///
+/// A fork needs its source's handle. Ids only grow and a source exists before its forks, so a
+/// source's id is below its forks' ids; forks (few) wait until every plain stream is built, and
+/// are then built in id order, each after its source.
 struct Rebuild {
-    ids: Vec<StreamId>,
-    pending: Vec<Option<RecoveredStream>>,
-    built: Vec<Option<Arc<Stream>>>,
     now: i64,
+    /// The built streams and their ids: plain streams first, then forks, each part in id order.
+    ids: Vec<StreamId>,
+    built: Vec<Arc<Stream>>,
+    forks: Vec<RecoveredStream>,
+    /// Built streams that were deleted while forks read through them.
+    soft_deleted: Vec<Arc<Stream>>,
 }
 
 impl Rebuild {
-    /// Builds the stream at `at` after its fork source, so the source handle exists to point
-    /// at. `None` when its source is missing: such a fork is left out.
-    fn build(&mut self, at: usize) -> Option<Arc<Stream>> {
-        if let Some(stream) = &self.built[at] {
-            return Some(stream.clone());
+    fn new(now: i64) -> Self {
+        Rebuild {
+            now,
+            ids: Vec::new(),
+            built: Vec::new(),
+            forks: Vec::new(),
+            soft_deleted: Vec::new(),
         }
-        let mut recovered = self.pending[at].take()?;
+    }
+
+    fn take(&mut self, recovered: RecoveredStream) {
+        if recovered.meta.extra().fork.is_some() {
+            self.forks.push(recovered);
+        } else {
+            self.build(recovered, None);
+        }
+    }
+
+    /// Every stream to register by name, and the ids of the soft-deleted streams no fork reads
+    /// any more (left by an interrupted cascade), which are to be removed.
+    fn finish(mut self) -> (BTreeMap<Arc<str>, Arc<Stream>>, Vec<StreamId>) {
+        if !self.ids.is_sorted() {
+            let mut plain: Vec<Arc<Stream>> = std::mem::take(&mut self.built);
+            plain.sort_unstable_by_key(|s| s.id);
+            self.ids = plain.iter().map(|s| s.id).collect();
+            self.built = plain;
+        }
+        let plain = self.ids.len();
+        let mut forks = std::mem::take(&mut self.forks);
+        forks.sort_unstable_by_key(|s| s.id);
+        for fork in forks {
+            let source_id = fork.meta.extra().fork.as_ref().map(|o| o.source_id);
+            // A fork whose source is missing is left out.
+            if let Some(source) = source_id.and_then(|id| self.find(id, plain)) {
+                source.lock().forks += 1;
+                self.build(fork, Some(source));
+            }
+        }
+        let orphans = self.orphans();
+        let gone: HashSet<StreamId> = orphans.iter().copied().collect();
+        // Collected whole, the map is built from sorted keys in one pass, with full nodes: much
+        // faster than a million inserts one by one, and smaller.
+        let streams = self
+            .built
+            .into_iter()
+            .filter(|s| gone.is_empty() || !gone.contains(&s.id))
+            .map(|stream| (stream.name.clone(), stream))
+            .collect();
+        (streams, orphans)
+    }
+
+    fn build(&mut self, mut recovered: RecoveredStream, source: Option<Arc<Stream>>) {
         if let Some(last) = &recovered.last_record {
             let meta = &mut recovered.meta;
             meta.tail = meta.tail.max(last.next_offset());
             meta.last_timestamp_ms = meta.last_timestamp_ms.max(last.timestamp_ms);
-        }
-        let source = match &recovered.meta.extra().fork {
-            Some(origin) => {
-                let source_at = self.ids.binary_search(&origin.source_id).ok()?;
-                Some(self.build(source_at)?)
-            }
-            None => None,
-        };
-        if let Some(source) = &source {
-            source.lock().forks += 1;
         }
         let durable = Durable {
             tail: recovered.meta.tail,
@@ -681,6 +700,7 @@ impl Rebuild {
             ready: true,
             removed: false,
         };
+        let soft_deleted = recovered.meta.soft_deleted;
         let stream = Arc::new(Stream::new(
             recovered.id,
             recovered.meta,
@@ -689,44 +709,44 @@ impl Rebuild {
             durable,
             self.now,
         ));
-        self.built[at] = Some(stream.clone());
-        Some(stream)
+        if soft_deleted {
+            self.soft_deleted.push(stream.clone());
+        }
+        self.ids.push(stream.id);
+        self.built.push(stream);
     }
-}
 
-/// Takes out of `streams` the soft-deleted streams that no fork reads through any more (left by
-/// an interrupted cascade), and then any source only they kept alive. Returns their ids.
-fn prune_orphans(streams: &mut Vec<RecoveredStream>) -> Vec<StreamId> {
-    let mut forks: HashMap<StreamId, u32> = HashMap::new();
-    for stream in streams.iter() {
-        if let Some(origin) = &stream.meta.extra().fork {
-            *forks.entry(origin.source_id).or_default() += 1;
-        }
+    /// The built stream `id`; the first `plain` built streams and the rest are each in id order.
+    fn find(&self, id: StreamId, plain: usize) -> Option<Arc<Stream>> {
+        let (plain_ids, fork_ids) = self.ids.split_at(plain);
+        let at = match plain_ids.binary_search(&id) {
+            Ok(at) => at,
+            Err(_) => plain + fork_ids.binary_search(&id).ok()?,
+        };
+        Some(self.built[at].clone())
     }
-    // Only soft-deleted streams can be orphans: look at those alone.
-    let mut soft_deleted: Vec<&RecoveredStream> =
-        streams.iter().filter(|s| s.meta.soft_deleted).collect();
-    let mut removed = Vec::new();
-    loop {
-        let (orphans, kept): (Vec<_>, Vec<_>) = soft_deleted
-            .into_iter()
-            .partition(|s| forks.get(&s.id).copied().unwrap_or(0) == 0);
-        soft_deleted = kept;
-        if orphans.is_empty() {
-            break;
-        }
-        for orphan in orphans {
-            if let Some(origin) = &orphan.meta.extra().fork {
-                forks.entry(origin.source_id).and_modify(|n| *n -= 1);
+
+    /// The soft-deleted streams no fork reads through any more, then any source only they kept
+    /// alive.
+    fn orphans(&self) -> Vec<StreamId> {
+        let mut candidates = self.soft_deleted.clone();
+        let mut removed = Vec::new();
+        loop {
+            let (orphans, kept): (Vec<_>, Vec<_>) =
+                candidates.into_iter().partition(|s| s.lock().forks == 0);
+            candidates = kept;
+            if orphans.is_empty() {
+                return removed;
             }
-            removed.push(orphan.id);
+            for orphan in orphans {
+                if let Some(source) = &orphan.source {
+                    let mut state = source.lock();
+                    state.forks = state.forks.saturating_sub(1);
+                }
+                removed.push(orphan.id);
+            }
         }
     }
-    if !removed.is_empty() {
-        let gone: std::collections::HashSet<StreamId> = removed.iter().copied().collect();
-        streams.retain(|s| !gone.contains(&s.id));
-    }
-    removed
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

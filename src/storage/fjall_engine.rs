@@ -253,6 +253,18 @@ impl Engine for FjallEngine {
     }
 
     fn recover(&self) -> Result<Recovered, StorageError> {
+        let mut streams = Vec::new();
+        let recovered = self.recover_each(&mut |stream| streams.push(stream))?;
+        Ok(Recovered {
+            streams,
+            ..recovered
+        })
+    }
+
+    fn recover_each(
+        &self,
+        each: &mut dyn FnMut(RecoveredStream),
+    ) -> Result<Recovered, StorageError> {
         let ks = &self.keyspaces;
         let mut buckets = Vec::new();
         for guard in ks.buckets.iter() {
@@ -274,7 +286,7 @@ impl Engine for FjallEngine {
             })?;
             tokens.push(token);
         }
-        let mut streams = Vec::new();
+        let mut next_stream_id = 0;
         for guard in ks.streams.iter() {
             let (key, value) = guard.into_inner().map_err(io)?;
             let (id, _) = codec::split_key(&key)?;
@@ -303,7 +315,8 @@ impl Engine for FjallEngine {
                 }
                 None => None,
             };
-            streams.push(RecoveredStream {
+            next_stream_id = next_stream_id.max(id.saturating_add(1));
+            each(RecoveredStream {
                 id,
                 meta,
                 producers,
@@ -317,10 +330,10 @@ impl Engine for FjallEngine {
                     .map_err(|_| StorageError::Corrupt("next_id".into()))?,
             ),
             None => 0,
-        };
-        let next_id = streams.iter().map(|s| s.id + 1).fold(next_id, u64::max);
+        }
+        .max(next_stream_id);
         Ok(Recovered {
-            streams,
+            streams: Vec::new(),
             buckets,
             tokens,
             next_id,
