@@ -233,7 +233,7 @@ async fn bucket_pump(
                 app.clone(),
                 queue.clone(),
                 host.clone(),
-                stream.name.clone(),
+                stream.name.to_string(),
                 after,
             ));
             pumps.insert(stream.id, pump);

@@ -1,7 +1,39 @@
 //! Content types: how a stream's declared type is compared and which read encodings it implies.
 
+use std::collections::HashSet;
+use std::sync::{Arc, LazyLock, Mutex};
+
 /// The type a stream gets when its creator names none.
 pub const DEFAULT_CONTENT_TYPE: &str = "application/octet-stream";
+
+/// How many distinct content types [`intern`] shares, and the longest one it shares. Beyond
+/// these a content type gets its own copy: a client naming endless distinct types cannot grow
+/// the shared set without bound.
+const MAX_INTERNED: usize = 1024;
+const MAX_INTERNED_LEN: usize = 256;
+
+static INTERNED: LazyLock<Mutex<HashSet<Arc<str>>>> = LazyLock::new(Default::default);
+
+/// The content type as one shared allocation. Nearly every stream has one of a handful of
+/// types, and a server holds every stream's type in memory, so streams share the text instead
+/// of each keeping a copy.
+pub fn intern(content_type: &str) -> Arc<str> {
+    if content_type.len() > MAX_INTERNED_LEN {
+        return Arc::from(content_type);
+    }
+    // The set is only ever added to, so a poisoned lock still holds valid entries.
+    let mut interned = INTERNED
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner());
+    if let Some(shared) = interned.get(content_type) {
+        return shared.clone();
+    }
+    let shared: Arc<str> = Arc::from(content_type);
+    if interned.len() < MAX_INTERNED {
+        interned.insert(shared.clone());
+    }
+    shared
+}
 
 /// The media type without parameters, lowercased: `Text/Plain; charset=utf-8` → `text/plain`.
 /// Two content types are the same for the protocol when their media types are equal.
@@ -75,6 +107,20 @@ mod tests {
         assert!(sse_needs_base64("application/octet-stream"));
         assert!(sse_needs_base64("application/x-protobuf"));
         assert!(sse_needs_base64("image/png"));
+    }
+
+    #[test]
+    fn interned_content_types_share_one_allocation() {
+        let a = intern("text/plain; charset=utf-8");
+        let b = intern("text/plain; charset=utf-8");
+        assert!(Arc::ptr_eq(&a, &b));
+        assert_eq!(
+            &*intern("TEXT/plain"),
+            "TEXT/plain",
+            "kept exactly as given"
+        );
+        let long = "x".repeat(MAX_INTERNED_LEN + 1);
+        assert!(!Arc::ptr_eq(&intern(&long), &intern(&long)));
     }
 
     #[test]

@@ -1,56 +1,208 @@
 //! Stream metadata and the rules over it that need no I/O: configuration matching for idempotent
 //! creates, and expiry.
 
+use std::borrow::Cow;
+use std::sync::Arc;
+
 use serde::{Deserialize, Serialize};
 
 use super::attrs::Attrs;
-use super::content_type::same_media_type;
+use super::content_type::{self, same_media_type};
 use super::offset::Offset;
 
 /// Everything the server keeps about a stream beside its records and producers.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+///
+/// Every stream's metadata stays in memory, so it is laid out for the common stream, which sets
+/// none of the rarer fields: those live apart in [`MetaExtra`], allocated only once one is set.
+/// The stored form is unchanged by this: see [`Stored`].
+#[derive(Clone, Debug)]
 pub struct StreamMeta {
-    pub name: String,
-    /// The content type exactly as the creator sent it (or the default).
-    pub content_type: String,
+    /// Shared with the stream's handle and the registry's key.
+    pub name: Arc<str>,
+    /// The content type exactly as the creator sent it (or the default), interned.
+    pub content_type: Arc<str>,
     pub ttl_secs: Option<u64>,
     pub expires_at_ms: Option<i64>,
     pub closed: bool,
-    /// The producer tuple whose append closed the stream; a retry of it is acknowledged again.
-    pub closed_by: Option<ClosingProducer>,
+    /// Deleted (or expired) while forks still read through it: gone for clients, data kept.
+    pub soft_deleted: bool,
     /// The offset after the last record.
     pub tail: Offset,
     pub last_timestamp_ms: i64,
+    pub created_ms: i64,
+    /// The first retained position: reads before it are gone (410).
+    pub retained_from: Offset,
+    /// Read and change through [`StreamMeta::extra`] and [`StreamMeta::extra_mut`]; `None` and
+    /// an all-default `MetaExtra` mean the same.
+    pub extra: Option<Box<MetaExtra>>,
+}
+
+/// The metadata fields most streams never set.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct MetaExtra {
+    /// The producer tuple whose append closed the stream; a retry of it is acknowledged again.
+    pub closed_by: Option<ClosingProducer>,
     /// The highest `Stream-Seq` accepted so far, compared byte-wise.
     pub last_stream_seq: Option<String>,
     pub fork: Option<ForkOrigin>,
-    /// Deleted (or expired) while forks still read through it: gone for clients, data kept.
-    pub soft_deleted: bool,
-    pub created_ms: i64,
     /// Application attributes (seed 000 §5).
-    #[serde(default)]
     pub attrs: Attrs,
     /// The visible snapshot, if one was published (its blob is stored apart).
-    #[serde(default)]
     pub snapshot: Option<SnapshotInfo>,
-    /// The first retained position: reads before it are gone (410).
-    #[serde(default)]
-    pub retained_from: Offset,
     /// S2's fencing token ("" until a fence command sets it).
-    #[serde(default)]
     pub fencing_token: String,
     /// S2 stream configuration, as a JSON object that parses as `s2::StreamConfig`.
-    #[serde(default)]
     pub s2_config: Option<serde_json::Value>,
     /// The cipher record bodies are sealed with (S2 streams in a basin with `stream_cipher`).
-    #[serde(default)]
     pub cipher: Option<String>,
     /// Identifies the key the stream's records are sealed with (never the key itself).
-    #[serde(default)]
     pub key_fingerprint: Option<String>,
     /// The upstream server (`scheme://host:port`) this stream is a read-only mirror of.
-    #[serde(default)]
     pub mirror_of: Option<String>,
+}
+
+/// What a stream without extra metadata reads as.
+static NO_EXTRA: MetaExtra = MetaExtra {
+    closed_by: None,
+    last_stream_seq: None,
+    fork: None,
+    attrs: None,
+    snapshot: None,
+    fencing_token: String::new(),
+    s2_config: None,
+    cipher: None,
+    key_fingerprint: None,
+    mirror_of: None,
+};
+
+impl MetaExtra {
+    fn is_empty(&self) -> bool {
+        *self == NO_EXTRA
+    }
+}
+
+impl PartialEq for StreamMeta {
+    fn eq(&self, other: &Self) -> bool {
+        self.name == other.name
+            && self.content_type == other.content_type
+            && self.ttl_secs == other.ttl_secs
+            && self.expires_at_ms == other.expires_at_ms
+            && self.closed == other.closed
+            && self.soft_deleted == other.soft_deleted
+            && self.tail == other.tail
+            && self.last_timestamp_ms == other.last_timestamp_ms
+            && self.created_ms == other.created_ms
+            && self.retained_from == other.retained_from
+            && self.extra() == other.extra()
+    }
+}
+
+impl Eq for StreamMeta {}
+
+/// The stored form of [`StreamMeta`]: one flat JSON object, as it has always been written.
+/// Fields at their default are left out (older data spells them as `null`, `""` or the start
+/// offset, and reads back the same).
+#[derive(Serialize, Deserialize)]
+struct Stored<'a> {
+    #[serde(borrow)]
+    name: Cow<'a, str>,
+    #[serde(borrow)]
+    content_type: Cow<'a, str>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    ttl_secs: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    expires_at_ms: Option<i64>,
+    closed: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    closed_by: Option<Cow<'a, ClosingProducer>>,
+    tail: Offset,
+    last_timestamp_ms: i64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    last_stream_seq: Option<Cow<'a, str>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    fork: Option<Cow<'a, ForkOrigin>>,
+    soft_deleted: bool,
+    created_ms: i64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    attrs: Option<Cow<'a, serde_json::Map<String, serde_json::Value>>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    snapshot: Option<Cow<'a, SnapshotInfo>>,
+    #[serde(default, skip_serializing_if = "is_start")]
+    retained_from: Offset,
+    #[serde(default, skip_serializing_if = "str::is_empty")]
+    fencing_token: Cow<'a, str>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    s2_config: Option<Cow<'a, serde_json::Value>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    cipher: Option<Cow<'a, str>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    key_fingerprint: Option<Cow<'a, str>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    mirror_of: Option<Cow<'a, str>>,
+}
+
+fn is_start(offset: &Offset) -> bool {
+    *offset == Offset::START
+}
+
+impl Serialize for StreamMeta {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        let extra = self.extra();
+        Stored {
+            name: Cow::Borrowed(&self.name),
+            content_type: Cow::Borrowed(&self.content_type),
+            ttl_secs: self.ttl_secs,
+            expires_at_ms: self.expires_at_ms,
+            closed: self.closed,
+            closed_by: extra.closed_by.as_ref().map(Cow::Borrowed),
+            tail: self.tail,
+            last_timestamp_ms: self.last_timestamp_ms,
+            last_stream_seq: extra.last_stream_seq.as_deref().map(Cow::Borrowed),
+            fork: extra.fork.as_ref().map(Cow::Borrowed),
+            soft_deleted: self.soft_deleted,
+            created_ms: self.created_ms,
+            attrs: extra.attrs.as_ref().map(Cow::Borrowed),
+            snapshot: extra.snapshot.as_ref().map(Cow::Borrowed),
+            retained_from: self.retained_from,
+            fencing_token: Cow::Borrowed(&extra.fencing_token),
+            s2_config: extra.s2_config.as_ref().map(Cow::Borrowed),
+            cipher: extra.cipher.as_deref().map(Cow::Borrowed),
+            key_fingerprint: extra.key_fingerprint.as_deref().map(Cow::Borrowed),
+            mirror_of: extra.mirror_of.as_deref().map(Cow::Borrowed),
+        }
+        .serialize(serializer)
+    }
+}
+
+impl<'de> Deserialize<'de> for StreamMeta {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let stored = Stored::deserialize(deserializer)?;
+        let extra = MetaExtra {
+            closed_by: stored.closed_by.map(Cow::into_owned),
+            last_stream_seq: stored.last_stream_seq.map(Cow::into_owned),
+            fork: stored.fork.map(Cow::into_owned),
+            attrs: stored.attrs.map(Cow::into_owned),
+            snapshot: stored.snapshot.map(Cow::into_owned),
+            fencing_token: stored.fencing_token.into_owned(),
+            s2_config: stored.s2_config.map(Cow::into_owned),
+            cipher: stored.cipher.map(Cow::into_owned),
+            key_fingerprint: stored.key_fingerprint.map(Cow::into_owned),
+            mirror_of: stored.mirror_of.map(Cow::into_owned),
+        };
+        Ok(StreamMeta {
+            name: Arc::from(stored.name.as_ref()),
+            content_type: content_type::intern(&stored.content_type),
+            ttl_secs: stored.ttl_secs,
+            expires_at_ms: stored.expires_at_ms,
+            closed: stored.closed,
+            soft_deleted: stored.soft_deleted,
+            tail: stored.tail,
+            last_timestamp_ms: stored.last_timestamp_ms,
+            created_ms: stored.created_ms,
+            retained_from: stored.retained_from,
+            extra: (!extra.is_empty()).then(|| Box::new(extra)),
+        })
+    }
 }
 
 /// The visible snapshot of a stream: its offset, the blob's content type and digest.
@@ -113,27 +265,28 @@ impl StreamMeta {
     /// An empty, open stream with no options: the starting point of every stream's metadata.
     pub fn new(name: &str, content_type: &str) -> StreamMeta {
         StreamMeta {
-            name: name.to_string(),
-            content_type: content_type.to_string(),
+            name: Arc::from(name),
+            content_type: content_type::intern(content_type),
             ttl_secs: None,
             expires_at_ms: None,
             closed: false,
-            closed_by: None,
+            soft_deleted: false,
             tail: Offset::START,
             last_timestamp_ms: 0,
-            last_stream_seq: None,
-            fork: None,
-            soft_deleted: false,
             created_ms: 0,
-            attrs: None,
-            snapshot: None,
             retained_from: Offset::START,
-            fencing_token: String::new(),
-            s2_config: None,
-            cipher: None,
-            key_fingerprint: None,
-            mirror_of: None,
+            extra: None,
         }
+    }
+
+    /// The rarer fields (all at their defaults for most streams).
+    pub fn extra(&self) -> &MetaExtra {
+        self.extra.as_deref().unwrap_or(&NO_EXTRA)
+    }
+
+    /// The rarer fields, for changing them.
+    pub fn extra_mut(&mut self) -> &mut MetaExtra {
+        self.extra.get_or_insert_with(Box::default)
     }
 
     /// Why an existing stream does not match a repeated create, or `None` when it does.
@@ -150,10 +303,10 @@ impl StreamMeta {
         if self.closed != requested.closed {
             return Some("stream exists with a different closed state");
         }
-        if self.attrs != requested.attrs {
+        if self.extra().attrs != requested.attrs {
             return Some("stream exists with different attributes");
         }
-        match (&self.fork, &requested.fork) {
+        match (&self.extra().fork, &requested.fork) {
             (None, None) => None,
             (Some(have), Some(want)) => {
                 let offset_differs = want.offset.is_some_and(|o| o != have.offset);
@@ -252,10 +405,8 @@ mod tests {
             offset: Offset::new(1, 5),
             sub_offset: 0,
         };
-        let existing = StreamMeta {
-            fork: Some(fork),
-            ..meta()
-        };
+        let mut existing = meta();
+        existing.extra_mut().fork = Some(fork);
         let want = |offset, sub_offset| RequestedConfig {
             fork: Some(RequestedFork {
                 source_name: "src".into(),
@@ -277,6 +428,75 @@ mod tests {
                 .is_some()
         );
         assert!(existing.mismatch(&requested()).is_some());
+    }
+
+    /// Metadata as every earlier version stored it: each field spelled out.
+    const STORED_BEFORE: &str = r#"{"name":"/bkt1/s","content_type":"text/plain","ttl_secs":null,"expires_at_ms":null,"closed":false,"closed_by":null,"tail":{"seq":2,"pos":9},"last_timestamp_ms":5,"last_stream_seq":null,"fork":null,"soft_deleted":false,"created_ms":1,"attrs":null,"snapshot":null,"retained_from":{"seq":0,"pos":0},"fencing_token":"","s2_config":null,"cipher":null,"key_fingerprint":null,"mirror_of":null}"#;
+
+    #[test]
+    fn metadata_stored_by_earlier_versions_reads_back() {
+        let meta: StreamMeta = serde_json::from_str(STORED_BEFORE).unwrap();
+        assert_eq!(
+            meta,
+            StreamMeta {
+                tail: Offset::new(2, 9),
+                last_timestamp_ms: 5,
+                created_ms: 1,
+                ..StreamMeta::new("/bkt1/s", "text/plain")
+            }
+        );
+        assert!(meta.extra.is_none(), "nothing rare was set");
+        let older: StreamMeta = serde_json::from_str(
+            r#"{"name":"n","content_type":"a/b","ttl_secs":3,"expires_at_ms":null,"closed":true,"closed_by":{"id":"p","epoch":1,"seq":2},"tail":{"seq":0,"pos":0},"last_timestamp_ms":0,"last_stream_seq":"7","fork":null,"soft_deleted":false,"created_ms":0}"#,
+        )
+        .unwrap();
+        assert_eq!(older.ttl_secs, Some(3));
+        assert_eq!(older.extra().last_stream_seq.as_deref(), Some("7"));
+        assert_eq!(older.extra().closed_by.as_ref().map(|c| c.seq), Some(2));
+    }
+
+    #[test]
+    fn metadata_is_stored_without_its_defaults_and_reads_back_the_same() {
+        let plain = StreamMeta::new("/bkt1/s", "text/plain");
+        let stored = serde_json::to_string(&plain).unwrap();
+        assert_eq!(
+            stored,
+            r#"{"name":"/bkt1/s","content_type":"text/plain","closed":false,"tail":{"seq":0,"pos":0},"last_timestamp_ms":0,"soft_deleted":false,"created_ms":0}"#
+        );
+        assert_eq!(serde_json::from_str::<StreamMeta>(&stored).unwrap(), plain);
+
+        let mut full = StreamMeta {
+            ttl_secs: Some(60),
+            expires_at_ms: Some(9),
+            retained_from: Offset::new(1, 1),
+            ..plain
+        };
+        let extra = full.extra_mut();
+        extra.closed_by = Some(ClosingProducer {
+            id: "p".into(),
+            epoch: 1,
+            seq: 2,
+        });
+        extra.last_stream_seq = Some("a".into());
+        extra.fork = Some(ForkOrigin {
+            source_id: 3,
+            source_name: "/bkt1/src".into(),
+            offset: Offset::new(4, 4),
+            sub_offset: 1,
+        });
+        extra.attrs = Some(serde_json::Map::from_iter([("title".into(), "t".into())]));
+        extra.snapshot = Some(SnapshotInfo {
+            offset: Offset::new(1, 1),
+            content_type: "application/json".into(),
+            digest: "d".into(),
+        });
+        extra.fencing_token = "f".into();
+        extra.s2_config = Some(serde_json::json!({"storage_class": "express"}));
+        extra.cipher = Some("aegis-256".into());
+        extra.key_fingerprint = Some("k".into());
+        extra.mirror_of = Some("http://up:1".into());
+        let stored = serde_json::to_vec(&full).unwrap();
+        assert_eq!(serde_json::from_slice::<StreamMeta>(&stored).unwrap(), full);
     }
 
     #[test]

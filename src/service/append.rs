@@ -196,7 +196,7 @@ impl StreamService {
             changes.push(Change::PutStream(stream.id, Box::new(state.meta.clone())));
         }
         changes.extend(producers.map(|(id, p)| Change::PutProducer(stream.id, id, p)));
-        state.recent.push(&records);
+        state.recent.push(&self.cache_budget, &records);
         if !records.is_empty() {
             changes.push(Change::PutRecords(stream.id, records));
         }
@@ -247,7 +247,7 @@ fn decide(
     let tail = state.meta.tail;
 
     if state.meta.closed {
-        let closing_retry = match (&request.producer, &state.meta.closed_by) {
+        let closing_retry = match (&request.producer, &state.meta.extra().closed_by) {
             (Some(claim), Some(by)) => {
                 claim.id == by.id && claim.epoch == by.epoch && claim.seq == by.seq
             }
@@ -322,7 +322,7 @@ fn decide(
         }
     }
 
-    if let (Some(received), Some(last)) = (&request.stream_seq, &state.meta.last_stream_seq)
+    if let (Some(received), Some(last)) = (&request.stream_seq, &state.meta.extra().last_stream_seq)
         && received.as_bytes() <= last.as_bytes()
     {
         return Err(StreamError::StreamSeqRegression {
@@ -341,11 +341,11 @@ fn decide(
     meta.tail = new_tail;
     meta.last_timestamp_ms = timestamp;
     if let Some(seq) = &request.stream_seq {
-        meta.last_stream_seq = Some(seq.clone());
+        meta.extra_mut().last_stream_seq = Some(seq.clone());
     }
     if request.close {
         meta.closed = true;
-        meta.closed_by = request.producer.as_ref().map(|c| ClosingProducer {
+        meta.extra_mut().closed_by = request.producer.as_ref().map(|c| ClosingProducer {
             id: c.id.clone(),
             epoch: c.epoch,
             seq: c.seq,

@@ -70,7 +70,7 @@ impl StreamService {
                 .get(bucket)
                 .cloned()
                 .ok_or(StreamError::BucketNotFound)?;
-            (meta, members(&registry.streams, bucket))
+            (meta, members(&registry, bucket))
         };
         let now = now_ms();
         let streams = members.iter().filter(|s| visible(s, now)).count();
@@ -90,7 +90,7 @@ impl StreamService {
             if !registry.buckets.contains_key(bucket) {
                 return Err(StreamError::BucketNotFound);
             }
-            if !members(&registry.streams, bucket).is_empty() {
+            if !members(&registry, bucket).is_empty() {
                 return Err(StreamError::Conflict("bucket is not empty"));
             }
             registry.buckets.remove(bucket);
@@ -151,8 +151,7 @@ impl StreamService {
             }
             let start = format!("{key_prefix}{prefix}");
             registry
-                .streams
-                .range(start.clone()..)
+                .streams_from(&start)
                 .take_while(|(key, _)| key.starts_with(&start))
                 .filter(|(key, _)| {
                     let id = &key[key_prefix.len()..];
@@ -174,13 +173,10 @@ impl StreamService {
     }
 }
 
-fn members(
-    streams: &std::collections::BTreeMap<String, Arc<Stream>>,
-    bucket: &str,
-) -> Vec<Arc<Stream>> {
+fn members(registry: &super::Registry, bucket: &str) -> Vec<Arc<Stream>> {
     let prefix = bucket_prefix(bucket);
-    streams
-        .range(prefix.clone()..)
+    registry
+        .streams_from(&prefix)
         .take_while(|(key, _)| key.starts_with(&prefix))
         .map(|(_, s)| s.clone())
         .collect()
@@ -198,11 +194,11 @@ fn summary(stream: &Stream, key_prefix: &str) -> StreamSummary {
     StreamSummary {
         stream_id: stream.name[key_prefix.len()..].to_string(),
         closed: durable.closed,
-        content_type: stream.content_type.clone(),
+        content_type: stream.content_type.to_string(),
         tail: durable.tail,
         created_ms: state.meta.created_ms,
         // An empty stream was last written when it was created.
         last_write_ms: state.meta.last_timestamp_ms.max(state.meta.created_ms),
-        cipher: state.meta.cipher.clone(),
+        cipher: state.meta.extra().cipher.clone(),
     }
 }

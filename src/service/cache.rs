@@ -50,29 +50,34 @@ impl CacheBudget {
 }
 
 /// One stream's cache: contiguous records ending at the stream's writer-side tail.
+///
+/// Most streams of a server are idle and never cache anything, so an empty cache is one null
+/// pointer; its parts are allocated with its first records.
+#[derive(Default)]
 pub struct TailCache {
+    held: Option<Box<Held>>,
+}
+
+struct Held {
     budget: Arc<CacheBudget>,
     records: VecDeque<Record>,
     bytes: usize,
 }
 
 impl TailCache {
-    pub fn new(budget: Arc<CacheBudget>) -> Self {
-        TailCache {
-            budget,
-            records: VecDeque::new(),
-            bytes: 0,
-        }
+    pub fn new() -> Self {
+        TailCache::default()
     }
 
     /// Records `from <= seq < until`, up to about `max_bytes`, or `None` when the cache does not
     /// reach back to `from`.
     pub fn read(&self, from: u64, until: u64, max_bytes: usize) -> Option<Vec<Record>> {
-        let first = self.records.front()?.seq;
+        let records = &self.held.as_ref()?.records;
+        let first = records.front()?.seq;
         let skip = usize::try_from(from.checked_sub(first)?).ok()?;
         let mut out = Vec::new();
         let mut budget = ByteBudget::new(max_bytes);
-        for record in self.records.iter().skip(skip).take_while(|r| r.seq < until) {
+        for record in records.iter().skip(skip).take_while(|r| r.seq < until) {
             if !budget.has_room() {
                 break;
             }
@@ -82,25 +87,38 @@ impl TailCache {
         Some(out)
     }
 
-    /// Adds newly appended records, evicting the oldest beyond the limits.
-    pub fn push(&mut self, records: &[Record]) {
+    /// Adds newly appended records, evicting the oldest beyond the limits of `budget` (the
+    /// budget all caches share).
+    pub fn push(&mut self, budget: &Arc<CacheBudget>, records: &[Record]) {
+        if records.is_empty() {
+            return;
+        }
+        let held = self.held.get_or_insert_with(|| {
+            Box::new(Held {
+                budget: budget.clone(),
+                records: VecDeque::new(),
+                bytes: 0,
+            })
+        });
         for record in records {
-            self.bytes += record.body.len();
-            self.budget
+            held.bytes += record.body.len();
+            held.budget
                 .used
                 .fetch_add(record.body.len(), Ordering::Relaxed);
-            self.records.push_back(record.clone());
+            held.records.push_back(record.clone());
         }
-        let limits = self.budget.limits;
-        while self.records.len() > 1
-            && (self.bytes > limits.per_stream_bytes
-                || self.records.len() > limits.per_stream_records
-                || self.budget.used() > limits.total_bytes)
+        let limits = held.budget.limits;
+        while held.records.len() > 1
+            && (held.bytes > limits.per_stream_bytes
+                || held.records.len() > limits.per_stream_records
+                || held.budget.used() > limits.total_bytes)
         {
-            self.pop_oldest();
+            held.pop_oldest();
         }
     }
+}
 
+impl Held {
     fn pop_oldest(&mut self) {
         if let Some(old) = self.records.pop_front() {
             self.bytes -= old.body.len();
@@ -111,7 +129,7 @@ impl TailCache {
     }
 }
 
-impl Drop for TailCache {
+impl Drop for Held {
     fn drop(&mut self) {
         self.budget.used.fetch_sub(self.bytes, Ordering::Relaxed);
     }
@@ -136,8 +154,9 @@ mod tests {
             per_stream_records: 3,
             total_bytes: 1000,
         });
-        let mut cache = TailCache::new(budget);
-        cache.push(&records(0, 5, 1));
+        let mut cache = TailCache::new();
+        assert!(cache.read(0, 1, usize::MAX).is_none(), "nothing cached yet");
+        cache.push(&budget, &records(0, 5, 1));
         assert!(
             cache.read(1, 5, usize::MAX).is_none(),
             "records 0 and 1 were evicted"
@@ -153,10 +172,10 @@ mod tests {
             per_stream_records: 100,
             total_bytes: 150,
         });
-        let mut a = TailCache::new(budget.clone());
-        let mut b = TailCache::new(budget.clone());
-        a.push(&records(0, 10, 10));
-        b.push(&records(0, 10, 10));
+        let mut a = TailCache::new();
+        let mut b = TailCache::new();
+        a.push(&budget, &records(0, 10, 10));
+        b.push(&budget, &records(0, 10, 10));
         assert!(budget.used() <= 150);
         assert_eq!(
             b.read(9, 10, usize::MAX).unwrap().len(),

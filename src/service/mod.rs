@@ -18,7 +18,7 @@ mod stream;
 mod tests;
 mod tokens;
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashSet};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{SystemTime, UNIX_EPOCH};
@@ -31,7 +31,7 @@ use crate::model::json::{self, EmptyArray};
 use crate::model::record::lay_out;
 use crate::model::stream::{BucketMeta, ForkOrigin, RequestedConfig, RequestedFork, StreamMeta};
 use crate::model::{Offset, Record, content_type, names};
-use crate::storage::{Change, SharedEngine, StorageError, StreamId};
+use crate::storage::{Change, RecoveredStream, SharedEngine, StorageError, StreamId};
 
 pub use append::{AppendAck, AppendRequest};
 
@@ -92,8 +92,21 @@ pub struct StreamService {
 /// Every stream by key, and every bucket. One lock, so that a stream is never created in a
 /// bucket that is being deleted.
 struct Registry {
-    streams: BTreeMap<String, Arc<Stream>>,
+    /// Keyed by the stream's own name (one allocation for both).
+    streams: BTreeMap<Arc<str>, Arc<Stream>>,
     buckets: BTreeMap<String, BucketMeta>,
+}
+
+impl Registry {
+    /// The streams whose keys sort at or after `start`, in key order.
+    fn streams_from<'a>(
+        &'a self,
+        start: &'a str,
+    ) -> impl Iterator<Item = (&'a Arc<str>, &'a Arc<Stream>)> + 'a {
+        use std::ops::Bound;
+        self.streams
+            .range::<str, _>((Bound::Included(start), Bound::Unbounded))
+    }
 }
 
 /// A create request, with header syntax already checked by the face.
@@ -148,11 +161,13 @@ pub fn now_ms() -> i64 {
 impl StreamService {
     /// Rebuilds every stream from what the engine holds.
     pub fn open(engine: SharedEngine, config: ServiceConfig) -> Result<Arc<Self>, StorageError> {
-        let recovered = engine.recover()?;
+        let mut rebuild = Rebuild::new(now_ms());
+        let recovered = engine.recover_each(&mut |stream| rebuild.take(stream))?;
+        let (streams, orphans) = rebuild.finish();
         let service = Arc::new(StreamService {
             engine,
             registry: Mutex::new(Registry {
-                streams: BTreeMap::new(),
+                streams,
                 buckets: recovered.buckets.into_iter().collect(),
             }),
             next_id: AtomicU64::new(recovered.next_id),
@@ -163,10 +178,6 @@ impl StreamService {
             tokens: Mutex::new(tokens::TokenRegistry::new(recovered.tokens)),
             config,
         });
-        let now = now_ms();
-        let mut pending: HashMap<StreamId, _> =
-            recovered.streams.into_iter().map(|s| (s.id, s)).collect();
-        let orphans = prune_orphans(&mut pending);
         if !orphans.is_empty() {
             // Enqueued now (the engine's contract); it completes in the background.
             drop(
@@ -175,67 +186,7 @@ impl StreamService {
                     .commit(orphans.into_iter().map(Change::RemoveStream).collect()),
             );
         }
-        let mut built: HashMap<StreamId, Arc<Stream>> = HashMap::new();
-        let ids: Vec<StreamId> = pending.keys().copied().collect();
-        for id in ids {
-            service.rebuild(id, &mut pending, &mut built, now);
-        }
-        let mut registry = service.lock_registry();
-        for stream in built.values() {
-            registry.streams.insert(stream.name.clone(), stream.clone());
-        }
-        drop(registry);
         Ok(service)
-    }
-
-    /// Builds stream `id` after its fork source, so the source handle exists to point at.
-    fn rebuild(
-        &self,
-        id: StreamId,
-        pending: &mut HashMap<StreamId, crate::storage::RecoveredStream>,
-        built: &mut HashMap<StreamId, Arc<Stream>>,
-        now: i64,
-    ) -> Option<Arc<Stream>> {
-        if let Some(stream) = built.get(&id) {
-            return Some(stream.clone());
-        }
-        let mut recovered = pending.remove(&id)?;
-        if let Some(last) = &recovered.last_record {
-            let meta = &mut recovered.meta;
-            meta.tail = meta.tail.max(last.next_offset());
-            meta.last_timestamp_ms = meta.last_timestamp_ms.max(last.timestamp_ms);
-        }
-        let source = match &recovered.meta.fork {
-            Some(origin) => Some(self.rebuild(origin.source_id, pending, built, now)?),
-            None => None,
-        };
-        if let Some(source) = &source {
-            source.lock().forks += 1;
-        }
-        let durable = Durable {
-            tail: recovered.meta.tail,
-            first: recovered.meta.retained_from,
-            last_timestamp_ms: recovered.meta.last_timestamp_ms,
-            meta_version: 0,
-            closed: recovered.meta.closed,
-            ready: true,
-            removed: false,
-        };
-        let stream = Arc::new(Stream::new(
-            id,
-            recovered.meta,
-            recovered.producers.into_iter().collect(),
-            source,
-            durable,
-            self.new_cache(),
-            now,
-        ));
-        built.insert(id, stream.clone());
-        Some(stream)
-    }
-
-    fn new_cache(&self) -> cache::TailCache {
-        cache::TailCache::new(self.cache_budget.clone())
     }
 
     fn lock_registry(&self) -> std::sync::MutexGuard<'_, Registry> {
@@ -292,14 +243,14 @@ impl StreamService {
         let durable = stream.durable();
         let state = stream.lock();
         StreamInfo {
-            content_type: stream.content_type.clone(),
+            content_type: stream.content_type.to_string(),
             json: stream.json,
             tail: durable.tail,
             first: durable.first,
             closed: durable.closed,
             ttl_secs: state.meta.ttl_secs,
             expires_at_ms: state.meta.expires_at_ms,
-            snapshot: state.meta.snapshot.clone(),
+            snapshot: state.meta.extra().snapshot.clone(),
         }
     }
 
@@ -318,7 +269,7 @@ impl StreamService {
                 ));
             }
             (Some(given), _) if content_type::is_well_formed(given) => given.clone(),
-            (_, Some(plan)) => plan.source.content_type.clone(),
+            (_, Some(plan)) => plan.source.content_type.to_string(),
             _ => content_type::DEFAULT_CONTENT_TYPE.to_string(),
         };
         let (ttl_secs, expires_at_ms) = match (&plan, request.ttl_secs, request.expires_at_ms) {
@@ -353,7 +304,11 @@ impl StreamService {
         };
 
         loop {
-            let existing = self.lock_registry().streams.get(&request.name).cloned();
+            let existing = self
+                .lock_registry()
+                .streams
+                .get(request.name.as_str())
+                .cloned();
             if let Some(existing) = existing {
                 match self.confirm_existing(&existing, &requested).await {
                     Err(StreamError::NotFound) => continue, // removed meanwhile: create anew
@@ -457,8 +412,7 @@ impl StreamService {
             if let Some(limit) = self.config.max_streams_per_bucket {
                 let prefix = names::bucket_prefix(bucket);
                 let held = registry
-                    .streams
-                    .range(prefix.clone()..)
+                    .streams_from(&prefix)
                     .take_while(|(key, _)| key.starts_with(&prefix))
                     .take(limit)
                     .count();
@@ -483,24 +437,32 @@ impl StreamService {
             .map(|r| r.timestamp_ms)
             .or(plan.map(|p| p.source.durable().last_timestamp_ms))
             .unwrap_or(0);
-        let meta = StreamMeta {
+        let mut meta = StreamMeta {
             ttl_secs: requested.ttl_secs,
             expires_at_ms: requested.expires_at_ms,
             closed: requested.closed,
             tail,
             last_timestamp_ms,
-            fork: plan.map(|p| ForkOrigin {
-                source_id: p.source.id,
-                source_name: p.source.name.clone(),
-                offset: p.anchor,
-                sub_offset: p.sub_offset,
-            }),
             created_ms: now,
-            attrs: requested.attrs.clone(),
-            cipher: requested.cipher.clone(),
-            mirror_of: requested.mirror_of.clone(),
             ..StreamMeta::new(name, &requested.content_type)
         };
+        let fork = plan.map(|p| ForkOrigin {
+            source_id: p.source.id,
+            source_name: p.source.name.to_string(),
+            offset: p.anchor,
+            sub_offset: p.sub_offset,
+        });
+        if fork.is_some()
+            || requested.attrs.is_some()
+            || requested.cipher.is_some()
+            || requested.mirror_of.is_some()
+        {
+            let extra = meta.extra_mut();
+            extra.fork = fork;
+            extra.attrs = requested.attrs.clone();
+            extra.cipher = requested.cipher.clone();
+            extra.mirror_of = requested.mirror_of.clone();
+        }
         if let Some(plan) = plan {
             let mut source = plan.source.lock();
             if source.removed || source.meta.soft_deleted {
@@ -521,19 +483,18 @@ impl StreamService {
         let stream = Arc::new(Stream::new(
             id,
             meta.clone(),
-            HashMap::new(),
+            BTreeMap::new(),
             plan.map(|p| p.source.clone()),
             durable,
-            self.new_cache(),
             now,
         ));
-        stream.lock().recent.push(&records);
+        stream.lock().recent.push(&self.cache_budget, &records);
         let mut changes = vec![Change::PutStream(id, Box::new(meta))];
         if !records.is_empty() {
             changes.push(Change::PutRecords(id, records));
         }
         let commit = self.engine.commit(changes);
-        registry.streams.insert(name.to_string(), stream.clone());
+        registry.streams.insert(stream.name.clone(), stream.clone());
         Ok(Some((stream, commit)))
     }
 
@@ -657,32 +618,133 @@ impl StreamService {
     }
 }
 
-/// Takes out of `pending` the soft-deleted streams that no fork reads through any more (left by
-/// an interrupted cascade), and then any source only they kept alive. Returns their ids.
-fn prune_orphans(
-    pending: &mut HashMap<StreamId, crate::storage::RecoveredStream>,
-) -> Vec<StreamId> {
-    let mut forks: HashMap<StreamId, u32> = HashMap::new();
-    for stream in pending.values() {
-        if let Some(origin) = &stream.meta.fork {
-            *forks.entry(origin.source_id).or_default() += 1;
+/// Rebuilds the streams as the engine recovers them, one at a time.
+///
+/// A fork needs its source's handle. Ids only grow and a source exists before its forks, so a
+/// source's id is below its forks' ids; forks (few) wait until every plain stream is built, and
+/// are then built in id order, each after its source.
+struct Rebuild {
+    now: i64,
+    /// The built streams and their ids: plain streams first, then forks, each part in id order.
+    ids: Vec<StreamId>,
+    built: Vec<Arc<Stream>>,
+    forks: Vec<RecoveredStream>,
+    /// Built streams that were deleted while forks read through them.
+    soft_deleted: Vec<Arc<Stream>>,
+}
+
+impl Rebuild {
+    fn new(now: i64) -> Self {
+        Rebuild {
+            now,
+            ids: Vec::new(),
+            built: Vec::new(),
+            forks: Vec::new(),
+            soft_deleted: Vec::new(),
         }
     }
-    let mut removed = Vec::new();
-    loop {
-        let orphans: Vec<StreamId> = pending
-            .values()
-            .filter(|s| s.meta.soft_deleted && forks.get(&s.id).copied().unwrap_or(0) == 0)
-            .map(|s| s.id)
-            .collect();
-        if orphans.is_empty() {
-            return removed;
+
+    fn take(&mut self, recovered: RecoveredStream) {
+        if recovered.meta.extra().fork.is_some() {
+            self.forks.push(recovered);
+        } else {
+            self.build(recovered, None);
         }
-        for id in orphans {
-            if let Some(origin) = pending.remove(&id).and_then(|s| s.meta.fork) {
-                forks.entry(origin.source_id).and_modify(|n| *n -= 1);
+    }
+
+    /// Every stream to register by name, and the ids of the soft-deleted streams no fork reads
+    /// any more (left by an interrupted cascade), which are to be removed.
+    fn finish(mut self) -> (BTreeMap<Arc<str>, Arc<Stream>>, Vec<StreamId>) {
+        if !self.ids.is_sorted() {
+            let mut plain: Vec<Arc<Stream>> = std::mem::take(&mut self.built);
+            plain.sort_unstable_by_key(|s| s.id);
+            self.ids = plain.iter().map(|s| s.id).collect();
+            self.built = plain;
+        }
+        let plain = self.ids.len();
+        let mut forks = std::mem::take(&mut self.forks);
+        forks.sort_unstable_by_key(|s| s.id);
+        for fork in forks {
+            let source_id = fork.meta.extra().fork.as_ref().map(|o| o.source_id);
+            // A fork whose source is missing is left out.
+            if let Some(source) = source_id.and_then(|id| self.find(id, plain)) {
+                source.lock().forks += 1;
+                self.build(fork, Some(source));
             }
-            removed.push(id);
+        }
+        let orphans = self.orphans();
+        let gone: HashSet<StreamId> = orphans.iter().copied().collect();
+        // Collected whole, the map is built from sorted keys in one pass, with full nodes: much
+        // faster than a million inserts one by one, and smaller.
+        let streams = self
+            .built
+            .into_iter()
+            .filter(|s| gone.is_empty() || !gone.contains(&s.id))
+            .map(|stream| (stream.name.clone(), stream))
+            .collect();
+        (streams, orphans)
+    }
+
+    fn build(&mut self, mut recovered: RecoveredStream, source: Option<Arc<Stream>>) {
+        if let Some(last) = &recovered.last_record {
+            let meta = &mut recovered.meta;
+            meta.tail = meta.tail.max(last.next_offset());
+            meta.last_timestamp_ms = meta.last_timestamp_ms.max(last.timestamp_ms);
+        }
+        let durable = Durable {
+            tail: recovered.meta.tail,
+            first: recovered.meta.retained_from,
+            last_timestamp_ms: recovered.meta.last_timestamp_ms,
+            meta_version: 0,
+            closed: recovered.meta.closed,
+            ready: true,
+            removed: false,
+        };
+        let soft_deleted = recovered.meta.soft_deleted;
+        let stream = Arc::new(Stream::new(
+            recovered.id,
+            recovered.meta,
+            recovered.producers.into_iter().collect(),
+            source,
+            durable,
+            self.now,
+        ));
+        if soft_deleted {
+            self.soft_deleted.push(stream.clone());
+        }
+        self.ids.push(stream.id);
+        self.built.push(stream);
+    }
+
+    /// The built stream `id`; the first `plain` built streams and the rest are each in id order.
+    fn find(&self, id: StreamId, plain: usize) -> Option<Arc<Stream>> {
+        let (plain_ids, fork_ids) = self.ids.split_at(plain);
+        let at = match plain_ids.binary_search(&id) {
+            Ok(at) => at,
+            Err(_) => plain + fork_ids.binary_search(&id).ok()?,
+        };
+        Some(self.built[at].clone())
+    }
+
+    /// The soft-deleted streams no fork reads through any more, then any source only they kept
+    /// alive.
+    fn orphans(&self) -> Vec<StreamId> {
+        let mut candidates = self.soft_deleted.clone();
+        let mut removed = Vec::new();
+        loop {
+            let (orphans, kept): (Vec<_>, Vec<_>) =
+                candidates.into_iter().partition(|s| s.lock().forks == 0);
+            candidates = kept;
+            if orphans.is_empty() {
+                return removed;
+            }
+            for orphan in orphans {
+                if let Some(source) = &orphan.source {
+                    let mut state = source.lock();
+                    state.forks = state.forks.saturating_sub(1);
+                }
+                removed.push(orphan.id);
+            }
         }
     }
 }

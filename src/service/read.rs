@@ -199,7 +199,13 @@ fn owner_of(stream: &Arc<Stream>, seq: u64, until: u64) -> (&Arc<Stream>, u64) {
     let mut owner = stream;
     let mut until = until;
     while let Some(source) = &owner.source {
-        let fork_start = owner.lock().meta.fork.as_ref().map_or(0, |f| f.offset.seq);
+        let fork_start = owner
+            .lock()
+            .meta
+            .extra()
+            .fork
+            .as_ref()
+            .map_or(0, |f| f.offset.seq);
         if seq >= fork_start {
             break;
         }

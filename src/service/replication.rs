@@ -48,8 +48,7 @@ impl StreamService {
         let prefix = names::bucket_prefix(bucket);
         let registry = self.lock_registry();
         registry
-            .streams
-            .range(prefix.clone()..)
+            .streams_from(&prefix)
             .take_while(|(key, _)| key.starts_with(&prefix))
             .filter(|(_, s)| {
                 let state = s.lock();
@@ -64,14 +63,14 @@ impl StreamService {
         let durable = stream.durable();
         let state = stream.lock();
         ReplicatedState {
-            content_type: stream.content_type.clone(),
+            content_type: stream.content_type.to_string(),
             closed: durable.closed,
-            attrs: state.meta.attrs.clone(),
+            attrs: state.meta.extra().attrs.clone(),
             ttl_secs: state.meta.ttl_secs,
             expires_at_ms: state.meta.expires_at_ms,
             retained_from: durable.first,
             tail: durable.tail,
-            snapshot: state.meta.snapshot.clone(),
+            snapshot: state.meta.extra().snapshot.clone(),
             created_ms: state.meta.created_ms,
         }
     }
@@ -176,16 +175,16 @@ impl StreamService {
                 state.meta.closed = true;
                 changed = true;
             }
-            if state.meta.attrs != upstream.attrs {
-                state.meta.attrs = upstream.attrs.clone();
+            if state.meta.extra().attrs != upstream.attrs {
+                state.meta.extra_mut().attrs = upstream.attrs.clone();
                 changed = true;
             }
             if let Some(blob) = snapshot_blob {
-                state.meta.snapshot = upstream.snapshot.clone();
+                state.meta.extra_mut().snapshot = upstream.snapshot.clone();
                 changes.push(Change::PutSnapshot(stream.id, blob));
                 changed = true;
-            } else if upstream.snapshot.is_none() && state.meta.snapshot.is_some() {
-                state.meta.snapshot = None;
+            } else if upstream.snapshot.is_none() && state.meta.extra().snapshot.is_some() {
+                state.meta.extra_mut().snapshot = None;
                 changes.push(Change::RemoveSnapshot(stream.id));
                 changed = true;
             }
@@ -251,7 +250,7 @@ impl StreamService {
             .filter_map(|s| {
                 let (records, seconds) = self.replication_lag(s)?;
                 Some((
-                    s.name.clone(),
+                    s.name.to_string(),
                     s.mirror_of.clone().unwrap_or_default(),
                     records,
                     seconds,
@@ -262,7 +261,7 @@ impl StreamService {
 
     /// Whether the mirror already holds this snapshot.
     pub fn has_snapshot(&self, stream: &Stream, snapshot: &SnapshotInfo) -> bool {
-        stream.lock().meta.snapshot.as_ref() == Some(snapshot)
+        stream.lock().meta.extra().snapshot.as_ref() == Some(snapshot)
     }
 
     /// Removes a mirrored stream (it was deleted upstream, or must be rebuilt after a gap).

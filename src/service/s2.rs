@@ -179,6 +179,7 @@ impl StreamService {
         stream
             .lock()
             .meta
+            .extra()
             .s2_config
             .clone()
             .unwrap_or_else(|| Value::Object(Default::default()))
@@ -191,12 +192,13 @@ impl StreamService {
             let mut state = stream.lock();
             let mut config = state
                 .meta
+                .extra()
                 .s2_config
                 .clone()
                 .unwrap_or_else(|| Value::Object(Default::default()));
             s2::merge_patch(&mut config, patch);
             parse_config::<StreamConfig>(&config)?;
-            state.meta.s2_config = Some(config.clone());
+            state.meta.extra_mut().s2_config = Some(config.clone());
             (
                 config,
                 self.engine.commit(vec![Change::PutStream(
@@ -332,11 +334,11 @@ impl StreamService {
         let fingerprint = key.fingerprint();
         let commit = {
             let mut state = stream.lock();
-            match &state.meta.key_fingerprint {
+            match &state.meta.extra().key_fingerprint {
                 Some(known) if *known == fingerprint => return Ok(()),
                 Some(_) => return Err(CipherError::DecryptionFailed.into()),
                 None => {
-                    state.meta.key_fingerprint = Some(fingerprint);
+                    state.meta.extra_mut().key_fingerprint = Some(fingerprint);
                     self.engine.commit(vec![Change::PutStream(
                         stream.id,
                         Box::new(state.meta.clone()),
@@ -376,7 +378,7 @@ impl StreamService {
                 .filter(|s| s.mirror_of.is_none())
                 .filter_map(|s| {
                     let state = s.lock();
-                    match stream_config(state.meta.s2_config.as_ref()).retention_policy {
+                    match stream_config(state.meta.extra().s2_config.as_ref()).retention_policy {
                         Some(s2::RetentionPolicy::Age(age)) if !state.removed => {
                             Some((s.clone(), age))
                         }
@@ -615,9 +617,9 @@ fn sequence(
                 "a fencing token is at most 36 bytes".into(),
             ));
         }
-        if *token != state.meta.fencing_token {
+        if *token != state.meta.extra().fencing_token {
             return Err(StreamError::FencingMismatch {
-                current: state.meta.fencing_token.clone(),
+                current: state.meta.extra().fencing_token.clone(),
             });
         }
     }
@@ -625,7 +627,7 @@ fn sequence(
     if match_seq_num.is_some_and(|expected| expected != tail.seq) {
         return Err(StreamError::SeqNumMismatch { next: tail.seq });
     }
-    let timestamping: Timestamping = stream_config(state.meta.s2_config.as_ref())
+    let timestamping: Timestamping = stream_config(state.meta.extra().s2_config.as_ref())
         .timestamping
         .unwrap_or_default();
     let arrival = ms(now_ms());
@@ -664,7 +666,7 @@ fn sequence(
     state.meta.tail = at;
     state.meta.last_timestamp_ms = i64::try_from(floor).unwrap_or(i64::MAX);
     if let Some(token) = fence {
-        state.meta.fencing_token = token;
+        state.meta.extra_mut().fencing_token = token;
     }
     let end = S2Position {
         seq_num: at.seq,

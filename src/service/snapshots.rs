@@ -84,7 +84,7 @@ impl StreamService {
         let digest = digest(&content_type, &blob);
         let commit = {
             let mut state = stream.lock();
-            let current = state.meta.snapshot.as_ref();
+            let current = state.meta.extra().snapshot.as_ref();
             if let Some(expected) = expected_digest
                 && current.is_none_or(|s| s.digest != expected)
             {
@@ -101,7 +101,7 @@ impl StreamService {
                     ))
                 };
             }
-            state.meta.snapshot = Some(SnapshotInfo {
+            state.meta.extra_mut().snapshot = Some(SnapshotInfo {
                 offset: at,
                 content_type,
                 digest: digest.clone(),
@@ -118,7 +118,7 @@ impl StreamService {
 
     /// The visible snapshot's description, if there is one.
     pub fn snapshot_info(&self, stream: &Stream) -> Option<SnapshotInfo> {
-        stream.lock().meta.snapshot.clone()
+        stream.lock().meta.extra().snapshot.clone()
     }
 
     /// The visible snapshot, which must be the one at `at`.
@@ -161,7 +161,13 @@ impl StreamService {
         Self::writable(&stream)?;
         let commit = {
             let mut state = stream.lock();
-            if state.meta.snapshot.as_ref().is_none_or(|s| s.offset != at) {
+            if state
+                .meta
+                .extra()
+                .snapshot
+                .as_ref()
+                .is_none_or(|s| s.offset != at)
+            {
                 return Err(StreamError::SnapshotNotFound);
             }
             if state.meta.retained_from > Offset::START {
@@ -169,7 +175,7 @@ impl StreamService {
                     "the snapshot is needed by bootstrap: retention has moved past the stream start",
                 ));
             }
-            state.meta.snapshot = None;
+            state.meta.extra_mut().snapshot = None;
             self.engine.commit(vec![
                 Change::RemoveSnapshot(stream.id),
                 Change::PutStream(stream.id, Box::new(state.meta.clone())),
@@ -200,7 +206,12 @@ impl StreamService {
                 return Err(StreamError::Conflict("retention cannot move backward"));
             }
             if at > state.meta.retained_from
-                && state.meta.snapshot.as_ref().is_none_or(|s| at > s.offset)
+                && state
+                    .meta
+                    .extra()
+                    .snapshot
+                    .as_ref()
+                    .is_none_or(|s| at > s.offset)
             {
                 return Err(StreamError::Conflict(
                     "retention cannot pass the latest snapshot",
@@ -232,7 +243,7 @@ impl StreamService {
 
     pub async fn attrs(&self, name: &str) -> StreamResult<Attrs> {
         let stream = self.find(name, false).await?;
-        let attrs = stream.lock().meta.attrs.clone();
+        let attrs = stream.lock().meta.extra().attrs.clone();
         Ok(attrs)
     }
 
@@ -242,10 +253,10 @@ impl StreamService {
         Self::writable(&stream)?;
         let commit = {
             let mut state = stream.lock();
-            if state.meta.attrs == attrs {
+            if state.meta.extra().attrs == attrs {
                 return Ok(());
             }
-            state.meta.attrs = attrs;
+            state.meta.extra_mut().attrs = attrs;
             self.engine.commit(vec![Change::PutStream(
                 stream.id,
                 Box::new(state.meta.clone()),

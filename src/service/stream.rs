@@ -1,8 +1,8 @@
 //! One live stream: its mutable state behind a short-held lock, the durable tail readers watch,
 //! and the hot cache of its most recent records.
 
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 
 use tokio::sync::watch;
 
@@ -31,11 +31,14 @@ pub struct Durable {
     pub removed: bool,
 }
 
+/// A server holds one of these for every stream it has, most of them idle, so it is kept small:
+/// the name and content type are shared, rarely used state is allocated only when first used.
 pub struct Stream {
     pub id: StreamId,
-    pub name: String,
+    /// Shared with the registry's key and the metadata.
+    pub name: Arc<str>,
     /// The content type as created; it never changes.
-    pub content_type: String,
+    pub content_type: Arc<str>,
     pub json: bool,
     /// Created with a TTL or an expiry time (fixed at creation).
     pub may_expire: bool,
@@ -48,13 +51,14 @@ pub struct Stream {
     /// The stream this one was forked from: reads below the fork offset go there.
     pub source: Option<Arc<Stream>>,
     pub(super) state: Mutex<State>,
-    durable: watch::Sender<Durable>,
+    durable: DurableCell,
 }
 
 /// The writer-side view, which runs ahead of the durable one while commits are in flight.
 pub(super) struct State {
     pub meta: StreamMeta,
-    pub producers: HashMap<String, ProducerState>,
+    /// A `BTreeMap` because it costs nothing while empty, as it is for most streams.
+    pub producers: BTreeMap<String, ProducerState>,
     /// The most recent records, contiguous up to the writer-side tail.
     pub recent: TailCache,
     /// Number of forks that read through this stream.
@@ -67,10 +71,9 @@ impl Stream {
     pub(super) fn new(
         id: StreamId,
         meta: StreamMeta,
-        producers: HashMap<String, ProducerState>,
+        producers: BTreeMap<String, ProducerState>,
         source: Option<Arc<Stream>>,
         durable: Durable,
-        cache: TailCache,
         now_ms: i64,
     ) -> Stream {
         Stream {
@@ -78,20 +81,20 @@ impl Stream {
             name: meta.name.clone(),
             json: crate::model::content_type::is_json(&meta.content_type),
             may_expire: meta.ttl_secs.is_some() || meta.expires_at_ms.is_some(),
-            encrypted: meta.cipher.is_some(),
-            mirror_of: meta.mirror_of.clone(),
+            encrypted: meta.extra().cipher.is_some(),
+            mirror_of: meta.extra().mirror_of.clone(),
             upstream_tail: std::sync::atomic::AtomicU64::new(0),
             content_type: meta.content_type.clone(),
             source,
             state: Mutex::new(State {
                 meta,
                 producers,
-                recent: cache,
+                recent: TailCache::new(),
                 forks: 0,
                 last_access_ms: now_ms,
                 removed: false,
             }),
-            durable: watch::Sender::new(durable),
+            durable: DurableCell::new(durable),
         }
     }
 
@@ -104,7 +107,7 @@ impl Stream {
     }
 
     pub fn durable(&self) -> Durable {
-        *self.durable.borrow()
+        self.durable.get()
     }
 
     pub fn subscribe(&self) -> watch::Receiver<Durable> {
@@ -113,11 +116,7 @@ impl Stream {
 
     /// Makes a committed change visible and wakes the readers waiting on this stream.
     pub(super) fn publish(&self, change: impl FnOnce(&mut Durable)) {
-        self.durable.send_if_modified(|durable| {
-            let before = *durable;
-            change(durable);
-            *durable != before
-        });
+        self.durable.publish(change);
     }
 
     /// Marks everything up to `tail` durable (commits complete in order, so later wins).
@@ -159,5 +158,72 @@ impl Stream {
             return Ok(records);
         }
         engine.read(self.id, from, until, max_bytes).await
+    }
+}
+
+/// A stream's durable state, and the watch channel its readers wait on.
+///
+/// A watch channel is a few hundred bytes of its own, and most streams never have a reader
+/// waiting on them, so the channel is made by the first subscriber. Until then the state lives
+/// in `unwatched`; from then on the channel holds it. Both changes and subscriptions check for
+/// the channel under the `unwatched` lock, so no change can slip between a subscriber's look at
+/// the state and its channel: every waiter sees every change.
+struct DurableCell {
+    unwatched: Mutex<Durable>,
+    watched: OnceLock<watch::Sender<Durable>>,
+}
+
+impl DurableCell {
+    fn new(durable: Durable) -> Self {
+        DurableCell {
+            unwatched: Mutex::new(durable),
+            watched: OnceLock::new(),
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Durable> {
+        // A `Durable` is plain data, written whole; a poisoned lock still holds a valid one.
+        self.unwatched
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    fn get(&self) -> Durable {
+        if let Some(sender) = self.watched.get() {
+            return *sender.borrow();
+        }
+        let unwatched = self.lock();
+        match self.watched.get() {
+            Some(sender) => *sender.borrow(),
+            None => *unwatched,
+        }
+    }
+
+    fn subscribe(&self) -> watch::Receiver<Durable> {
+        if let Some(sender) = self.watched.get() {
+            return sender.subscribe();
+        }
+        let unwatched = self.lock();
+        self.watched
+            .get_or_init(|| watch::Sender::new(*unwatched))
+            .subscribe()
+    }
+
+    fn publish(&self, change: impl FnOnce(&mut Durable)) {
+        let sender = match self.watched.get() {
+            Some(sender) => sender,
+            None => {
+                let mut unwatched = self.lock();
+                match self.watched.get() {
+                    Some(sender) => sender,
+                    None => return change(&mut unwatched),
+                }
+            }
+        };
+        sender.send_if_modified(|durable| {
+            let before = *durable;
+            change(durable);
+            *durable != before
+        });
     }
 }

@@ -240,10 +240,13 @@ async fn recovery_restores_forks_soft_deletes_and_producers() {
 
 #[tokio::test]
 async fn restart_removes_soft_deleted_streams_no_fork_reads_any_more() {
-    use crate::model::stream::{ForkOrigin, StreamMeta};
+    use crate::model::stream::{ForkOrigin, MetaExtra, StreamMeta};
     let meta = |name: &str, soft_deleted: bool, fork: Option<ForkOrigin>| StreamMeta {
-        fork,
         soft_deleted,
+        extra: Some(Box::new(MetaExtra {
+            fork,
+            ..MetaExtra::default()
+        })),
         ..StreamMeta::new(name, "text/plain")
     };
     let origin = |source_id, source_name: &str| ForkOrigin {
@@ -288,6 +291,72 @@ async fn restart_removes_soft_deleted_streams_no_fork_reads_any_more() {
         2,
         "only kept and reader remain stored: {stored:?}"
     );
+}
+
+/// Recovers what its inner engine holds, streams in reverse id order.
+struct Reversed(MemoryEngine);
+
+impl Engine for Reversed {
+    fn commit(&self, changes: Vec<Change>) -> BoxFuture<'static, Result<(), StorageError>> {
+        self.0.commit(changes)
+    }
+
+    fn read(
+        &self,
+        id: StreamId,
+        from: u64,
+        until: u64,
+        max: usize,
+    ) -> BoxFuture<'static, Result<Vec<Record>, StorageError>> {
+        self.0.read(id, from, until, max)
+    }
+
+    fn read_snapshot(
+        &self,
+        id: StreamId,
+    ) -> BoxFuture<'static, Result<Option<Bytes>, StorageError>> {
+        self.0.read_snapshot(id)
+    }
+
+    fn recover(&self) -> Result<Recovered, StorageError> {
+        let mut recovered = self.0.recover()?;
+        recovered.streams.reverse();
+        Ok(recovered)
+    }
+}
+
+#[tokio::test]
+async fn recovery_builds_forks_after_their_sources_in_whatever_order_they_come() {
+    let engine: SharedEngine = Arc::new(Reversed(MemoryEngine::new()));
+    let service = StreamService::open(engine.clone(), ServiceConfig::default()).unwrap();
+    service.create(create_text("src")).await.unwrap();
+    service.append("src", text("hello")).await.unwrap();
+    let fork_of = |source: &str, name: &str| CreateRequest {
+        fork: Some(ForkRequest {
+            source: source.into(),
+            offset: None,
+            sub_offset: 0,
+        }),
+        ..create_text(name)
+    };
+    service.create(fork_of("src", "fork")).await.unwrap();
+    service.create(fork_of("fork", "grandchild")).await.unwrap();
+    drop(service);
+
+    let reopened = StreamService::open(engine, ServiceConfig::default()).unwrap();
+    let grandchild = reopened.find("grandchild", false).await.unwrap();
+    let start = reopened
+        .resolve(&grandchild, ReadFrom::Start)
+        .await
+        .unwrap();
+    let chunk = reopened.read_at(&grandchild, start, None).await.unwrap();
+    assert_eq!(chunk.records[0].body, "hello", "read through two sources");
+    reopened.delete("src").await.unwrap();
+    assert!(
+        matches!(reopened.find("src", false).await, Err(StreamError::Gone)),
+        "the source knows its fork: deleting it is soft"
+    );
+    assert_eq!(reopened.counts().0, 3);
 }
 
 #[tokio::test]

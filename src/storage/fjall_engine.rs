@@ -61,7 +61,11 @@ impl Keyspaces {
                 .map_err(io)
         };
         Ok(Keyspaces {
-            streams: open("streams")?,
+            streams: db
+                .keyspace("streams", || {
+                    KeyspaceCreateOptions::default().max_memtable_size(STREAMS_MEMTABLE_BYTES)
+                })
+                .map_err(io)?,
             records: open("records")?,
             producers: open("producers")?,
             snapshots: open("snapshots")?,
@@ -162,6 +166,13 @@ struct Submission {
 }
 
 const NEXT_ID_KEY: &[u8] = b"next_id";
+
+/// The stream-metadata keyspace's memtable size (fjall's default is 64 MiB). Every stream's
+/// metadata is already in memory in the service, nothing reads this keyspace but recovery, and
+/// it is written only on creates and metadata changes: a big memtable would only hold a second
+/// in-memory copy of up to some 300k streams' metadata (about 110 MiB with the skiplist). fjall
+/// fixes a keyspace's options when it creates it, so this applies to new data directories.
+const STREAMS_MEMTABLE_BYTES: u64 = 16 << 20;
 
 fn io(e: impl std::fmt::Display) -> StorageError {
     StorageError::Io(e.to_string())
@@ -300,6 +311,18 @@ impl Engine for FjallEngine {
     }
 
     fn recover(&self) -> Result<Recovered, StorageError> {
+        let mut streams = Vec::new();
+        let recovered = self.recover_each(&mut |stream| streams.push(stream))?;
+        Ok(Recovered {
+            streams,
+            ..recovered
+        })
+    }
+
+    fn recover_each(
+        &self,
+        each: &mut dyn FnMut(RecoveredStream),
+    ) -> Result<Recovered, StorageError> {
         let ks = &self.keyspaces;
         let mut buckets = Vec::new();
         for guard in ks.buckets.iter() {
@@ -321,7 +344,7 @@ impl Engine for FjallEngine {
             })?;
             tokens.push(token);
         }
-        let mut streams = Vec::new();
+        let mut next_stream_id = 0;
         for guard in ks.streams.iter() {
             let (key, value) = guard.into_inner().map_err(io)?;
             let (id, _) = codec::split_key(&key)?;
@@ -349,7 +372,8 @@ impl Engine for FjallEngine {
                 }
                 None => None,
             };
-            streams.push(RecoveredStream {
+            next_stream_id = next_stream_id.max(id.saturating_add(1));
+            each(RecoveredStream {
                 id,
                 meta,
                 producers,
@@ -363,10 +387,10 @@ impl Engine for FjallEngine {
                     .map_err(|_| StorageError::Corrupt("next_id".into()))?,
             ),
             None => 0,
-        };
-        let next_id = streams.iter().map(|s| s.id + 1).fold(next_id, u64::max);
+        }
+        .max(next_stream_id);
         Ok(Recovered {
-            streams,
+            streams: Vec::new(),
             buckets,
             tokens,
             next_id,

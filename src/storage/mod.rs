@@ -109,6 +109,20 @@ pub trait Engine: Send + Sync + 'static {
     /// Everything stored, for rebuilding in-memory state at start.
     fn recover(&self) -> Result<Recovered, StorageError>;
 
+    /// Like [`Engine::recover`], but hands each stream to `each` as it is read, in id order,
+    /// and returns the rest with `streams` empty. A server with millions of streams rebuilds
+    /// them without first holding all of them in a vector as well.
+    fn recover_each(
+        &self,
+        each: &mut dyn FnMut(RecoveredStream),
+    ) -> Result<Recovered, StorageError> {
+        let mut recovered = self.recover()?;
+        std::mem::take(&mut recovered.streams)
+            .into_iter()
+            .for_each(each);
+        Ok(recovered)
+    }
+
     /// Whether there is room for new data: `Err(Full)` while free disk space is below the
     /// reserve. Checked before an append is sequenced, so a refused append changes nothing.
     fn room(&self) -> Result<(), StorageError> {
@@ -153,6 +167,7 @@ mod contract {
     use super::*;
     use crate::model::Offset;
     use crate::model::record::lay_out;
+    use crate::model::stream::MetaExtra;
     use bytes::Bytes;
 
     fn meta(name: &str, tail: Offset) -> StreamMeta {
@@ -160,8 +175,11 @@ mod contract {
             ttl_secs: Some(30),
             tail,
             last_timestamp_ms: 7,
-            last_stream_seq: Some("a".into()),
             created_ms: 1,
+            extra: Some(Box::new(MetaExtra {
+                last_stream_seq: Some("a".into()),
+                ..MetaExtra::default()
+            })),
             ..StreamMeta::new(name, "text/plain")
         }
     }
@@ -220,6 +238,31 @@ mod contract {
         assert_eq!(a.last_record, None);
         assert_eq!(a.meta, meta("a", Offset::START));
         assert_eq!(a.producers, vec![("p1".to_string(), producer)]);
+    }
+
+    pub async fn recovering_one_stream_at_a_time_gives_the_same_in_id_order(engine: &dyn Engine) {
+        engine
+            .commit(vec![
+                Change::PutStream(12, Box::new(meta("c", Offset::START))),
+                Change::PutStream(2, Box::new(meta("a", Offset::START))),
+                Change::PutStream(7, Box::new(meta("b", Offset::START))),
+                Change::PutRecords(7, lay_out(Offset::START, 1, bodies(&["x"]))),
+            ])
+            .await
+            .unwrap();
+        let mut handed = Vec::new();
+        let rest = engine.recover_each(&mut |s| handed.push(s)).unwrap();
+        assert!(rest.streams.is_empty());
+        assert_eq!(rest.next_id, 13);
+        assert_eq!(handed.iter().map(|s| s.id).collect::<Vec<_>>(), [2, 7, 12]);
+        let collected = engine.recover().unwrap().streams;
+        assert_eq!(handed.len(), collected.len());
+        for (one, other) in handed.iter().zip(&collected) {
+            assert_eq!(
+                (one.id, &one.meta, &one.last_record),
+                (other.id, &other.meta, &other.last_record)
+            );
+        }
     }
 
     pub async fn removing_a_stream_removes_everything_but_keeps_ids_unused(engine: &dyn Engine) {
@@ -365,6 +408,13 @@ mod contract {
                 async fn recovery_returns_metadata_producers_and_next_id() {
                     let (engine, _dir) = $make;
                     super::recovery_returns_metadata_producers_and_next_id(&engine).await;
+                }
+
+                #[tokio::test]
+                async fn recovering_one_stream_at_a_time_gives_the_same_in_id_order() {
+                    let (engine, _dir) = $make;
+                    super::recovering_one_stream_at_a_time_gives_the_same_in_id_order(&engine)
+                        .await;
                 }
 
                 #[tokio::test]
