@@ -189,7 +189,7 @@ impl<'de> Deserialize<'de> for StreamMeta {
             key_fingerprint: stored.key_fingerprint.map(Cow::into_owned),
             mirror_of: stored.mirror_of.map(Cow::into_owned),
         };
-        Ok(StreamMeta {
+        let mut meta = StreamMeta {
             name: Arc::from(stored.name.as_ref()),
             content_type: content_type::intern(&stored.content_type),
             ttl_secs: stored.ttl_secs,
@@ -200,8 +200,10 @@ impl<'de> Deserialize<'de> for StreamMeta {
             last_timestamp_ms: stored.last_timestamp_ms,
             created_ms: stored.created_ms,
             retained_from: stored.retained_from,
-            extra: (!extra.is_empty()).then(|| Box::new(extra)),
-        })
+            extra: None,
+        };
+        meta.set_extra(extra);
+        Ok(meta)
     }
 }
 
@@ -287,6 +289,11 @@ impl StreamMeta {
     /// The rarer fields, for changing them.
     pub fn extra_mut(&mut self) -> &mut MetaExtra {
         self.extra.get_or_insert_with(Box::default)
+    }
+
+    /// Replaces the rarer fields, allocating only when one of them is set.
+    pub fn set_extra(&mut self, extra: MetaExtra) {
+        self.extra = (!extra.is_empty()).then(|| Box::new(extra));
     }
 
     /// Why an existing stream does not match a repeated create, or `None` when it does.

@@ -29,7 +29,9 @@ use tokio_util::sync::CancellationToken;
 
 use crate::model::json::{self, EmptyArray};
 use crate::model::record::lay_out;
-use crate::model::stream::{BucketMeta, ForkOrigin, RequestedConfig, RequestedFork, StreamMeta};
+use crate::model::stream::{
+    BucketMeta, ForkOrigin, MetaExtra, RequestedConfig, RequestedFork, StreamMeta,
+};
 use crate::model::{Offset, Record, content_type, names};
 use crate::storage::{Change, RecoveredStream, SharedEngine, StorageError, StreamId};
 
@@ -446,23 +448,18 @@ impl StreamService {
             created_ms: now,
             ..StreamMeta::new(name, &requested.content_type)
         };
-        let fork = plan.map(|p| ForkOrigin {
-            source_id: p.source.id,
-            source_name: p.source.name.to_string(),
-            offset: p.anchor,
-            sub_offset: p.sub_offset,
+        meta.set_extra(MetaExtra {
+            fork: plan.map(|p| ForkOrigin {
+                source_id: p.source.id,
+                source_name: p.source.name.to_string(),
+                offset: p.anchor,
+                sub_offset: p.sub_offset,
+            }),
+            attrs: requested.attrs.clone(),
+            cipher: requested.cipher.clone(),
+            mirror_of: requested.mirror_of.clone(),
+            ..MetaExtra::default()
         });
-        if fork.is_some()
-            || requested.attrs.is_some()
-            || requested.cipher.is_some()
-            || requested.mirror_of.is_some()
-        {
-            let extra = meta.extra_mut();
-            extra.fork = fork;
-            extra.attrs = requested.attrs.clone();
-            extra.cipher = requested.cipher.clone();
-            extra.mirror_of = requested.mirror_of.clone();
-        }
         if let Some(plan) = plan {
             let mut source = plan.source.lock();
             if source.removed || source.meta.soft_deleted {

@@ -227,3 +227,42 @@ impl DurableCell {
         });
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::Offset;
+
+    fn durable(seq: u64) -> Durable {
+        Durable {
+            tail: Offset::new(seq, seq),
+            first: Offset::START,
+            last_timestamp_ms: 0,
+            meta_version: 0,
+            closed: false,
+            ready: true,
+            removed: false,
+        }
+    }
+
+    #[tokio::test]
+    async fn a_first_subscriber_sees_every_change_made_before_and_after_it_came() {
+        let cell = DurableCell::new(durable(0));
+        cell.publish(|d| d.tail = Offset::new(1, 1));
+        assert!(
+            cell.watched.get().is_none(),
+            "no channel until a reader waits"
+        );
+        assert_eq!(cell.get().tail.seq, 1);
+
+        let mut rx = cell.subscribe();
+        assert_eq!(rx.borrow_and_update().tail.seq, 1);
+        let waiter =
+            tokio::spawn(async move { rx.wait_for(|d| d.tail.seq >= 2).await.map(|d| d.tail.seq) });
+        tokio::task::yield_now().await;
+        cell.publish(|d| d.tail = Offset::new(2, 2));
+        assert_eq!(waiter.await.unwrap().unwrap(), 2);
+        assert_eq!(cell.get().tail.seq, 2, "the channel holds the state now");
+        assert_eq!(cell.subscribe().borrow().tail.seq, 2);
+    }
+}
