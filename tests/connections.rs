@@ -166,13 +166,8 @@ async fn a_stalled_sse_reader_costs_bounded_memory_and_does_not_slow_writers() {
             slowest
         }
     };
-    // Warm up first, so the caches and the storage engine's buffers are at their working size,
-    // then measure what the same writes cost with no reader at all: the allocator and the
-    // engine keep some of it, and that share is not the reader's doing.
+    // Warm up first, so the caches and the storage engine's buffers are at their working size.
     write(400).await;
-    let before_control = rss_kib(server.pid());
-    write(400).await;
-    let control_mib = rss_kib(server.pid()).saturating_sub(before_control) / 1024;
     let before = rss_kib(server.pid());
 
     // A reader that asks for a live SSE stream from the start and never reads a byte of it.
@@ -181,7 +176,10 @@ async fn a_stalled_sse_reader_costs_bounded_memory_and_does_not_slow_writers() {
         .write_all(b"GET /v1/stream/firehose?offset=-1&live=sse HTTP/1.1\r\nhost: x\r\n\r\n")
         .await
         .unwrap();
-    let slowest = write(400).await;
+    // 400 MiB: far more than the engine's memtables and the allocator keep on their own (up to
+    // about 100 MiB here, depending on when a memtable flushes), so a reader that pinned what it
+    // fell behind by would stand out.
+    let slowest = write(1600).await;
     let grown_mib = rss_kib(server.pid()).saturating_sub(before) / 1024;
     assert!(
         slowest < Duration::from_secs(2),
@@ -194,16 +192,12 @@ async fn a_stalled_sse_reader_costs_bounded_memory_and_does_not_slow_writers() {
         .await
         .unwrap();
     assert_eq!(response.status(), 200);
-    // 100 MiB more were written with the stalled reader attached; it may pin its socket
-    // buffers and one read's worth of records, not what it falls behind by.
+    // The stalled reader may pin its socket buffers and one read's worth of records, not what it
+    // falls behind by.
     eprintln!(
-        "resident memory grew by {grown_mib} MiB while the stalled reader fell 100 MiB behind \
-         ({control_mib} MiB for the same writes with no reader)"
+        "resident memory grew by {grown_mib} MiB while the stalled reader fell 400 MiB behind"
     );
-    assert!(
-        grown_mib < control_mib + 32,
-        "memory grew by {grown_mib} MiB (no reader: {control_mib} MiB)"
-    );
+    assert!(grown_mib < 200, "memory grew by {grown_mib} MiB");
     drop(stalled);
 }
 
