@@ -1,0 +1,300 @@
+//! The writer thread: group commit. It takes whatever has queued since its last sync (waiting a
+//! little when concurrent writers are still arriving), writes it all, syncs the journal once, and
+//! only then acknowledges each batch in the group.
+
+use super::trims::{PURGE_CHUNK, Trim};
+use super::*;
+
+/// The most batches one sync may cover; bounds the latency of the first batch in a group.
+pub(super) const MAX_GROUP: usize = 4096;
+
+pub(super) struct Submission {
+    pub(super) changes: Vec<Change>,
+    pub(super) done: oneshot::Sender<Result<(), StorageError>>,
+    /// Delete the next chunk of this stream's trimmed records (sent by the purger only).
+    pub(super) purge: Option<StreamId>,
+}
+
+/// Takes what is already queued, up to the group limit.
+pub(super) fn take_queued(incoming: &mpsc::Receiver<Submission>, group: &mut Vec<Submission>) {
+    while group.len() < MAX_GROUP {
+        match incoming.try_recv() {
+            Ok(more) => group.push(more),
+            Err(_) => break,
+        }
+    }
+}
+
+/// How long a group waits for more submissions once the previous group showed concurrency.
+///
+/// Committing only what is already queued forms tiny groups when the HTTP workers and the writer
+/// share a busy core: the workers cannot queue more while the writer runs, so at 500 concurrent
+/// writers each fsync covered about 5 appends, and the fsyncs themselves ate the core. Waiting in
+/// short steps while submissions keep arriving lets a group grow to what the load offers.
+///
+/// Waiting is pure delay when every writer is already in the group (a few closed-loop clients),
+/// so a wait that did not grow the group by half backs off: the next 1, 2, 4 … 64 groups commit
+/// at once, and a fruitful wait resets that.
+#[derive(Default)]
+pub(super) struct Linger {
+    pub(super) previous_group: usize,
+    /// Groups still to commit without waiting.
+    pub(super) skip: u32,
+    /// The skip after the next fruitless wait.
+    pub(super) backoff: u32,
+}
+
+/// Groups at least this large mean enough concurrent writers to be worth waiting for.
+pub(super) const LINGER_MIN_GROUP: usize = 4;
+/// One wait; a step that brings no submission ends the gathering.
+pub(super) const LINGER_STEP: std::time::Duration = std::time::Duration::from_micros(100);
+/// The longest a group gathers, which bounds the latency the wait adds.
+pub(super) const LINGER_MAX: std::time::Duration = std::time::Duration::from_micros(800);
+/// The most groups a fruitless wait makes commit at once.
+pub(super) const LINGER_MAX_BACKOFF: u32 = 64;
+
+impl Linger {
+    pub(super) fn gather(
+        &mut self,
+        incoming: &mpsc::Receiver<Submission>,
+        group: &mut Vec<Submission>,
+    ) {
+        if self.previous_group < LINGER_MIN_GROUP {
+            return;
+        }
+        if self.skip > 0 {
+            self.skip -= 1;
+            return;
+        }
+        let before = group.len();
+        let started = std::time::Instant::now();
+        while group.len() < MAX_GROUP && started.elapsed() < LINGER_MAX {
+            std::thread::sleep(LINGER_STEP);
+            let had = group.len();
+            take_queued(incoming, group);
+            if group.len() == had {
+                break;
+            }
+        }
+        self.judge(before, group.len());
+    }
+
+    /// Backs off after a wait that did not grow the group by half.
+    pub(super) fn judge(&mut self, before: usize, after: usize) {
+        if (after - before) * 2 >= before {
+            self.backoff = 0;
+        } else {
+            self.backoff = (self.backoff * 2).clamp(1, LINGER_MAX_BACKOFF);
+            self.skip = self.backoff;
+        }
+    }
+
+    pub(super) fn committed(&mut self, group: usize) {
+        self.previous_group = group;
+    }
+}
+
+pub(super) struct Writer {
+    pub(super) keyspaces: Keyspaces,
+    pub(super) sync: SyncMode,
+    pub(super) failed: Arc<AtomicBool>,
+    pub(super) stats: Arc<CommitStats>,
+    pub(super) trims: Arc<Trims>,
+}
+
+impl Writer {
+    pub(super) fn run(self, incoming: mpsc::Receiver<Submission>) {
+        let mut next_id = self.stored_next_id();
+        let mut linger = Linger::default();
+        while let Ok(first) = incoming.recv() {
+            let mut group = vec![first];
+            take_queued(&incoming, &mut group);
+            linger.gather(&incoming, &mut group);
+            let result = if self.failed.load(Ordering::Acquire) {
+                Err(StorageError::Failed)
+            } else {
+                self.write_group(&group, &mut next_id)
+            };
+            linger.committed(group.len());
+            self.stats.groups.fetch_add(1, Ordering::Relaxed);
+            metrics::histogram!("runnel_commit_group_appends").record(group.len() as f64);
+            if result.is_err() {
+                metrics::counter!("runnel_commit_failures_total").increment(1);
+            }
+            self.stats
+                .batches
+                .fetch_add(group.len() as u64, Ordering::Relaxed);
+            if let Err(e) = &result {
+                tracing::error!(error = %e, "storage write failed; refusing further writes");
+                self.failed.store(true, Ordering::Release);
+            }
+            for submission in group {
+                let _ = submission.done.send(result.clone());
+            }
+        }
+    }
+
+    pub(super) fn stored_next_id(&self) -> u64 {
+        self.keyspaces
+            .system
+            .get(NEXT_ID_KEY)
+            .ok()
+            .flatten()
+            .and_then(|v| v.as_ref().try_into().ok().map(u64::from_be_bytes))
+            .unwrap_or(0)
+    }
+
+    /// Writes every submission of the group, then syncs once.
+    pub(super) fn write_group(
+        &self,
+        group: &[Submission],
+        next_id: &mut u64,
+    ) -> Result<(), StorageError> {
+        let ks = &self.keyspaces;
+        let mut batch = ks.db.batch();
+        for change in group.iter().flat_map(|s| &s.changes) {
+            match change {
+                Change::PutStream(id, meta) => {
+                    let value = serde_json::to_vec(meta).map_err(io)?;
+                    batch.insert(&ks.streams, codec::stream_key(*id), value);
+                    if *id >= *next_id {
+                        *next_id = id + 1;
+                        batch.insert(&ks.system, NEXT_ID_KEY, next_id.to_be_bytes());
+                    }
+                }
+                Change::PutRecords(id, records) => {
+                    for record in records {
+                        batch.insert(
+                            &ks.records,
+                            codec::record_key(*id, record.seq),
+                            encode_record(record),
+                        );
+                    }
+                }
+                Change::PutProducer(id, name, state) => {
+                    let value = codec::encode_producer(state);
+                    batch.insert(&ks.producers, codec::producer_key(*id, name), value);
+                }
+                Change::RemoveStream(id) => {
+                    // Range scans see only committed data, so commit what came before first:
+                    // records added earlier in this group are then found and removed too.
+                    std::mem::replace(&mut batch, ks.db.batch())
+                        .commit()
+                        .map_err(io)?;
+                    batch.remove(&ks.streams, codec::stream_key(*id));
+                    batch.remove(&ks.snapshots, codec::stream_key(*id));
+                    // Records below the purged point are gone already: skip their tombstones.
+                    // Dropping the trim state also stops the purger working on this stream.
+                    let purged = self.trims.forget(*id).map_or(0, |t| t.purged);
+                    batch.remove(&ks.trims, codec::stream_key(*id));
+                    let records = codec::record_key(*id, purged)..=codec::record_key(*id, u64::MAX);
+                    for guard in ks.records.range(records) {
+                        batch.remove(&ks.records, guard.key().map_err(io)?);
+                    }
+                    for guard in ks.producers.prefix(codec::stream_key(*id)) {
+                        batch.remove(&ks.producers, guard.key().map_err(io)?);
+                    }
+                }
+                Change::TrimRecords(id, before) => {
+                    // Only the trim point is written here: reads stop showing the records below
+                    // it at once, and the purger deletes them in chunks in later groups.
+                    if let Some(trim) = self.trims.raise(*id, *before) {
+                        batch.insert(&ks.trims, codec::stream_key(*id), trim.encode());
+                    }
+                }
+                Change::PutSnapshot(id, blob) => {
+                    batch.insert(&ks.snapshots, codec::stream_key(*id), blob.as_ref());
+                }
+                Change::RemoveSnapshot(id) => {
+                    batch.remove(&ks.snapshots, codec::stream_key(*id));
+                }
+                Change::PutBucket(name, meta) => {
+                    let value = serde_json::to_vec(meta).map_err(io)?;
+                    batch.insert(&ks.buckets, name.as_bytes(), value);
+                }
+                Change::RemoveBucket(name) => {
+                    batch.remove(&ks.buckets, name.as_bytes());
+                }
+                Change::PutToken(token) => {
+                    let value = serde_json::to_vec(token).map_err(io)?;
+                    batch.insert(&ks.tokens, token.id.as_bytes(), value);
+                }
+                Change::RemoveToken(id) => {
+                    batch.remove(&ks.tokens, id.as_bytes());
+                }
+            }
+        }
+        let mut purged = 0;
+        for id in group.iter().filter_map(|s| s.purge) {
+            purged += self.purge_chunk(id, group, &mut batch)?;
+        }
+        self.stats
+            .most_records_purged
+            .fetch_max(purged, Ordering::Relaxed);
+        let durability = match self.sync {
+            SyncMode::Fsync => Some(PersistMode::SyncAll),
+            SyncMode::None => None,
+        };
+        let started = std::time::Instant::now();
+        let committed = batch.durability(durability).commit().map_err(io);
+        metrics::histogram!("runnel_commit_seconds").record(started.elapsed().as_secs_f64());
+        committed
+    }
+
+    /// Adds to `batch` the deletion of the next [`PURGE_CHUNK`] trimmed records of stream `id`,
+    /// from where the last chunk stopped, and the trim state that records the progress. Returns
+    /// how many records it deletes.
+    pub(super) fn purge_chunk(
+        &self,
+        id: StreamId,
+        group: &[Submission],
+        batch: &mut fjall::OwnedWriteBatch,
+    ) -> Result<u64, StorageError> {
+        let ks = &self.keyspaces;
+        // Gone if the stream was removed (its removal deleted every record).
+        let Some(trim) = self.trims.get(id).filter(Trim::pending) else {
+            return Ok(0);
+        };
+        // Range scans see only committed data. Records below the trim point can be in this
+        // group only if a trim in this group moved the point past them (every record below an
+        // earlier trim point was queued before that trim). Then commit the group so far, so the
+        // scan finds them; every submission is still written whole.
+        let uncommitted = group.iter().flat_map(|s| &s.changes).any(|change| {
+            matches!(change, Change::PutRecords(of, records)
+                if *of == id && records.first().is_some_and(|r| r.seq < trim.before))
+        });
+        if uncommitted {
+            std::mem::replace(batch, ks.db.batch())
+                .commit()
+                .map_err(io)?;
+        }
+        let mut next = trim.before;
+        let mut deleted = 0;
+        let trimmed = codec::record_key(id, trim.purged)..codec::record_key(id, trim.before);
+        for guard in ks.records.range(trimmed) {
+            let key = guard.key().map_err(io)?;
+            if deleted == PURGE_CHUNK {
+                next = codec::record_seq(&key)?;
+                break;
+            }
+            batch.remove(&ks.records, key);
+            deleted += 1;
+        }
+        let trim = Trim {
+            purged: next,
+            ..trim
+        };
+        let key = codec::stream_key(id);
+        if !trim.pending() && !ks.streams.contains_key(key).map_err(io)? {
+            // A trim that came after its stream's removal: keep no state for a stream that is
+            // gone, or it would stay forever.
+            self.trims.forget(id);
+            batch.remove(&ks.trims, key);
+        } else {
+            self.trims.set(id, trim);
+            batch.insert(&ks.trims, key, trim.encode());
+        }
+        metrics::counter!("runnel_trimmed_records_deleted_total").increment(deleted as u64);
+        Ok(deleted as u64)
+    }
+}
