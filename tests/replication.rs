@@ -53,6 +53,16 @@ async fn append(http: &reqwest::Client, url: &str, content_type: &str, body: &st
 
 /// Everything a reader sees of a stream: HEAD's tail and first record, and the content.
 async fn view(http: &reqwest::Client, url: &str) -> (String, Option<String>, Vec<u8>) {
+    let seen = try_view(http, url).await;
+    seen.unwrap_or_else(|status| panic!("read {url}: {status}"))
+}
+
+/// [`view`], or the status of a read that failed: a mirror rebuilding a stream after a gap
+/// drops and recreates it, so it may briefly answer 404 between a HEAD and a read.
+async fn try_view(
+    http: &reqwest::Client,
+    url: &str,
+) -> Result<(String, Option<String>, Vec<u8>), reqwest::StatusCode> {
     let head = http.head(url).send().await.unwrap();
     let tail = header(&head, "stream-next-offset")
         .unwrap_or_default()
@@ -66,12 +76,14 @@ async fn view(http: &reqwest::Client, url: &str) -> (String, Option<String>, Vec
             .send()
             .await
             .unwrap();
-        assert_eq!(response.status(), 200, "read {url}");
+        if response.status() != 200 {
+            return Err(response.status());
+        }
         let done = header(&response, "stream-up-to-date") == Some("true");
         offset = header(&response, "stream-next-offset").unwrap().to_string();
         body.extend_from_slice(&response.bytes().await.unwrap());
         if done {
-            return (tail, first, body);
+            return Ok((tail, first, body));
         }
     }
 }
@@ -93,7 +105,7 @@ async fn wait_until_mirrored(
                 .await
                 .unwrap();
             if head.status() != 200
-                || view(http, &mirror.url(&format!("/{BUCKET}/{stream}"))).await != up
+                || try_view(http, &mirror.url(&format!("/{BUCKET}/{stream}"))).await != Ok(up)
             {
                 same = false;
             }
