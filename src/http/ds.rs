@@ -6,14 +6,14 @@ use axum::body::Body;
 use axum::extract::{Path, RawQuery, State};
 use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, Uri, header};
 use axum::response::{IntoResponse, Response};
-use bytes::Bytes;
 
 use super::error::{Handled, empty, set, set_number, set_tail};
+use super::gather::{Gather, Pieces};
 use super::request::{self, Query, Rejection};
 use super::{AppState, sse, text_error};
 use crate::model::headers as hv;
 use crate::model::records::{self, ReadParams, RecordView};
-use crate::model::{Offset, ReadFrom, Record, attrs, cursor, json, names};
+use crate::model::{Offset, ReadFrom, Record, attrs, cursor, names};
 use crate::service::{
     AppendAck, AppendRequest, CreateRequest, ForkRequest, ReadChunk, Stream, StreamError,
     StreamInfo,
@@ -423,7 +423,7 @@ async fn read(app: &AppState, name: &str, query: Option<&str>, headers: &HeaderM
         Live::No => {
             let chunk = app
                 .service
-                .read_at(&read.stream, start, max_records)
+                .read_history_at(&read.stream, start, max_records)
                 .await?;
             let at_now = from == ReadFrom::Now && view == View::Canonical;
             Ok(catch_up(
@@ -487,7 +487,7 @@ fn catch_up(read: &Read, chunk: &ReadChunk, at_now: bool, if_none_match: Option<
 /// A response carrying the chunk's records in the read's view.
 fn with_body(status: StatusCode, read: &Read, chunk: &ReadChunk) -> Response {
     let (content_type, body) = render(read, &chunk.records);
-    let mut response = (status, body).into_response();
+    let mut response = (status, Body::new(body)).into_response();
     set(&mut response, "content-type", content_type);
     response
 }
@@ -512,48 +512,50 @@ fn describe_chunk(response: &mut Response, read: &Read, chunk: &ReadChunk) {
 }
 
 /// The content type and body of records in a read's view.
-pub(super) fn render<'a>(read: &'a Read, records: &[Record]) -> (&'a str, Bytes) {
+pub(super) fn render<'a>(read: &'a Read, records: &[Record]) -> (&'a str, Pieces) {
     match read.view {
         View::Canonical => (
             &read.stream.content_type,
             canonical_body(read.stream.json, records),
         ),
-        View::Records(RecordView::Values) => (
-            records::NDJSON,
-            lines(visible(records).map(|r| r.body.to_vec())),
-        ),
-        View::Records(RecordView::Envelope) => (
-            records::ENVELOPE_NDJSON,
-            lines(visible(records).map(|r| records::envelope(r.seq, &r.body))),
-        ),
+        View::Records(RecordView::Values) => {
+            let mut body = Gather::default();
+            for record in visible(records) {
+                body.push(&record.body);
+                body.push_slice(b"\n");
+            }
+            (records::NDJSON, body.finish())
+        }
+        View::Records(RecordView::Envelope) => {
+            let mut body = Gather::default();
+            for record in visible(records) {
+                body.push_slice(&records::envelope(record.seq, &record.body));
+                body.push_slice(b"\n");
+            }
+            (records::ENVELOPE_NDJSON, body.finish())
+        }
     }
-}
-
-fn lines(lines: impl Iterator<Item = Vec<u8>>) -> Bytes {
-    let mut out = Vec::new();
-    for line in lines {
-        out.extend_from_slice(&line);
-        out.push(b'\n');
-    }
-    Bytes::from(out)
 }
 
 /// The base protocol's body of a read: the records' bytes, or for JSON one array of them.
-pub(super) fn canonical_body(json_mode: bool, records: &[Record]) -> Bytes {
+pub(super) fn canonical_body(json_mode: bool, records: &[Record]) -> Pieces {
+    let lengths = visible(records).map(|r| r.body.len());
+    let mut body = Gather::sized_for(lengths, if json_mode { records.len() + 2 } else { 0 });
     if json_mode {
-        return Bytes::from(json::array_of(visible(records).map(|r| r.body.as_ref())));
-    }
-    match records {
-        [] => Bytes::new(),
-        [only] if !only.command => only.body.clone(),
-        many => {
-            let mut out = Vec::with_capacity(many.iter().map(|r| r.byte_len() as usize).sum());
-            for record in many {
-                out.extend_from_slice(record.visible_body());
+        body.push_slice(b"[");
+        for (i, record) in visible(records).enumerate() {
+            if i > 0 {
+                body.push_slice(b",");
             }
-            Bytes::from(out)
+            body.push(&record.body);
+        }
+        body.push_slice(b"]");
+    } else {
+        for record in visible(records) {
+            body.push(&record.body);
         }
     }
+    body.finish()
 }
 
 /// The records Durable Streams readers see: all but S2 command records.
@@ -606,4 +608,45 @@ async fn long_poll(app: &AppState, read: &Read) -> Handled {
         );
     }
     Ok(response)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use bytes::Bytes;
+
+    fn record(seq: u64, body: &'static [u8], command: bool) -> Record {
+        Record {
+            seq,
+            pos: 0,
+            timestamp_ms: 0,
+            arrival_ms: 0,
+            starts_unit: true,
+            headers: Vec::new(),
+            body: Bytes::from_static(body),
+            command,
+        }
+    }
+
+    #[test]
+    fn a_json_read_is_one_array_of_the_visible_messages() {
+        let records = [
+            record(0, b"1", false),
+            record(1, b"", true),
+            record(2, b"{\"a\":2}", false),
+        ];
+        assert_eq!(canonical_body(true, &records).into_bytes(), "[1,{\"a\":2}]");
+        assert_eq!(canonical_body(true, &[]).into_bytes(), "[]");
+    }
+
+    #[test]
+    fn a_byte_read_is_the_visible_bodies_back_to_back() {
+        let records = [
+            record(0, b"ab", false),
+            record(1, b"fence", true),
+            record(2, b"c", false),
+        ];
+        assert_eq!(canonical_body(false, &records).into_bytes(), "abc");
+        assert!(canonical_body(false, &[]).into_bytes().is_empty());
+    }
 }

@@ -6,6 +6,7 @@ mod buckets;
 mod ds;
 mod error;
 mod extensions;
+mod gather;
 mod live;
 mod metrics;
 mod observe;

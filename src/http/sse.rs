@@ -61,7 +61,7 @@ pub fn respond(app: &AppState, read: Read) -> Response {
                 } else {
                     // Without the envelope, data events keep the base protocol's representation
                     // (a JSON array on JSON streams) even on record-aware reads (§6.9).
-                    let body = canonical_body(stream.json, &chunk.records);
+                    let body = canonical_body(stream.json, &chunk.records).into_bytes();
                     events.reserve(body.len() + 160);
                     write_data_event(&mut events, &body, base64);
                     write_control_event(&mut events, &read, &chunk, fresh);

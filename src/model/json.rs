@@ -49,20 +49,6 @@ fn canonical(value: &Value) -> Bytes {
     Bytes::from(serde_json::to_vec(value).unwrap_or_default())
 }
 
-/// Renders messages as one JSON array, the body of a JSON-mode read.
-pub fn array_of<'a>(messages: impl IntoIterator<Item = &'a [u8]>) -> Vec<u8> {
-    let mut out = Vec::with_capacity(64);
-    out.push(b'[');
-    for (i, message) in messages.into_iter().enumerate() {
-        if i > 0 {
-            out.push(b',');
-        }
-        out.extend_from_slice(message);
-    }
-    out.push(b']');
-    out
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -115,13 +101,6 @@ mod tests {
                 Err(JsonError::Invalid(_))
             ));
         }
-    }
-
-    #[test]
-    fn messages_render_back_as_one_array() {
-        let parts: Vec<&[u8]> = vec![b"1", b"{\"a\":2}"];
-        assert_eq!(array_of(parts), b"[1,{\"a\":2}]");
-        assert_eq!(array_of(Vec::<&[u8]>::new()), b"[]");
     }
 
     proptest! {

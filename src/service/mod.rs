@@ -56,8 +56,12 @@ use stream::State;
 /// Tunables of the service.
 #[derive(Clone, Copy, Debug)]
 pub struct ServiceConfig {
-    /// The most body bytes one read response carries (at least one record is always returned).
+    /// The most body bytes one live read (long-poll, SSE event, replication batch) carries; at
+    /// least one record is always returned.
     pub max_read_bytes: usize,
+    /// The most body bytes one catch-up read response carries. Larger than a live read's: the
+    /// reader asked for history, and fewer round trips carry it faster.
+    pub catch_up_read_bytes: usize,
     pub cache: CacheLimits,
     /// Appends submitted to storage but not yet durable, across all streams.
     pub max_inflight_commits: usize,
@@ -69,6 +73,7 @@ impl Default for ServiceConfig {
     fn default() -> Self {
         ServiceConfig {
             max_read_bytes: 1 << 20,
+            catch_up_read_bytes: 4 << 20,
             cache: CacheLimits::default(),
             max_inflight_commits: 8192,
             max_streams_per_bucket: None,

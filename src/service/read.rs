@@ -112,22 +112,42 @@ impl StreamService {
         }
     }
 
-    /// Reads the next chunk from `start`, which must be a resolved boundary, with at most
-    /// `max_records` records when given.
+    /// Reads the next chunk of a live read from `start`, which must be a resolved boundary, with
+    /// at most `max_records` records when given.
     pub async fn read_at(
         &self,
         stream: &Arc<Stream>,
         start: Offset,
         max_records: Option<u64>,
     ) -> StreamResult<ReadChunk> {
+        self.read_chunk(stream, start, max_records, self.config.max_read_bytes)
+            .await
+    }
+
+    /// Like [`Self::read_at`], for a catch-up read: a larger chunk.
+    pub async fn read_history_at(
+        &self,
+        stream: &Arc<Stream>,
+        start: Offset,
+        max_records: Option<u64>,
+    ) -> StreamResult<ReadChunk> {
+        self.read_chunk(stream, start, max_records, self.config.catch_up_read_bytes)
+            .await
+    }
+
+    async fn read_chunk(
+        &self,
+        stream: &Arc<Stream>,
+        start: Offset,
+        max_records: Option<u64>,
+        max_bytes: usize,
+    ) -> StreamResult<ReadChunk> {
         let durable = stream.durable();
         let until = match max_records {
             Some(n) => durable.tail.seq.min(start.seq.saturating_add(n)),
             None => durable.tail.seq,
         };
-        let records = self
-            .collect(stream, start.seq, until, self.config.max_read_bytes)
-            .await?;
+        let records = self.collect(stream, start.seq, until, max_bytes).await?;
         let next = records.last().map_or(start, Record::next_offset).max(start);
         let up_to_date = next.seq >= durable.tail.seq;
         Ok(ReadChunk {

@@ -454,3 +454,27 @@ async fn a_trim_racing_a_delete_does_not_bring_the_stream_back() {
         "the deleted stream stays deleted"
     );
 }
+
+#[tokio::test]
+async fn a_catch_up_read_carries_a_larger_chunk_than_a_live_read() {
+    let config = ServiceConfig {
+        max_read_bytes: 100,
+        catch_up_read_bytes: 400,
+        ..ServiceConfig::default()
+    };
+    let service = StreamService::open(Arc::new(MemoryEngine::new()), config).unwrap();
+    service.create(create_text("s")).await.unwrap();
+    for _ in 0..10 {
+        service.append("s", text(&"x".repeat(50))).await.unwrap();
+    }
+    let stream = service.find("s", false).await.unwrap();
+
+    let live = service.read_at(&stream, Offset::START, None).await.unwrap();
+    let history = service
+        .read_history_at(&stream, Offset::START, None)
+        .await
+        .unwrap();
+    assert_eq!(live.records.len(), 2, "a live read stops at 100 bytes");
+    assert_eq!(history.records.len(), 8, "a catch-up read at 400");
+    assert!(!history.up_to_date);
+}
