@@ -17,6 +17,9 @@ const SEND_AS_IS_FROM: usize = 16 * 1024;
 #[derive(Default)]
 pub struct Gather {
     pieces: VecDeque<Bytes>,
+    /// A small stored piece not copied yet: a body of one small record (a live tail's usual
+    /// read) then goes out without a copy.
+    held: Option<Bytes>,
     pending: Vec<u8>,
     len: u64,
 }
@@ -37,6 +40,9 @@ impl Gather {
             self.flush_pending();
             self.pieces.push_back(piece.clone());
             self.len += piece.len() as u64;
+        } else if self.pending.is_empty() && self.held.is_none() {
+            self.held = Some(piece.clone());
+            self.len += piece.len() as u64;
         } else {
             self.push_slice(piece);
         }
@@ -44,6 +50,9 @@ impl Gather {
 
     /// Appends bytes by copying them.
     pub fn push_slice(&mut self, bytes: &[u8]) {
+        if let Some(held) = self.held.take() {
+            self.pending.extend_from_slice(&held);
+        }
         self.pending.extend_from_slice(bytes);
         self.len += bytes.len() as u64;
     }
@@ -57,7 +66,9 @@ impl Gather {
     }
 
     fn flush_pending(&mut self) {
-        if !self.pending.is_empty() {
+        if let Some(held) = self.held.take() {
+            self.pieces.push_back(held);
+        } else if !self.pending.is_empty() {
             self.pieces
                 .push_back(Bytes::from(std::mem::take(&mut self.pending)));
         }
@@ -128,6 +139,25 @@ mod tests {
         gather.push(&large);
         let body = gather.finish().into_bytes();
         assert_eq!(body.as_ptr(), large.as_ptr());
+    }
+
+    #[test]
+    fn a_lone_small_piece_is_shared_not_copied() {
+        let small = Bytes::from_static(b"one record");
+        let mut gather = Gather::default();
+        gather.push(&small);
+        assert_eq!(gather.finish().into_bytes().as_ptr(), small.as_ptr());
+    }
+
+    #[test]
+    fn small_pieces_are_joined_once_there_are_two() {
+        let mut gather = Gather::default();
+        gather.push(&Bytes::from_static(b"ab"));
+        gather.push(&Bytes::from_static(b"cd"));
+        gather.push_slice(b"e");
+        let pieces = gather.finish();
+        assert_eq!(pieces.pieces.len(), 1);
+        assert_eq!(pieces.into_bytes(), "abcde");
     }
 
     #[test]

@@ -12,37 +12,38 @@ use axum::middleware::Next;
 use axum::response::Response;
 use futures::StreamExt as _;
 
-use super::{AppState, text_error, until_ms};
+use super::{AppState, text_error, token_expiry};
 use crate::service::Principal;
 
 /// How long a refused live reader is asked to wait before trying again.
 const RETRY_AFTER_SECS: &str = "1";
 
-/// Whether a request waits for data that does not exist yet.
+/// Whether a request waits for data that does not exist yet. Runs on every request, so it
+/// allocates nothing.
 fn is_live(request: &Request) -> bool {
+    if request.method() != Method::GET {
+        return false;
+    }
     let path = request.uri().path();
     let query = request.uri().query().unwrap_or("");
     let param = |name: &str| {
         form_urlencoded::parse(query.as_bytes())
             .find(|(key, _)| key == name)
-            .map(|(_, value)| value.into_owned())
+            .map(|(_, value)| value)
     };
-    let first_media_type = |name: header::HeaderName| {
+    let first_media_type_is = |name: header::HeaderName, wanted: &str| {
         request
             .headers()
             .get(name)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.split(',').next())
-            .map(|v| v.trim().to_ascii_lowercase())
-            .unwrap_or_default()
+            .and_then(|v| v.as_bytes().split(|b| *b == b',').next())
+            .map(<[u8]>::trim_ascii)
+            .and_then(|v| v.get(..wanted.len()))
+            .is_some_and(|v| v.eq_ignore_ascii_case(wanted.as_bytes()))
     };
-    if request.method() != Method::GET {
-        return false;
-    }
     param("live").is_some()
         || path.ends_with("/streamld")
-        || first_media_type(header::ACCEPT).starts_with("text/event-stream")
-        || first_media_type(header::CONTENT_TYPE).starts_with("s2s/proto")
+        || first_media_type_is(header::ACCEPT, "text/event-stream")
+        || first_media_type_is(header::CONTENT_TYPE, "s2s/proto")
         || (path.ends_with("/records") && param("wait").is_some_and(|w| w != "0"))
 }
 
@@ -71,7 +72,7 @@ pub async fn serve(app: &AppState, request: Request, next: Next) -> Response {
         );
         return response;
     };
-    let token_expiry = request
+    let expires_ms = request
         .extensions()
         .get::<Arc<Principal>>()
         .and_then(|p| p.expires_ms);
@@ -82,15 +83,9 @@ pub async fn serve(app: &AppState, request: Request, next: Next) -> Response {
     }
     let shutdown = app.service.shutdown_signal();
     let end = async move {
-        let expiry = async {
-            match token_expiry {
-                Some(at) => tokio::time::sleep(until_ms(at)).await,
-                None => std::future::pending().await,
-            }
-        };
         tokio::select! {
             () = shutdown.cancelled() => {}
-            () = expiry => {}
+            () = token_expiry(expires_ms) => {}
         }
     };
     let (parts, body) = response.into_parts();
@@ -103,4 +98,57 @@ pub async fn serve(app: &AppState, request: Request, next: Next) -> Response {
             chunk
         });
     Response::from_parts(parts, Body::from_stream(body))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn get(uri: &str, headers: &[(&str, &str)]) -> Request {
+        let mut request = Request::builder().method(Method::GET).uri(uri);
+        for (name, value) in headers {
+            request = request.header(*name, *value);
+        }
+        request.body(Body::empty()).unwrap()
+    }
+
+    #[test]
+    fn live_reads_are_recognised_by_parameter_path_and_media_type() {
+        assert!(is_live(&get("/v1/stream/s?offset=-1&live=sse", &[])));
+        assert!(is_live(&get("/v1/stream/s?live=long-poll", &[])));
+        assert!(is_live(&get("/docs/streamld", &[])));
+        assert!(is_live(&get(
+            "/v1/streams/s/records",
+            &[("accept", "Text/Event-Stream")]
+        )));
+        assert!(is_live(&get(
+            "/v1/streams/s/records",
+            &[("accept", " text/event-stream , */*")]
+        )));
+        assert!(is_live(&get(
+            "/v1/streams/s/records",
+            &[("content-type", "S2S/PROTO")]
+        )));
+        assert!(is_live(&get("/v1/streams/s/records?wait=5", &[])));
+    }
+
+    #[test]
+    fn other_requests_are_not_live() {
+        assert!(!is_live(&get("/v1/stream/s?offset=-1", &[])));
+        assert!(!is_live(&get("/v1/streams/s/records?wait=0", &[])));
+        assert!(!is_live(&get(
+            "/v1/streams/s/records",
+            &[("accept", "*/*, text/event-stream")]
+        )));
+        assert!(!is_live(&get(
+            "/v1/streams/s/records",
+            &[("accept", "text/event")]
+        )));
+        let post = Request::builder()
+            .method(Method::POST)
+            .uri("/v1/stream/s?live=sse")
+            .body(Body::empty())
+            .unwrap();
+        assert!(!is_live(&post));
+    }
 }

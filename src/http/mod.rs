@@ -135,10 +135,14 @@ async fn readyz(State(app): State<AppState>) -> Response {
     (StatusCode::OK, "ready\n").into_response()
 }
 
-/// The time from now until a moment in milliseconds since the epoch (zero if past).
-pub(crate) fn until_ms(at_ms: i64) -> Duration {
+/// Completes when a token that expires at `expires_ms` (milliseconds since the epoch) has
+/// expired; never for a token without an expiry. Live connections end with their token.
+pub(crate) async fn token_expiry(expires_ms: Option<i64>) {
+    let Some(at_ms) = expires_ms else {
+        return std::future::pending().await;
+    };
     let left = at_ms.saturating_sub(crate::service::now_ms());
-    Duration::from_millis(u64::try_from(left).unwrap_or(0))
+    tokio::time::sleep(Duration::from_millis(u64::try_from(left).unwrap_or(0))).await;
 }
 
 fn sent_body(request: &Request) -> bool {

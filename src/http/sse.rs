@@ -14,7 +14,7 @@ use super::ds::{Read, View, canonical_body, next_cursor, visible};
 use crate::model::content_type::sse_needs_base64;
 use crate::model::records::{self, RecordView};
 use crate::model::sse::write_data_event;
-use crate::service::ReadChunk;
+use crate::service::{ReadChunk, Wake};
 
 /// How often an idle connection gets a control event, so proxies and clients see it is alive.
 const KEEPALIVE: Duration = Duration::from_secs(15);
@@ -27,6 +27,7 @@ pub fn respond(app: &AppState, read: Read) -> Response {
     let deadline = Instant::now() + app.config.sse_max_duration;
     let keepalive = KEEPALIVE.min(app.config.long_poll_timeout.max(Duration::from_millis(100)));
 
+    let mut tail = service.watch_tail(&read.stream, keepalive, Some(deadline));
     let events = async_stream::stream! {
         let stream = &read.stream;
         let mut at = read.start;
@@ -80,23 +81,20 @@ pub fn respond(app: &AppState, read: Read) -> Response {
                     break;
                 }
             }
+            tail.sent();
             // Caught up: wait for the tail to move, with a keep-alive control event meanwhile.
             loop {
-                if Instant::now() >= deadline {
-                    return;
+                match tail.next(at).await {
+                    Wake::Moved(seen) if seen.removed => return,
+                    Wake::Moved(_) => break,
+                    Wake::Ended => return,
+                    Wake::Idle => {
+                        let idle = ReadChunk { start: at, records: Vec::new(), next: at, up_to_date: true, closed: false };
+                        let fresh = next_cursor(cursor);
+                        cursor = Some(fresh);
+                        yield Ok(Bytes::from(control_event(&read, &idle, fresh)));
+                    }
                 }
-                let wait = keepalive.min(deadline - Instant::now());
-                let seen = service.wait_beyond(stream, at, wait).await;
-                if seen.removed {
-                    return;
-                }
-                if seen.tail.seq > at.seq || seen.closed {
-                    break;
-                }
-                let idle = ReadChunk { start: at, records: Vec::new(), next: at, up_to_date: true, closed: false };
-                let fresh = next_cursor(cursor);
-                cursor = Some(fresh);
-                yield Ok(Bytes::from(control_event(&read, &idle, fresh)));
             }
         }
     };

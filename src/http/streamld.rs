@@ -102,12 +102,7 @@ async fn session(app: AppState, principal: Arc<Principal>, socket: WebSocket, ho
     });
     let mut pumps: HashMap<String, tokio::task::JoinHandle<()>> = HashMap::new();
     let shutdown = app.service.shutdown_signal();
-    let token_expired = async {
-        match principal.expires_ms {
-            Some(at) => tokio::time::sleep(super::until_ms(at)).await,
-            None => std::future::pending().await,
-        }
-    };
+    let token_expired = super::token_expiry(principal.expires_ms);
     tokio::pin!(token_expired);
     loop {
         // The session ends when the replica leaves, the server shuts down or the token that

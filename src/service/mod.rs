@@ -41,7 +41,7 @@ pub use buckets::{BucketInfo, Listing, StreamSummary};
 pub use cache::CacheLimits;
 pub use error::{StreamError, StreamResult};
 pub use fork::ForkRequest;
-pub use read::ReadChunk;
+pub use read::{ReadChunk, TailWatch, Wake};
 pub use replication::ReplicatedState;
 pub use s2::{
     S2Ack, S2Append, S2Batch, S2Limits, S2Position, S2Record, S2Start,

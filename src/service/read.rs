@@ -1,10 +1,13 @@
 //! Reads: resolving where a read starts, gathering records across a fork chain, and waiting for
 //! the durable tail to move.
 
+use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio_util::sync::CancellationToken;
+use tokio::sync::watch;
+use tokio::time::{Instant, Sleep};
+use tokio_util::sync::{CancellationToken, WaitForCancellationFutureOwned};
 
 use super::{Durable, Stream, StreamError, StreamResult, StreamService};
 use crate::model::records::RecordStart;
@@ -190,15 +193,29 @@ impl StreamService {
     /// Waits until the durable tail moves past `offset`, the stream closes or goes away, or the
     /// timeout passes. Returns the durable state it saw last.
     pub async fn wait_beyond(&self, stream: &Stream, offset: Offset, timeout: Duration) -> Durable {
-        let mut rx = stream.subscribe();
-        let moved = |d: &Durable| d.tail.seq > offset.seq || d.closed || d.removed;
-        tokio::select! {
-            waited = tokio::time::timeout(timeout, rx.wait_for(moved)) => match waited {
-                Ok(Ok(durable)) => *durable,
-                _ => stream.durable(),
-            },
-            // Shutting down: answer now, as if the wait had timed out.
-            () = self.shutdown.cancelled() => stream.durable(),
+        match self.watch_tail(stream, timeout, None).next(offset).await {
+            Wake::Moved(seen) => seen,
+            Wake::Idle | Wake::Ended => stream.durable(),
+        }
+    }
+
+    /// A live reader's standing wait on `stream`'s durable tail: see [`TailWatch`].
+    pub fn watch_tail(
+        &self,
+        stream: &Stream,
+        idle_after: Duration,
+        deadline: Option<Instant>,
+    ) -> TailWatch {
+        let last_sent = Instant::now();
+        TailWatch {
+            tail: stream.subscribe(),
+            shutdown: Box::pin(self.shutdown.clone().cancelled_owned()),
+            timer: Box::pin(tokio::time::sleep_until(wake_at(
+                last_sent, idle_after, deadline,
+            ))),
+            idle_after,
+            last_sent,
+            deadline,
         }
     }
 
@@ -212,6 +229,79 @@ impl StreamService {
     pub fn shutdown_signal(&self) -> CancellationToken {
         self.shutdown.clone()
     }
+}
+
+/// What a live reader waits for, held for the whole connection: it subscribes to the tail once, and
+/// its one timer is touched only when it fires, so a busy stream costs a reader no timer or
+/// subscription work per event.
+pub struct TailWatch {
+    tail: watch::Receiver<Durable>,
+    shutdown: Pin<Box<WaitForCancellationFutureOwned>>,
+    timer: Pin<Box<Sleep>>,
+    idle_after: Duration,
+    last_sent: Instant,
+    deadline: Option<Instant>,
+}
+
+/// Why a [`TailWatch`] woke.
+#[derive(Debug)]
+pub enum Wake {
+    /// The tail moved past the offset, or the stream closed or went away.
+    Moved(Durable),
+    /// Nothing was sent for the idle period: time for a heartbeat.
+    Idle,
+    /// The deadline passed or the server is shutting down.
+    Ended,
+}
+
+impl TailWatch {
+    /// Notes that the reader just sent something: the idle period counts from now.
+    pub fn sent(&mut self) {
+        self.last_sent = Instant::now();
+    }
+
+    /// Moves the deadline (`None`: none). The timer catches up with it when it next fires, so a
+    /// deadline may only move later between waits.
+    pub fn extend_deadline(&mut self, deadline: Option<Instant>) {
+        self.deadline = deadline;
+    }
+
+    /// Waits for the tail to move past `offset`, for an idle period to pass, or for the end.
+    pub async fn next(&mut self, offset: Offset) -> Wake {
+        let moved = |d: &Durable| d.tail.seq > offset.seq || d.closed || d.removed;
+        loop {
+            tokio::select! {
+                seen = self.tail.wait_for(moved) => {
+                    return match seen {
+                        Ok(durable) => Wake::Moved(*durable),
+                        // The stream's sender outlives every reader holding the stream.
+                        Err(_) => Wake::Ended,
+                    };
+                }
+                () = &mut self.shutdown => return Wake::Ended,
+                () = self.timer.as_mut() => {}
+            }
+            let now = Instant::now();
+            if self.deadline.is_some_and(|deadline| now >= deadline) {
+                return Wake::Ended;
+            }
+            let idle = now >= self.last_sent + self.idle_after;
+            if idle {
+                self.last_sent = now;
+            }
+            let at = wake_at(self.last_sent, self.idle_after, self.deadline);
+            self.timer.as_mut().reset(at);
+            if idle {
+                return Wake::Idle;
+            }
+        }
+    }
+}
+
+/// When a watch that last sent at `last_sent` must next wake.
+fn wake_at(last_sent: Instant, idle_after: Duration, deadline: Option<Instant>) -> Instant {
+    let idle_at = last_sent + idle_after;
+    deadline.map_or(idle_at, |deadline| idle_at.min(deadline))
 }
 
 /// The stream in the chain that stores record `seq`, and the end of its part of `..until`.

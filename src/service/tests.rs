@@ -478,3 +478,69 @@ async fn a_catch_up_read_carries_a_larger_chunk_than_a_live_read() {
     assert_eq!(history.records.len(), 8, "a catch-up read at 400");
     assert!(!history.up_to_date);
 }
+
+async fn one_text_stream() -> (Arc<StreamService>, Arc<Stream>) {
+    let service =
+        StreamService::open(Arc::new(MemoryEngine::new()), ServiceConfig::default()).unwrap();
+    service.create(create_text("s")).await.unwrap();
+    let stream = service.find("s", false).await.unwrap();
+    (service, stream)
+}
+
+// These use real time: paused time needs tokio's `test-util`, and a dev-only tokio feature would
+// make every build compile tokio and its dependents twice. Bounds are lower bounds (timers never
+// fire early) or generous.
+
+#[tokio::test]
+async fn a_tail_watch_wakes_idle_once_nothing_was_sent_for_the_idle_period() {
+    let (service, stream) = one_text_stream().await;
+    let idle = Duration::from_millis(50);
+    let started = tokio::time::Instant::now();
+    let mut watch = service.watch_tail(&stream, idle, None);
+    assert!(matches!(watch.next(Offset::START).await, Wake::Idle));
+    assert!(started.elapsed() >= idle);
+
+    tokio::time::sleep(Duration::from_millis(30)).await;
+    watch.sent();
+    let sent = tokio::time::Instant::now();
+    assert!(matches!(watch.next(Offset::START).await, Wake::Idle));
+    assert!(
+        sent.elapsed() >= idle,
+        "the idle period counts from the last send, not from the last wake"
+    );
+}
+
+#[tokio::test]
+async fn a_tail_watch_wakes_when_the_tail_moves_and_ends_at_its_deadline() {
+    let (service, stream) = one_text_stream().await;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(1);
+    let mut watch = service.watch_tail(&stream, Duration::from_millis(50), Some(deadline));
+    service.append("s", text("a")).await.unwrap();
+    let Wake::Moved(seen) = watch.next(Offset::START).await else {
+        panic!("the append moved the tail");
+    };
+    assert_eq!(seen.tail.seq, 1);
+    let tail = stream.durable().tail;
+    let mut idles = 0;
+    loop {
+        match watch.next(tail).await {
+            Wake::Idle => idles += 1,
+            Wake::Ended => break,
+            Wake::Moved(seen) => panic!("nothing was appended: {seen:?}"),
+        }
+    }
+    assert!(tokio::time::Instant::now() >= deadline);
+    assert!(
+        (1..=20).contains(&idles),
+        "{idles} idle wakes in 1 s at 50 ms"
+    );
+}
+
+#[tokio::test]
+async fn a_tail_watch_ends_when_the_server_shuts_down() {
+    let (service, stream) = one_text_stream().await;
+    let mut watch = service.watch_tail(&stream, Duration::from_secs(60), None);
+    service.begin_shutdown();
+    let woke = tokio::time::timeout(Duration::from_secs(10), watch.next(stream.durable().tail));
+    assert!(matches!(woke.await, Ok(Wake::Ended)));
+}

@@ -6,6 +6,7 @@
 use futures::{Stream as FuturesStream, StreamExt as _};
 
 use super::*;
+use crate::service::Wake;
 
 /// What a read session was asked for.
 pub(super) struct Session {
@@ -52,6 +53,7 @@ pub(super) fn events(
         let mut remaining = limits;
         let mut caught_up = false;
         let mut idle_deadline = idle.map(|d| Instant::now() + d);
+        let mut tail = service.watch_tail(&stream, PING_INTERVAL, idle_deadline);
         loop {
             let read = service.s2_read(&stream, next, remaining, s2::UNARY_MAX_RECORDS, s2::UNARY_MAX_BYTES).await;
             let batch = match read.and_then(|mut batch| {
@@ -86,27 +88,22 @@ pub(super) fn events(
                 yield SessionEvent::Heartbeat(service.tail_position(&stream));
             }
             // Caught up: wait for new records, heartbeating while idle, until the idle bound.
+            tail.sent();
+            tail.extend_deadline(idle_deadline);
             loop {
-                let now = Instant::now();
-                if idle_deadline.is_some_and(|d| now >= d) {
-                    yield SessionEvent::End;
-                    return;
-                }
-                let wait = idle_deadline.map_or(PING_INTERVAL, |d| PING_INTERVAL.min(d - now));
-                let seen = service.wait_beyond(&stream, Offset::new(next, 0), wait).await;
-                if seen.removed {
-                    yield SessionEvent::Failed(StreamError::NotFound);
-                    return;
-                }
-                if seen.tail.seq > next {
-                    break;
-                }
-                if seen.closed {
+                match tail.next(Offset::new(next, 0)).await {
+                    Wake::Moved(seen) if seen.removed => {
+                        yield SessionEvent::Failed(StreamError::NotFound);
+                        return;
+                    }
+                    Wake::Moved(seen) if seen.tail.seq > next => break,
                     // Closed through Durable Streams: no record will ever follow.
-                    yield SessionEvent::End;
-                    return;
+                    Wake::Moved(_) | Wake::Ended => {
+                        yield SessionEvent::End;
+                        return;
+                    }
+                    Wake::Idle => yield SessionEvent::Heartbeat(service.tail_position(&stream)),
                 }
-                yield SessionEvent::Heartbeat(service.tail_position(&stream));
             }
         }
     }
