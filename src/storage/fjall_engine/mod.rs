@@ -10,18 +10,17 @@ mod space;
 mod trims;
 mod writer;
 
-use std::collections::{BTreeSet, HashMap};
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard, mpsc};
+use std::sync::{Arc, mpsc};
 
 use bytes::Bytes;
-use fjall::{Database, Keyspace, KeyspaceCreateOptions, PersistMode};
+use fjall::{Database, Keyspace, KeyspaceCreateOptions};
 use futures::FutureExt;
 use futures::future::BoxFuture;
 use tokio::sync::oneshot;
 
-use super::codec::{self, decode_record, encode_record};
+use super::codec::{self, decode_record};
 use super::{ByteBudget, Change, Engine, Recovered, RecoveredStream, StorageError, StreamId};
 use crate::model::Record;
 
@@ -342,52 +341,8 @@ impl Engine for FjallEngine {
 #[cfg(test)]
 mod tests {
     use super::trims::PURGE_CHUNK;
-    use super::writer::{LINGER_STEP, Linger};
     use super::*;
 
-    fn group_of(size: usize) -> Vec<Submission> {
-        (0..size)
-            .map(|_| Submission {
-                changes: Vec::new(),
-                done: oneshot::channel().0,
-                purge: None,
-            })
-            .collect()
-    }
-
-    #[test]
-    fn fruitless_waits_for_a_group_back_off_and_a_fruitful_one_resets() {
-        let (_queue, incoming) = mpsc::channel::<Submission>();
-        let mut linger = Linger::default();
-        linger.committed(8);
-        // Nothing else arrives: the wait was wasted, so the next group commits at once.
-        linger.gather(&incoming, &mut group_of(8));
-        assert_eq!((linger.skip, linger.backoff), (1, 1));
-        linger.gather(&incoming, &mut group_of(8));
-        assert_eq!(linger.skip, 0);
-        // Each further wasted wait doubles the groups that skip waiting, up to a bound.
-        for expected in [2, 4, 8, 16, 32, 64, 64] {
-            linger.gather(&incoming, &mut group_of(8));
-            assert_eq!(linger.backoff, expected);
-            while linger.skip > 0 {
-                linger.gather(&incoming, &mut group_of(8));
-            }
-        }
-        // A wait that grows the group by half or more turns waiting back on.
-        linger.judge(10, 15);
-        assert_eq!((linger.skip, linger.backoff), (0, 0));
-    }
-
-    #[test]
-    fn a_lone_writer_never_waits() {
-        let (_queue, incoming) = mpsc::channel::<Submission>();
-        let mut linger = Linger::default();
-        linger.committed(1);
-        let started = std::time::Instant::now();
-        linger.gather(&incoming, &mut group_of(1));
-        assert!(started.elapsed() < LINGER_STEP);
-        assert_eq!((linger.skip, linger.backoff), (0, 0));
-    }
     use crate::model::Offset;
     use crate::model::record::lay_out;
 

@@ -1,10 +1,12 @@
 //! Free disk space, measured in the background, against the reserve below which writes are
 //! refused.
 
-use super::*;
+use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 /// How often free disk space is measured.
-pub(super) const SPACE_CHECK_INTERVAL: std::time::Duration = std::time::Duration::from_millis(200);
+const SPACE_CHECK_INTERVAL: std::time::Duration = std::time::Duration::from_millis(200);
 
 /// Free space on the data directory's file system, measured in the background, against the
 /// reserve below which writes are refused. Refusing early keeps the engine from ever meeting a
@@ -38,7 +40,7 @@ impl FreeSpace {
         space
     }
 
-    pub(super) fn measure(&self, dir: &Path) {
+    fn measure(&self, dir: &Path) {
         let Ok(stats) = rustix::fs::statvfs(dir) else {
             return;
         };

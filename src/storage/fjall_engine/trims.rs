@@ -1,7 +1,15 @@
 //! Trims: logically instant, purged in the background in bounded chunks.
 
+use std::collections::{BTreeSet, HashMap};
+use std::sync::{Condvar, Mutex, MutexGuard, mpsc};
+
+use fjall::Keyspace;
+use tokio::sync::oneshot;
+
+use super::io;
 use super::writer::Submission;
-use super::*;
+use crate::storage::codec;
+use crate::storage::{StorageError, StreamId};
 
 /// The most trimmed records one group deletes. Deleting a key costs about a microsecond or two
 /// in the writer, so a chunk adds a few milliseconds at most to the appends sharing its group.
@@ -65,7 +73,7 @@ impl Trim {
 
 impl TrimTable {
     /// Sets (or with `None` drops) stream `id`'s trim, keeping `pending` in step.
-    pub(super) fn put(&mut self, id: StreamId, trim: Option<Trim>) -> Option<Trim> {
+    fn put(&mut self, id: StreamId, trim: Option<Trim>) -> Option<Trim> {
         let old = match trim {
             Some(trim) => self.streams.insert(id, trim),
             None => self.streams.remove(&id),

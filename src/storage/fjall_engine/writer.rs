@@ -2,11 +2,19 @@
 //! little when concurrent writers are still arriving), writes it all, syncs the journal once, and
 //! only then acknowledges each batch in the group.
 
-use super::trims::{PURGE_CHUNK, Trim};
-use super::*;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, mpsc};
+
+use fjall::PersistMode;
+use tokio::sync::oneshot;
+
+use super::trims::{PURGE_CHUNK, Trim, Trims};
+use super::{CommitStats, Keyspaces, NEXT_ID_KEY, SyncMode, io};
+use crate::storage::codec::{self, encode_record};
+use crate::storage::{Change, StorageError, StreamId};
 
 /// The most batches one sync may cover; bounds the latency of the first batch in a group.
-pub(super) const MAX_GROUP: usize = 4096;
+const MAX_GROUP: usize = 4096;
 
 pub(super) struct Submission {
     pub(super) changes: Vec<Change>,
@@ -16,7 +24,7 @@ pub(super) struct Submission {
 }
 
 /// Takes what is already queued, up to the group limit.
-pub(super) fn take_queued(incoming: &mpsc::Receiver<Submission>, group: &mut Vec<Submission>) {
+fn take_queued(incoming: &mpsc::Receiver<Submission>, group: &mut Vec<Submission>) {
     while group.len() < MAX_GROUP {
         match incoming.try_recv() {
             Ok(more) => group.push(more),
@@ -36,29 +44,25 @@ pub(super) fn take_queued(incoming: &mpsc::Receiver<Submission>, group: &mut Vec
 /// so a wait that did not grow the group by half backs off: the next 1, 2, 4 … 64 groups commit
 /// at once, and a fruitful wait resets that.
 #[derive(Default)]
-pub(super) struct Linger {
-    pub(super) previous_group: usize,
+struct Linger {
+    previous_group: usize,
     /// Groups still to commit without waiting.
-    pub(super) skip: u32,
+    skip: u32,
     /// The skip after the next fruitless wait.
-    pub(super) backoff: u32,
+    backoff: u32,
 }
 
 /// Groups at least this large mean enough concurrent writers to be worth waiting for.
-pub(super) const LINGER_MIN_GROUP: usize = 4;
+const LINGER_MIN_GROUP: usize = 4;
 /// One wait; a step that brings no submission ends the gathering.
-pub(super) const LINGER_STEP: std::time::Duration = std::time::Duration::from_micros(100);
+const LINGER_STEP: std::time::Duration = std::time::Duration::from_micros(100);
 /// The longest a group gathers, which bounds the latency the wait adds.
-pub(super) const LINGER_MAX: std::time::Duration = std::time::Duration::from_micros(800);
+const LINGER_MAX: std::time::Duration = std::time::Duration::from_micros(800);
 /// The most groups a fruitless wait makes commit at once.
-pub(super) const LINGER_MAX_BACKOFF: u32 = 64;
+const LINGER_MAX_BACKOFF: u32 = 64;
 
 impl Linger {
-    pub(super) fn gather(
-        &mut self,
-        incoming: &mpsc::Receiver<Submission>,
-        group: &mut Vec<Submission>,
-    ) {
+    fn gather(&mut self, incoming: &mpsc::Receiver<Submission>, group: &mut Vec<Submission>) {
         if self.previous_group < LINGER_MIN_GROUP {
             return;
         }
@@ -80,7 +84,7 @@ impl Linger {
     }
 
     /// Backs off after a wait that did not grow the group by half.
-    pub(super) fn judge(&mut self, before: usize, after: usize) {
+    fn judge(&mut self, before: usize, after: usize) {
         if (after - before) * 2 >= before {
             self.backoff = 0;
         } else {
@@ -89,7 +93,7 @@ impl Linger {
         }
     }
 
-    pub(super) fn committed(&mut self, group: usize) {
+    fn committed(&mut self, group: usize) {
         self.previous_group = group;
     }
 }
@@ -134,7 +138,7 @@ impl Writer {
         }
     }
 
-    pub(super) fn stored_next_id(&self) -> u64 {
+    fn stored_next_id(&self) -> u64 {
         self.keyspaces
             .system
             .get(NEXT_ID_KEY)
@@ -244,7 +248,7 @@ impl Writer {
     /// Adds to `batch` the deletion of the next [`PURGE_CHUNK`] trimmed records of stream `id`,
     /// from where the last chunk stopped, and the trim state that records the progress. Returns
     /// how many records it deletes.
-    pub(super) fn purge_chunk(
+    fn purge_chunk(
         &self,
         id: StreamId,
         group: &[Submission],
@@ -296,5 +300,54 @@ impl Writer {
         }
         metrics::counter!("runnel_trimmed_records_deleted_total").increment(deleted as u64);
         Ok(deleted as u64)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn group_of(size: usize) -> Vec<Submission> {
+        (0..size)
+            .map(|_| Submission {
+                changes: Vec::new(),
+                done: oneshot::channel().0,
+                purge: None,
+            })
+            .collect()
+    }
+
+    #[test]
+    fn fruitless_waits_for_a_group_back_off_and_a_fruitful_one_resets() {
+        let (_queue, incoming) = mpsc::channel::<Submission>();
+        let mut linger = Linger::default();
+        linger.committed(8);
+        // Nothing else arrives: the wait was wasted, so the next group commits at once.
+        linger.gather(&incoming, &mut group_of(8));
+        assert_eq!((linger.skip, linger.backoff), (1, 1));
+        linger.gather(&incoming, &mut group_of(8));
+        assert_eq!(linger.skip, 0);
+        // Each further wasted wait doubles the groups that skip waiting, up to a bound.
+        for expected in [2, 4, 8, 16, 32, 64, 64] {
+            linger.gather(&incoming, &mut group_of(8));
+            assert_eq!(linger.backoff, expected);
+            while linger.skip > 0 {
+                linger.gather(&incoming, &mut group_of(8));
+            }
+        }
+        // A wait that grows the group by half or more turns waiting back on.
+        linger.judge(10, 15);
+        assert_eq!((linger.skip, linger.backoff), (0, 0));
+    }
+
+    #[test]
+    fn a_lone_writer_never_waits() {
+        let (_queue, incoming) = mpsc::channel::<Submission>();
+        let mut linger = Linger::default();
+        linger.committed(1);
+        let started = std::time::Instant::now();
+        linger.gather(&incoming, &mut group_of(1));
+        assert!(started.elapsed() < LINGER_STEP);
+        assert_eq!((linger.skip, linger.backoff), (0, 0));
     }
 }
