@@ -8,8 +8,21 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use runnel::model::json::{EmptyArray, JsonError, array_of, canonical_value, messages};
+use runnel::model::json::{EmptyArray, JsonError, canonical_value, messages};
 use serde_json::Value;
+
+/// The messages laid out as one JSON array, as a JSON-mode read returns them.
+fn as_array(messages: &[bytes::Bytes]) -> Vec<u8> {
+    let mut out = b"[".to_vec();
+    for (i, message) in messages.iter().enumerate() {
+        if i > 0 {
+            out.push(b',');
+        }
+        out.extend_from_slice(message);
+    }
+    out.push(b']');
+    out
+}
 
 fn assert_canonical(bytes: &[u8]) {
     assert_eq!(
@@ -40,10 +53,7 @@ fuzz_target!(|body: &[u8]| {
     match &normalised {
         Value::Array(items) => {
             assert_eq!(allowed.len(), items.len());
-            assert_eq!(
-                array_of(allowed.iter().map(|m| m.as_ref())),
-                canonical.as_ref()
-            );
+            assert_eq!(as_array(&allowed), canonical.as_ref());
             for (message, item) in allowed.iter().zip(items) {
                 assert_canonical(message);
                 assert_eq!(&serde_json::from_slice::<Value>(message).unwrap(), item);

@@ -4,9 +4,8 @@
 
 use std::sync::Arc;
 
-use axum::body::Body;
-use axum::extract::{Extension, Path, State};
-use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, Uri, header};
+use axum::extract::{Extension, Path, Request, State};
+use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use serde_json::json;
 
@@ -71,15 +70,11 @@ pub async fn stream(
     State(app): State<AppState>,
     Path((bucket, stream)): Path<(String, String)>,
     Extension(principal): Extension<Arc<Principal>>,
-    method: Method,
-    uri: Uri,
-    headers: HeaderMap,
-    body: Body,
+    request: Request,
 ) -> Response {
-    let query = uri.query().map(str::to_string);
     if stream == RESERVED_STREAM_ID {
-        return match method {
-            Method::GET | Method::HEAD => list(&app, &principal, &bucket, query.as_deref())
+        return match *request.method() {
+            Method::GET | Method::HEAD => list(&app, &principal, &bucket, request.uri().query())
                 .unwrap_or_else(|f| f.into_response()),
             Method::OPTIONS => ds::preflight(),
             _ => text_error(
@@ -89,9 +84,7 @@ pub async fn stream(
         };
     }
     match names::bucket_stream_key(&bucket, &stream) {
-        Ok(key) => {
-            ds::stream_request(&app, key, method, &uri, query.as_deref(), &headers, body).await
-        }
+        Ok(key) => ds::stream_request(&app, key, request).await,
         Err(e) => text_error(StatusCode::BAD_REQUEST, &e.to_string()),
     }
 }

@@ -3,7 +3,7 @@
 use std::sync::Arc;
 
 use axum::body::Body;
-use axum::extract::{Path, RawQuery, State};
+use axum::extract::{Path, Request, State};
 use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, Uri, header};
 use axum::response::{IntoResponse, Response};
 
@@ -38,28 +38,20 @@ const CACHE_HISTORIC: &str = "public, max-age=60, stale-while-revalidate=300";
 pub async fn base_stream(
     State(app): State<AppState>,
     Path(path): Path<String>,
-    method: Method,
-    uri: Uri,
-    RawQuery(query): RawQuery,
-    headers: HeaderMap,
-    body: Body,
+    request: Request,
 ) -> Response {
     match names::base_stream_key(&path) {
-        Ok(key) => stream_request(&app, key, method, &uri, query.as_deref(), &headers, body).await,
+        Ok(key) => stream_request(&app, key, request).await,
         Err(e) => text_error(StatusCode::BAD_REQUEST, &e.to_string()),
     }
 }
 
-/// Every base-protocol operation on the stream `key`, whichever surface addressed it.
-pub async fn stream_request(
-    app: &AppState,
-    key: String,
-    method: Method,
-    uri: &Uri,
-    query: Option<&str>,
-    headers: &HeaderMap,
-    body: Body,
-) -> Response {
+/// Every base-protocol operation on the stream `key`, whichever surface addressed it. Takes the
+/// request whole: extracting the URI and headers separately would copy them on every append.
+pub async fn stream_request(app: &AppState, key: String, request: Request) -> Response {
+    let (parts, body) = request.into_parts();
+    let (method, uri, headers) = (parts.method, &parts.uri, &parts.headers);
+    let query = uri.query();
     let advertise =
         matches!(method, Method::GET | Method::HEAD) && names::bucket_of(&key).is_some();
     let result = match method {
