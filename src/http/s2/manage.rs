@@ -97,9 +97,7 @@ pub(super) async fn create_basin(
     body: Body,
 ) -> Response {
     let result = async {
-        let request: CreateBasin = json_body(&app, &headers, body)
-            .await?
-            .ok_or_else(|| bad("bad_json", "a body is required"))?;
+        let request: CreateBasin = required_json_body(&app, &headers, body).await?;
         permit(
             &principal,
             Operation::CreateBasin,
@@ -275,9 +273,7 @@ pub(super) async fn create_stream(
 ) -> Response {
     let result = async {
         let basin = basin_of(&headers)?;
-        let request: CreateStream = json_body(&app, &headers, body)
-            .await?
-            .ok_or_else(|| bad("bad_json", "a body is required"))?;
+        let request: CreateStream = required_json_body(&app, &headers, body).await?;
         permit(
             &principal,
             Operation::CreateStream,

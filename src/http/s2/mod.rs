@@ -285,6 +285,17 @@ async fn json_body<T: serde::de::DeserializeOwned>(
         .map_err(|e| bad("bad_json", e))
 }
 
+/// A JSON request body that must be there; a missing one is `bad_json` too.
+async fn required_json_body<T: serde::de::DeserializeOwned>(
+    app: &AppState,
+    headers: &HeaderMap,
+    body: Body,
+) -> Result<T, S2Error> {
+    json_body(app, headers, body)
+        .await?
+        .ok_or_else(|| bad("bad_json", "a body is required"))
+}
+
 fn limit_of(query: &Query) -> Result<usize, S2Error> {
     match query.get("limit")? {
         None => Ok(MAX_LIST_LIMIT),

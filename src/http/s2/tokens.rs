@@ -35,9 +35,7 @@ pub(super) async fn issue_token(
     body: Body,
 ) -> Response {
     let result = async {
-        let request: IssueRequest = json_body(&app, &headers, body)
-            .await?
-            .ok_or_else(|| bad("bad_json", "a body is required"))?;
+        let request: IssueRequest = required_json_body(&app, &headers, body).await?;
         permit(
             &principal,
             Operation::IssueAccessToken,
