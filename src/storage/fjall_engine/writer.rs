@@ -43,7 +43,7 @@ fn take_queued(incoming: &mpsc::Receiver<Submission>, group: &mut Vec<Submission
 /// A quiet step does not end the wait while the group is below a quarter of the previous one.
 /// Writers acknowledged by a large group come back, but only once the HTTP workers have sent all
 /// those acknowledgements: committing the first stragglers at once cost a run of one-append
-/// fsyncs after every large group (groups of 21 on average at 500 writers, 72 with the wait).
+/// fsyncs after every large group (groups of 21 on average at 500 writers, 41 with the wait).
 ///
 /// Waiting is pure delay when every writer is already in the group (a few closed-loop clients),
 /// so a wait that did not grow the group by half backs off: the next 1, 2, 4 … 64 groups commit
