@@ -21,6 +21,9 @@ pub struct Gather {
     /// read) then goes out without a copy.
     held: Option<Bytes>,
     pending: Vec<u8>,
+    /// How much `pending` reserves once something is copied into it. Reserving lazily keeps a
+    /// body that turns out to be one small held record free of allocation.
+    copy_hint: usize,
     len: u64,
 }
 
@@ -29,7 +32,7 @@ impl Gather {
     pub fn sized_for(lengths: impl Iterator<Item = usize>, extra: usize) -> Self {
         let copied: usize = lengths.filter(|len| *len < SEND_AS_IS_FROM).sum();
         Gather {
-            pending: Vec::with_capacity(copied + extra),
+            copy_hint: copied + extra,
             ..Gather::default()
         }
     }
@@ -50,6 +53,9 @@ impl Gather {
 
     /// Appends bytes by copying them.
     pub fn push_slice(&mut self, bytes: &[u8]) {
+        if self.pending.capacity() == 0 {
+            self.pending.reserve(self.copy_hint.max(bytes.len()));
+        }
         if let Some(held) = self.held.take() {
             self.pending.extend_from_slice(&held);
         }
