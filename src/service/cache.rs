@@ -186,4 +186,15 @@ mod tests {
         drop(b);
         assert_eq!(budget.used(), 0, "dropped caches return their memory");
     }
+
+    #[test]
+    fn a_read_at_the_far_end_of_a_full_cache_returns_only_newer_records() {
+        let budget = CacheBudget::new(CacheLimits::default());
+        let mut cache = TailCache::new();
+        cache.push(&budget, &records(0, 4096, 1));
+        let got = cache.read(4094, u64::MAX, usize::MAX).unwrap();
+        assert_eq!(got.iter().map(|r| r.seq).collect::<Vec<_>>(), [4094, 4095]);
+        assert!(cache.read(4096, u64::MAX, usize::MAX).unwrap().is_empty());
+        assert!(cache.read(5000, u64::MAX, usize::MAX).unwrap().is_empty());
+    }
 }

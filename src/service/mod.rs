@@ -19,7 +19,7 @@ mod tests;
 mod tokens;
 
 use std::collections::{BTreeMap, HashSet};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{SystemTime, UNIX_EPOCH};
 
@@ -92,6 +92,9 @@ pub struct StreamService {
     streams_changed: tokio::sync::watch::Sender<u64>,
     /// Cancelled when the server starts shutting down: live waits end at once.
     shutdown: CancellationToken,
+    /// Set just before `shutdown` is cancelled: what a live reader checks on every event, where
+    /// the token's own check would take its lock.
+    stopping: Arc<AtomicBool>,
     tokens: Mutex<tokens::TokenRegistry>,
     config: ServiceConfig,
 }
@@ -182,6 +185,7 @@ impl StreamService {
             cache_budget: cache::CacheBudget::new(config.cache),
             streams_changed: tokio::sync::watch::Sender::new(0),
             shutdown: CancellationToken::new(),
+            stopping: Arc::new(AtomicBool::new(false)),
             tokens: Mutex::new(tokens::TokenRegistry::new(recovered.tokens)),
             config,
         });

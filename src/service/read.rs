@@ -3,6 +3,7 @@
 
 use std::pin::Pin;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use tokio::sync::watch;
@@ -210,6 +211,7 @@ impl StreamService {
         TailWatch {
             tail: stream.subscribe(),
             shutdown: Box::pin(self.shutdown.clone().cancelled_owned()),
+            stopping: self.stopping.clone(),
             timer: Box::pin(tokio::time::sleep_until(wake_at(
                 last_sent, idle_after, deadline,
             ))),
@@ -220,8 +222,9 @@ impl StreamService {
     }
 
     /// Starts shutting down: every live wait ends at once (long-polls answer, sessions wind up)
-    /// and `shutting_down` says so from now on.
+    /// and the shutdown signal is cancelled from now on.
     pub fn begin_shutdown(&self) {
+        self.stopping.store(true, Ordering::Relaxed);
         self.shutdown.cancel();
     }
 
@@ -237,6 +240,7 @@ impl StreamService {
 pub struct TailWatch {
     tail: watch::Receiver<Durable>,
     shutdown: Pin<Box<WaitForCancellationFutureOwned>>,
+    stopping: Arc<AtomicBool>,
     timer: Pin<Box<Sleep>>,
     idle_after: Duration,
     last_sent: Instant,
@@ -270,9 +274,14 @@ impl TailWatch {
     pub async fn next(&mut self, offset: Offset) -> Wake {
         let moved = |d: &Durable| d.tail.seq > offset.seq || d.closed || d.removed;
         loop {
+            // The tail first: a woken reader of a busy stream then returns without touching the
+            // shutdown future or the timer. A reader whose tail keeps moving would never poll
+            // them, so it checks the stopping flag instead.
             tokio::select! {
+                biased;
                 seen = self.tail.wait_for(moved) => {
                     return match seen {
+                        Ok(_) if self.stopping.load(Ordering::Relaxed) => Wake::Ended,
                         Ok(durable) => Wake::Moved(*durable),
                         // The stream's sender outlives every reader holding the stream.
                         Err(_) => Wake::Ended,

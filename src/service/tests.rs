@@ -544,3 +544,15 @@ async fn a_tail_watch_ends_when_the_server_shuts_down() {
     let woke = tokio::time::timeout(Duration::from_secs(10), watch.next(stream.durable().tail));
     assert!(matches!(woke.await, Ok(Wake::Ended)));
 }
+
+#[tokio::test]
+async fn a_tail_watch_whose_tail_has_moved_still_ends_when_the_server_shuts_down() {
+    let (service, stream) = one_text_stream().await;
+    let mut watch = service.watch_tail(&stream, Duration::from_secs(60), None);
+    service.append("s", text("a")).await.unwrap();
+    service.begin_shutdown();
+    // The tail is ahead of the reader, as it always is on a busy stream: shutdown still wins.
+    for _ in 0..10 {
+        assert!(matches!(watch.next(Offset::START).await, Wake::Ended));
+    }
+}
