@@ -614,6 +614,9 @@ mod tests {
             &writer,
             vec![batch(vec![Change::RemoveStream(1)]), purge(1)],
         );
+        while writer.trims.get(1).is_some() {
+            write(&writer, vec![purge(1)]);
+        }
         assert_eq!(stored(&writer.keyspaces, 1, 0, u64::MAX), 0);
         assert_eq!(stored_trim(&writer, 1), None);
         assert_eq!(writer.trims.get(1), None);
@@ -655,5 +658,66 @@ mod tests {
         let kept = engine.read(1, 0, 10_000, usize::MAX).await.unwrap();
         assert_eq!(kept.len(), 2_000);
         assert_eq!(kept[0].seq, 8_000);
+    }
+
+    #[test]
+    fn removing_a_long_stream_deletes_nothing_at_once_and_each_purge_a_bounded_chunk() {
+        let dir = tempfile::tempdir().unwrap();
+        let writer = bare_writer(dir.path());
+        let chunk = PURGE_CHUNK as u64;
+        let count = 3 * chunk + 5;
+        write(&writer, vec![filled(1, count), filled(2, 10)]);
+        write(&writer, vec![batch(vec![Change::RemoveStream(1)])]);
+        assert_eq!(
+            stored(&writer.keyspaces, 1, 0, u64::MAX),
+            count as usize,
+            "the removal's own group deletes no records"
+        );
+        assert_eq!(writer.trims.floor(1), u64::MAX, "but no read sees them");
+        let mut purges = 0;
+        while writer.trims.get(1).is_some() {
+            let before = stored(&writer.keyspaces, 1, 0, u64::MAX);
+            write(&writer, vec![purge(1)]);
+            let after = stored(&writer.keyspaces, 1, 0, u64::MAX);
+            assert!(
+                before - after <= PURGE_CHUNK,
+                "one purge deleted {}",
+                before - after
+            );
+            purges += 1;
+        }
+        assert_eq!(purges, 4);
+        assert_eq!(stored(&writer.keyspaces, 1, 0, u64::MAX), 0);
+        assert_eq!(stored_trim(&writer, 1), None, "no state is left behind");
+        assert_eq!(
+            stored(&writer.keyspaces, 2, 0, u64::MAX),
+            10,
+            "others untouched"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_removal_interrupted_before_its_records_are_deleted_finishes_at_the_next_open() {
+        let dir = tempfile::tempdir().unwrap();
+        {
+            // Stopped right after the removal, as a crash would leave it.
+            let writer = bare_writer(dir.path());
+            write(&writer, vec![filled(1, 10_000), filled(2, 3)]);
+            write(&writer, vec![batch(vec![Change::RemoveStream(1)])]);
+        }
+        let engine = FjallEngine::open(dir.path(), SyncMode::Fsync, 0).unwrap();
+        assert!(engine.read(1, 0, 10, usize::MAX).await.unwrap().is_empty());
+        let recovered = engine.recover().unwrap();
+        assert_eq!(recovered.streams.len(), 1, "only stream 2 is recovered");
+        wait_purged(&engine, 1, u64::MAX).await;
+        assert!(
+            engine
+                .keyspaces
+                .trims
+                .get(codec::stream_key(1))
+                .unwrap()
+                .is_none()
+        );
+        assert_eq!(engine.read(2, 0, 10, usize::MAX).await.unwrap().len(), 3);
     }
 }

@@ -23,7 +23,8 @@ pub(super) const PURGE_CHUNK: usize = 2048;
 /// after a restart too (the point is stored). The records themselves are deleted afterwards by
 /// the purger, [`PURGE_CHUNK`] keys at a time, from where the previous deletion stopped
 /// (`purged`, stored beside the trim point) rather than from seq 0, so a long stream trimmed
-/// again and again never rescans the tombstones of its earlier trims.
+/// again and again never rescans the tombstones of its earlier trims. Removing a stream trims
+/// all of its records the same way; the state is dropped once the last chunk is deleted.
 ///
 /// The writer raises the point in memory while it writes the group, just before the sync: a
 /// read racing that commit may already miss the records, as it would have when they were deleted

@@ -188,22 +188,22 @@ impl Writer {
                 }
                 Change::RemoveStream(id) => {
                     // Range scans see only committed data, so commit what came before first:
-                    // records added earlier in this group are then found and removed too.
+                    // producer states written earlier in this group are then found and removed.
                     std::mem::replace(&mut batch, ks.db.batch())
                         .commit()
                         .map_err(io)?;
                     batch.remove(&ks.streams, codec::stream_key(*id));
                     batch.remove(&ks.snapshots, codec::stream_key(*id));
-                    // Records below the purged point are gone already: skip their tombstones.
-                    // Dropping the trim state also stops the purger working on this stream.
-                    let purged = self.trims.forget(*id).map_or(0, |t| t.purged);
-                    batch.remove(&ks.trims, codec::stream_key(*id));
-                    let records = codec::record_key(*id, purged)..=codec::record_key(*id, u64::MAX);
-                    for guard in ks.records.range(records) {
-                        batch.remove(&ks.records, guard.key().map_err(io)?);
-                    }
                     for guard in ks.producers.prefix(codec::stream_key(*id)) {
                         batch.remove(&ks.producers, guard.key().map_err(io)?);
+                    }
+                    // The records go as trimmed ones do: all trimmed in this commit (no read
+                    // sees them from now on, nor after a restart), deleted afterwards by the
+                    // purger in bounded chunks. Deleting them here would hold every append
+                    // sharing this group for as long as the stream is long. Ids are never
+                    // reused, and the purger drops the trim state once the records are gone.
+                    if let Some(trim) = self.trims.raise(*id, u64::MAX) {
+                        batch.insert(&ks.trims, codec::stream_key(*id), trim.encode());
                     }
                 }
                 Change::TrimRecords(id, before) => {
@@ -236,8 +236,9 @@ impl Writer {
             }
         }
         let mut purged = 0;
+        let mut finished = Vec::new();
         for id in group.iter().filter_map(|s| s.purge) {
-            purged += self.purge_chunk(id, group, &mut batch)?;
+            purged += self.purge_chunk(id, group, &mut batch, &mut finished)?;
         }
         self.stats
             .most_records_purged
@@ -249,20 +250,28 @@ impl Writer {
         let started = std::time::Instant::now();
         let committed = batch.durability(durability).commit().map_err(io);
         metrics::histogram!("runnel_commit_seconds").record(started.elapsed().as_secs_f64());
+        if committed.is_ok() {
+            // Only now: until the deletions are committed, the floor is what hides the records.
+            for id in finished {
+                self.trims.forget(id);
+            }
+        }
         committed
     }
 
     /// Adds to `batch` the deletion of the next [`PURGE_CHUNK`] trimmed records of stream `id`,
     /// from where the last chunk stopped, and the trim state that records the progress. Returns
-    /// how many records it deletes.
+    /// how many records it deletes. When that finishes a stream that is gone, its id goes to
+    /// `finished`: its state is to be forgotten once the batch is committed.
     fn purge_chunk(
         &self,
         id: StreamId,
         group: &[Submission],
         batch: &mut fjall::OwnedWriteBatch,
+        finished: &mut Vec<StreamId>,
     ) -> Result<u64, StorageError> {
         let ks = &self.keyspaces;
-        // Gone if the stream was removed (its removal deleted every record).
+        // Nothing left to delete: the state was dropped when the last chunk went.
         let Some(trim) = self.trims.get(id).filter(Trim::pending) else {
             return Ok(0);
         };
@@ -296,10 +305,16 @@ impl Writer {
             ..trim
         };
         let key = codec::stream_key(id);
-        if !trim.pending() && !ks.streams.contains_key(key).map_err(io)? {
-            // A trim that came after its stream's removal: keep no state for a stream that is
-            // gone, or it would stay forever.
-            self.trims.forget(id);
+        let removed_here = group
+            .iter()
+            .flat_map(|s| &s.changes)
+            .any(|change| matches!(change, Change::RemoveStream(of) if *of == id));
+        if !trim.pending() && (removed_here || !ks.streams.contains_key(key).map_err(io)?) {
+            // The last chunk of a removed stream (or of a trim that came after its removal):
+            // keep no state for a stream that is gone, or it would stay forever. In memory it
+            // stays at its full height until the deletions are committed.
+            self.trims.set(id, trim);
+            finished.push(id);
             batch.remove(&ks.trims, key);
         } else {
             self.trims.set(id, trim);
