@@ -298,3 +298,36 @@ async fn random_garbage_never_gets_a_5xx() {
     let health = http.get(server.url("/healthz")).send().await.unwrap();
     assert_eq!(health.status(), 200);
 }
+
+/// Appends on the base route skip the router (`http::Handler`); they must name streams exactly
+/// as the routed requests do.
+#[tokio::test]
+async fn appends_decode_the_stream_path_as_every_other_request_does() {
+    let server = Server::start(&["--memory"]);
+    let http = client();
+    let created = server.url("/v1/stream/caf%C3%A9%20au%20lait");
+    let create = http.put(&created).header("content-type", "text/plain");
+    expect_status(create, 201, "create").await;
+    let append = http
+        .post(server.url("/v1/stream/caf%c3%a9%20au%20lait"))
+        .header("content-type", "text/plain")
+        .body("x");
+    expect_status(append, 204, "append with lower-case escapes").await;
+    let (_, content) = snapshot(&http, &created).await;
+    assert_eq!(
+        content, "x",
+        "the append reached the stream the create made"
+    );
+
+    for method in [reqwest::Method::POST, reqwest::Method::GET] {
+        let not_utf8 = http.request(method.clone(), server.url("/v1/stream/%FF"));
+        expect_status(
+            not_utf8,
+            400,
+            &format!("{method} on a path that is not UTF-8"),
+        )
+        .await;
+        let no_name = http.request(method.clone(), server.url("/v1/stream/"));
+        expect_status(no_name, 404, &format!("{method} with no stream name")).await;
+    }
+}

@@ -3,7 +3,7 @@
 use std::sync::Arc;
 
 use axum::body::Body;
-use axum::extract::{Path, Request, State};
+use axum::extract::{Request, State};
 use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, Uri, header};
 use axum::response::{IntoResponse, Response};
 
@@ -35,13 +35,32 @@ const ALLOWED_HEADERS: &str = "Content-Type, Authorization, If-None-Match, Strea
 const CACHE_HISTORIC: &str = "public, max-age=60, stale-while-revalidate=300";
 
 /// `/v1/stream/{path}`: a base-protocol stream.
-pub async fn base_stream(
-    State(app): State<AppState>,
-    Path(path): Path<String>,
-    request: Request,
-) -> Response {
+/// The base protocol's route.
+pub const BASE_ROUTE: &str = "/v1/stream/{*path}";
+const BASE_PREFIX: &str = "/v1/stream/";
+
+pub async fn base_stream(State(app): State<AppState>, request: Request) -> Response {
+    base_stream_request(&app, request).await
+}
+
+/// Whether `request` is for the base protocol's route; the router would match it there.
+pub fn is_base_stream(request: &Request) -> bool {
+    request
+        .uri()
+        .path()
+        .strip_prefix(BASE_PREFIX)
+        .is_some_and(|path| !path.is_empty())
+}
+
+/// A request on the base protocol's route, which [`is_base_stream`] says it is.
+pub async fn base_stream_request(app: &AppState, request: Request) -> Response {
+    let raw = request.uri().path().strip_prefix(BASE_PREFIX).unwrap_or("");
+    let path = match percent_encoding::percent_decode_str(raw).decode_utf8() {
+        Ok(path) => path,
+        Err(_) => return text_error(StatusCode::BAD_REQUEST, "the path is not UTF-8"),
+    };
     match names::base_stream_key(&path) {
-        Ok(key) => stream_request(&app, key, request).await,
+        Ok(key) => stream_request(app, key, request).await,
         Err(e) => text_error(StatusCode::BAD_REQUEST, &e.to_string()),
     }
 }

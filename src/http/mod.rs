@@ -15,12 +15,15 @@ mod s2;
 mod sse;
 mod streamld;
 
+use std::convert::Infallible;
 use std::sync::Arc;
+use std::task::{Context, Poll};
 use std::time::Duration;
 
 use axum::Router;
+use axum::body::Body;
 use axum::extract::{Request, State};
-use axum::http::{HeaderValue, StatusCode, header};
+use axum::http::{HeaderValue, Method, StatusCode, header};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{any, get};
@@ -87,12 +90,12 @@ impl AppState {
     }
 }
 
-pub fn router(state: AppState) -> Router {
+fn router(state: AppState) -> Router {
     Router::new()
         .route("/healthz", get(|| async { "ok\n" }))
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics::metrics))
-        .route("/v1/stream/{*path}", any(ds::base_stream))
+        .route(ds::BASE_ROUTE, any(ds::base_stream))
         .merge(s2::routes())
         .route("/v1/streamld/replication", get(streamld::replication))
         .route("/{bucket}", any(buckets::bucket))
@@ -110,13 +113,29 @@ pub fn router(state: AppState) -> Router {
 /// What every request passes through, outermost first: observation (id, span, metrics), the
 /// common response headers, authorization, and live-reader admission. One layer, because each
 /// axum layer costs a boxed future and a clone of the inner service on every request.
-async fn front_door(State(app): State<AppState>, mut request: Request, next: Next) -> Response {
-    let observation = observe::Observation::start(&mut request);
+async fn front_door(State(app): State<AppState>, request: Request, next: Next) -> Response {
+    through_front_door(&app, request, None, |request| {
+        live::serve(&app, request, next)
+    })
+    .await
+}
+
+/// The front door's work around `inner`; `route` as for [`observe::Observation::start`].
+async fn through_front_door<F>(
+    app: &AppState,
+    mut request: Request,
+    route: Option<&'static str>,
+    inner: impl FnOnce(Request) -> F,
+) -> Response
+where
+    F: Future<Output = Response>,
+{
+    let observation = observe::Observation::start(&mut request, route);
     let sent_body = sent_body(&request);
     let mut response = observation
         .run(async {
-            match auth::authorize(&app, &mut request) {
-                Ok(()) => live::serve(&app, request, next).await,
+            match auth::authorize(app, &mut request) {
+                Ok(()) => inner(request).await,
                 Err(refusal) => *refusal,
             }
         })
@@ -124,6 +143,54 @@ async fn front_door(State(app): State<AppState>, mut request: Request, next: Nex
     add_common_headers(&mut response, sent_body);
     observation.finish(&mut response);
     response
+}
+
+/// What serves each request: the router, and a shortcut past it for appends on the base
+/// protocol's route, the most frequent request by far. The router's matching, its per-request
+/// extensions and its boxed layers and futures cost 5-10% of an append's server CPU (about
+/// 37-51 µs per append at 500 writers through the router, 35-38 µs through the shortcut).
+/// The shortcut goes through the same front door and handler the router would have used; the
+/// front door's live-reader admission is left out because an append is never a live read.
+#[derive(Clone)]
+pub struct Handler {
+    app: AppState,
+    router: Router,
+}
+
+impl Handler {
+    pub fn new(state: AppState) -> Handler {
+        Handler {
+            router: router(state.clone()),
+            app: state,
+        }
+    }
+}
+
+type Shortcut = std::pin::Pin<Box<dyn Future<Output = Result<Response, Infallible>> + Send>>;
+
+impl tower::Service<axum::http::Request<hyper::body::Incoming>> for Handler {
+    type Response = Response;
+    type Error = Infallible;
+    type Future = futures::future::Either<Shortcut, axum::routing::future::RouteFuture<Infallible>>;
+
+    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, request: axum::http::Request<hyper::body::Incoming>) -> Self::Future {
+        let request = request.map(Body::new);
+        if request.method() == Method::POST && ds::is_base_stream(&request) {
+            let app = self.app.clone();
+            return futures::future::Either::Left(Box::pin(async move {
+                let response = through_front_door(&app, request, Some(ds::BASE_ROUTE), |request| {
+                    ds::base_stream_request(&app, request)
+                })
+                .await;
+                Ok(response)
+            }));
+        }
+        futures::future::Either::Right(self.router.call(request))
+    }
 }
 
 /// 200 while the server takes requests; 503 once it is shutting down, so load balancers stop

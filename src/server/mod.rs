@@ -10,7 +10,7 @@ mod connections;
 pub use connections::{ConnectionLimits, TlsError, tls_acceptor};
 
 use crate::config::{Settings, StorageSettings, SyncArg};
-use crate::http::{AppState, AuthConfig, HttpConfig, router};
+use crate::http::{AppState, AuthConfig, Handler, HttpConfig};
 use crate::service::{ServiceConfig, StreamService};
 use crate::storage::{FjallEngine, MemoryEngine, SharedEngine, SyncMode};
 
@@ -117,7 +117,7 @@ pub async fn serve(settings: Settings) -> anyhow::Result<()> {
     tracing::info!(listen = %local, %scheme, storage = ?settings.storage, "runnel is serving");
     // The one line on stdout: scripts and tests read the bound address here (`--listen …:0`).
     println!("runnel listening on {local}");
-    connections::serve(listener, tls, router(state), limits, shutdown).await;
+    connections::serve(listener, tls, Handler::new(state), limits, shutdown).await;
     tracing::info!("runnel stopped");
     Ok(())
 }
