@@ -73,12 +73,15 @@ pub async fn stream_request(app: &AppState, key: String, request: Request) -> Re
     let query = uri.query();
     let advertise =
         matches!(method, Method::GET | Method::HEAD) && names::bucket_of(&key).is_some();
+    // Every branch but the append is boxed: a request's future is as large as its largest
+    // branch, and the append, by far the most frequent, would otherwise carry (and copy into
+    // its box) the read's and the create's state too.
     let result = match method {
-        Method::PUT => create(app, key.clone(), uri, headers, body).await,
+        Method::PUT => Box::pin(create(app, key.clone(), uri, headers, body)).await,
         Method::POST => append(app, &key, headers, body).await,
-        Method::GET => read(app, &key, query, headers).await,
-        Method::HEAD => head(app, &key).await,
-        Method::DELETE => delete(app, &key).await,
+        Method::GET => Box::pin(read(app, &key, query, headers)).await,
+        Method::HEAD => Box::pin(head(app, &key)).await,
+        Method::DELETE => Box::pin(delete(app, &key)).await,
         Method::OPTIONS => Ok(preflight()),
         _ => Ok(method_not_allowed()),
     };
