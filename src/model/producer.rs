@@ -33,29 +33,31 @@ pub struct ProducerState {
 }
 
 impl ProducerState {
-    /// The state after accepting `seq` in `epoch`, which created `records`.
-    pub fn advance(
-        previous: Option<&ProducerState>,
-        epoch: u64,
-        seq: u64,
-        records: (u64, u64),
-    ) -> Self {
-        let mut earlier = match previous {
-            Some(p) if p.epoch == epoch => {
-                let mut earlier = p.earlier.clone();
-                earlier.push((p.last_seq, p.records.0, p.records.1));
-                earlier
-            }
-            _ => Vec::new(),
-        };
-        let excess = earlier.len().saturating_sub(REMEMBERED_APPENDS - 1);
-        earlier.drain(..excess);
+    /// A producer's state after its first accepted append, `seq` in `epoch`, which created
+    /// `records`.
+    pub fn first(epoch: u64, seq: u64, records: (u64, u64)) -> Self {
         ProducerState {
             epoch,
             last_seq: seq,
             records,
-            earlier,
+            earlier: Vec::new(),
         }
+    }
+
+    /// Accepts `seq` in `epoch`, which created `records`. In place: it runs on every producer
+    /// append, and the remembered appends then need no new allocation.
+    pub fn advance(&mut self, epoch: u64, seq: u64, records: (u64, u64)) {
+        if self.epoch == epoch {
+            let excess = (self.earlier.len() + 1).saturating_sub(REMEMBERED_APPENDS - 1);
+            self.earlier.drain(..excess);
+            self.earlier
+                .push((self.last_seq, self.records.0, self.records.1));
+        } else {
+            self.earlier.clear();
+        }
+        self.epoch = epoch;
+        self.last_seq = seq;
+        self.records = records;
     }
 
     /// The record range append `seq` created, if it is still remembered.
@@ -155,9 +157,9 @@ mod tests {
 
     #[test]
     fn recent_appends_keep_their_record_ranges_within_one_epoch() {
-        let mut state = ProducerState::advance(None, 1, 0, (0, 2));
+        let mut state = ProducerState::first(1, 0, (0, 2));
         for seq in 1..40 {
-            state = ProducerState::advance(Some(&state), 1, seq, (seq * 10, seq * 10 + 1));
+            state.advance(1, seq, (seq * 10, seq * 10 + 1));
         }
         assert_eq!(state.records_of(39), Some((390, 391)));
         assert_eq!(state.records_of(30), Some((300, 301)));
@@ -167,7 +169,8 @@ mod tests {
             Some((oldest_kept * 10, oldest_kept * 10 + 1))
         );
         assert_eq!(state.records_of(oldest_kept - 1), None);
-        let bumped = ProducerState::advance(Some(&state), 2, 0, (500, 501));
+        let mut bumped = state.clone();
+        bumped.advance(2, 0, (500, 501));
         assert!(
             bumped.earlier.is_empty(),
             "a new epoch starts a new history"
@@ -240,5 +243,17 @@ mod tests {
                 received: 8
             })
         );
+    }
+
+    #[test]
+    fn a_state_read_back_with_a_full_history_still_keeps_only_the_last_appends() {
+        let mut state = ProducerState::first(1, 16, (16, 17));
+        state.earlier = (0..16).map(|seq| (seq, seq, seq + 1)).collect();
+        state.advance(1, 17, (17, 18));
+        assert_eq!(state.earlier.len(), REMEMBERED_APPENDS - 1);
+        assert_eq!(state.earlier.last(), Some(&(16, 16, 17)));
+        assert_eq!(state.records_of(17), Some((17, 18)));
+        assert_eq!(state.records_of(2), Some((2, 3)));
+        assert_eq!(state.records_of(1), None);
     }
 }

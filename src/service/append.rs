@@ -352,13 +352,17 @@ fn decide(
         });
     }
     let producer = request.producer.as_ref().map(|claim| {
-        let producer = ProducerState::advance(
-            state.producers.get(&claim.id),
-            claim.epoch,
-            claim.seq,
-            range,
-        );
-        state.producers.insert(claim.id.clone(), producer.clone());
+        let producer = match state.producers.get_mut(&claim.id) {
+            Some(known) => {
+                known.advance(claim.epoch, claim.seq, range);
+                known.clone()
+            }
+            None => {
+                let first = ProducerState::first(claim.epoch, claim.seq, range);
+                state.producers.insert(claim.id.clone(), first.clone());
+                first
+            }
+        };
         (claim.id.clone(), producer)
     });
     let ack = AppendAck {
