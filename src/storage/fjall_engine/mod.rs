@@ -720,4 +720,21 @@ mod tests {
         );
         assert_eq!(engine.read(2, 0, 10, usize::MAX).await.unwrap().len(), 3);
     }
+
+    #[test]
+    fn removing_a_short_stream_deletes_its_records_in_its_own_group_and_keeps_no_state() {
+        let dir = tempfile::tempdir().unwrap();
+        let writer = bare_writer(dir.path());
+        let chunk = PURGE_CHUNK as u64;
+        write(&writer, vec![filled(1, chunk), filled(2, 10)]);
+        write(&writer, vec![batch(vec![Change::RemoveStream(1)])]);
+        assert_eq!(stored(&writer.keyspaces, 1, 0, u64::MAX), 0);
+        assert_eq!(stored_trim(&writer, 1), None);
+        assert_eq!(writer.trims.get(1), None, "nothing is left for the purger");
+        assert_eq!(
+            stored(&writer.keyspaces, 2, 0, u64::MAX),
+            10,
+            "others untouched"
+        );
+    }
 }

@@ -163,6 +163,8 @@ impl Writer {
     ) -> Result<(), StorageError> {
         let ks = &self.keyspaces;
         let mut batch = ks.db.batch();
+        // Streams whose trim state goes once this batch is committed (see `purge_chunk`).
+        let mut finished = Vec::new();
         for change in group.iter().flat_map(|s| &s.changes) {
             match change {
                 Change::PutStream(id, meta) => {
@@ -197,14 +199,7 @@ impl Writer {
                     for guard in ks.producers.prefix(codec::stream_key(*id)) {
                         batch.remove(&ks.producers, guard.key().map_err(io)?);
                     }
-                    // The records go as trimmed ones do: all trimmed in this commit (no read
-                    // sees them from now on, nor after a restart), deleted afterwards by the
-                    // purger in bounded chunks. Deleting them here would hold every append
-                    // sharing this group for as long as the stream is long. Ids are never
-                    // reused, and the purger drops the trim state once the records are gone.
-                    if let Some(trim) = self.trims.raise(*id, u64::MAX) {
-                        batch.insert(&ks.trims, codec::stream_key(*id), trim.encode());
-                    }
+                    self.remove_records(*id, &mut batch, &mut finished)?;
                 }
                 Change::TrimRecords(id, before) => {
                     // Only the trim point is written here: reads stop showing the records below
@@ -236,7 +231,6 @@ impl Writer {
             }
         }
         let mut purged = 0;
-        let mut finished = Vec::new();
         for id in group.iter().filter_map(|s| s.purge) {
             purged += self.purge_chunk(id, group, &mut batch, &mut finished)?;
         }
@@ -257,6 +251,44 @@ impl Writer {
             }
         }
         committed
+    }
+
+    /// Deletes the records of removed stream `id`: at once when they fit in one purge chunk;
+    /// otherwise they go as trimmed ones do, all trimmed in this commit (no read sees them from
+    /// now on, nor after a restart) and deleted afterwards by the purger in bounded chunks, so
+    /// a long stream's removal holds up no append sharing its group. Ids are never reused, and
+    /// the trim state goes once the records are gone.
+    fn remove_records(
+        &self,
+        id: StreamId,
+        batch: &mut fjall::OwnedWriteBatch,
+        finished: &mut Vec<StreamId>,
+    ) -> Result<(), StorageError> {
+        let ks = &self.keyspaces;
+        // Records below the purged point are gone already: skip their tombstones.
+        let purged = self.trims.get(id).map_or(0, |t| t.purged);
+        let stored = codec::record_key(id, purged)..=codec::record_key(id, u64::MAX);
+        let mut few = Vec::new();
+        for guard in ks.records.range(stored).take(PURGE_CHUNK + 1) {
+            few.push(guard.key().map_err(io)?);
+        }
+        let key = codec::stream_key(id);
+        if few.len() <= PURGE_CHUNK {
+            for record in few {
+                batch.remove(&ks.records, record);
+            }
+            batch.remove(&ks.trims, key);
+            // Kept at its full height in memory until the deletions are committed.
+            let gone = Trim {
+                before: u64::MAX,
+                purged: u64::MAX,
+            };
+            self.trims.set(id, gone);
+            finished.push(id);
+        } else if let Some(trim) = self.trims.raise(id, u64::MAX) {
+            batch.insert(&ks.trims, key, trim.encode());
+        }
+        Ok(())
     }
 
     /// Adds to `batch` the deletion of the next [`PURGE_CHUNK`] trimmed records of stream `id`,
