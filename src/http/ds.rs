@@ -34,11 +34,11 @@ const ALLOWED_HEADERS: &str = "Content-Type, Authorization, If-None-Match, Strea
 /// Catch-up chunks that end before the tail never change, so shared caches may keep them.
 const CACHE_HISTORIC: &str = "public, max-age=60, stale-while-revalidate=300";
 
-/// `/v1/stream/{path}`: a base-protocol stream.
-/// The base protocol's route.
+/// The base protocol's route, and the prefix it matches (the two must agree).
 pub const BASE_ROUTE: &str = "/v1/stream/{*path}";
 const BASE_PREFIX: &str = "/v1/stream/";
 
+/// `/v1/stream/{path}`: a base-protocol stream.
 pub async fn base_stream(State(app): State<AppState>, request: Request) -> Response {
     base_stream_request(&app, request).await
 }

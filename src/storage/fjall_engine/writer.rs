@@ -190,7 +190,7 @@ impl Writer {
                 }
                 Change::RemoveStream(id) => {
                     // Range scans see only committed data, so commit what came before first:
-                    // producer states written earlier in this group are then found and removed.
+                    // records and producer states written earlier in this group are then found.
                     std::mem::replace(&mut batch, ks.db.batch())
                         .commit()
                         .map_err(io)?;
