@@ -166,46 +166,78 @@ impl Conn {
     }
 }
 
-/// Incremental `text/event-stream` parser: feed bytes, take complete events.
+/// Incremental `text/event-stream` parser: feed bytes, get each complete event once.
+///
+/// It allocates nothing per event: in `fanout` the client reads every delivery to 1,000
+/// subscribers on one core, and its own time per delivery adds to the latency it measures.
 #[derive(Default)]
 pub struct SseParser {
-    buf: Vec<u8>,
+    /// The start of an event that has not ended yet.
+    partial: Vec<u8>,
 }
 
-pub struct SseEvent {
-    pub event: String,
+/// One event: its lines, borrowed from the parser's input.
+pub struct SseEvent<'a> {
+    block: &'a [u8],
+}
+
+impl SseEvent<'_> {
+    fn lines(&self) -> impl Iterator<Item = &[u8]> {
+        self.block
+            .split(|&b| b == b'\n')
+            .map(|line| line.strip_suffix(b"\r").unwrap_or(line))
+    }
+    /// The `event:` field, trimmed; empty when there is none.
+    pub fn name(&self) -> &[u8] {
+        self.lines()
+            .filter_map(|line| line.strip_prefix(b"event:"))
+            .last()
+            .map(|v| v.trim_ascii())
+            .unwrap_or_default()
+    }
     /// The `data:` lines, each without the field name and one optional leading space.
-    pub data: Vec<Vec<u8>>,
-}
-
-impl SseParser {
-    pub fn feed(&mut self, chunk: &[u8], out: &mut Vec<SseEvent>) {
-        self.buf.extend_from_slice(chunk);
-        let mut start = 0;
-        while let Some(pos) = find_blank_line(&self.buf[start..]) {
-            let block = &self.buf[start..start + pos];
-            start += pos + 2;
-            let mut ev = SseEvent {
-                event: String::new(),
-                data: Vec::new(),
-            };
-            for line in block.split(|&b| b == b'\n') {
-                let line = line.strip_suffix(b"\r").unwrap_or(line);
-                if let Some(rest) = line.strip_prefix(b"data:") {
-                    let rest = rest.strip_prefix(b" ").unwrap_or(rest);
-                    ev.data.push(rest.to_vec());
-                } else if let Some(rest) = line.strip_prefix(b"event:") {
-                    ev.event = String::from_utf8_lossy(rest).trim().to_string();
-                }
-            }
-            out.push(ev);
-        }
-        self.buf.drain(..start);
+    pub fn data(&self) -> impl Iterator<Item = &[u8]> {
+        self.lines()
+            .filter_map(|line| line.strip_prefix(b"data:"))
+            .map(|rest| rest.strip_prefix(b" ").unwrap_or(rest))
     }
 }
 
+impl SseParser {
+    pub fn feed(&mut self, chunk: &[u8], mut on_event: impl FnMut(SseEvent<'_>)) {
+        if self.partial.is_empty() {
+            let used = each_event(chunk, &mut on_event);
+            self.partial.extend_from_slice(&chunk[used..]);
+        } else {
+            self.partial.extend_from_slice(chunk);
+            let used = each_event(&self.partial, &mut on_event);
+            self.partial.drain(..used);
+        }
+    }
+}
+
+/// Calls `on_event` for each complete event at the start of `bytes`; returns the bytes used.
+fn each_event(bytes: &[u8], on_event: &mut impl FnMut(SseEvent<'_>)) -> usize {
+    let mut used = 0;
+    while let Some(end) = find_blank_line(&bytes[used..]) {
+        on_event(SseEvent {
+            block: &bytes[used..used + end],
+        });
+        used += end + 2;
+    }
+    used
+}
+
 fn find_blank_line(b: &[u8]) -> Option<usize> {
-    b.windows(2).position(|w| w == b"\n\n")
+    let mut from = 0;
+    while let Some(at) = b[from..].iter().position(|&c| c == b'\n') {
+        let at = from + at;
+        if b.get(at + 1) == Some(&b'\n') {
+            return Some(at);
+        }
+        from = at + 1;
+    }
+    None
 }
 
 #[cfg(test)]
@@ -215,14 +247,34 @@ mod tests {
     #[test]
     fn sse_events_split_across_chunks() {
         let mut p = SseParser::default();
-        let mut out = Vec::new();
-        p.feed(b"event: data\ndata:12 a\nda", &mut out);
-        assert!(out.is_empty());
-        p.feed(b"ta:34 b\n\nevent: control\ndata: {}\n\n", &mut out);
-        assert_eq!(out.len(), 2);
-        assert_eq!(out[0].event, "data");
-        assert_eq!(out[0].data, vec![b"12 a".to_vec(), b"34 b".to_vec()]);
-        assert_eq!(out[1].data, vec![b"{}".to_vec()]);
+        let mut out: Vec<(Vec<u8>, Vec<Vec<u8>>)> = Vec::new();
+        let mut take = |ev: SseEvent<'_>| {
+            out.push((ev.name().to_vec(), ev.data().map(<[u8]>::to_vec).collect()))
+        };
+        p.feed(b"event: data\ndata:12 a\nda", &mut take);
+        p.feed(
+            b"ta:34 b\n\nevent: control\ndata: {}\n\nevent: da",
+            &mut take,
+        );
+        p.feed(b"ta\ndata: x\n\n", &mut take);
+        assert_eq!(out.len(), 3);
+        assert_eq!(out[0].0, b"data");
+        assert_eq!(out[0].1, vec![b"12 a".to_vec(), b"34 b".to_vec()]);
+        assert_eq!(out[1].0, b"control");
+        assert_eq!(out[1].1, vec![b"{}".to_vec()]);
+        assert_eq!(out[2].1, vec![b"x".to_vec()]);
+    }
+
+    #[test]
+    fn sse_events_whole_in_one_chunk_leave_nothing_behind() {
+        let mut p = SseParser::default();
+        let mut n = 0;
+        p.feed(
+            b"event: data\ndata: a\n\nevent: control\ndata: {}\n\n",
+            |_| n += 1,
+        );
+        assert_eq!(n, 2);
+        assert!(p.partial.is_empty());
     }
 
     #[test]

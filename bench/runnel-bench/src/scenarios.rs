@@ -375,6 +375,7 @@ struct Live {
     from_ns: AtomicU64,
     to_ns: AtomicU64,
     stop: AtomicU64,
+    stop_notify: Notify,
 }
 
 impl Live {
@@ -384,6 +385,10 @@ impl Live {
     fn in_window(&self, sent: u64) -> bool {
         let from = self.from_ns.load(Ordering::Relaxed);
         from != 0 && sent >= from && sent < self.to_ns.load(Ordering::Relaxed)
+    }
+    fn stop(&self) {
+        self.stop.store(1, Ordering::SeqCst);
+        self.stop_notify.notify_waiters();
     }
     fn stopped(&self) -> bool {
         self.stop.load(Ordering::Relaxed) != 0
@@ -406,7 +411,13 @@ async fn subscribe(ctx: Arc<Ctx>, name: String, live: Arc<Live>) -> Recorder {
     let mut conn = Conn::new(ctx.target.clone());
     let mut offset: Option<String> = None;
     let mut marked_ready = false;
-    let mut events = Vec::new();
+    let mark_ready = |marked: &mut bool| {
+        if !*marked {
+            *marked = true;
+            live.ready.fetch_add(1, Ordering::SeqCst);
+            live.ready_notify.notify_waiters();
+        }
+    };
     'outer: while !live.stopped() {
         let req = ctx.sse_req(&conn, &name, offset.as_deref());
         let resp = match conn.send_streaming(req).await {
@@ -424,48 +435,49 @@ async fn subscribe(ctx: Arc<Ctx>, name: String, live: Arc<Live>) -> Recorder {
         };
         let mut body = resp.into_body();
         let mut parser = SseParser::default();
+        // One registration for the whole response, so a delivery costs no timer or waiter.
+        let stop = live.stop_notify.notified();
+        tokio::pin!(stop);
+        stop.as_mut().enable();
+        if live.stopped() {
+            break;
+        }
         loop {
-            // Ready on the first event, or 2 s after the headers for a server that sends none.
-            let wait = if marked_ready {
-                Duration::from_millis(200)
-            } else {
-                Duration::from_secs(2)
-            };
-            let frame = match tokio::time::timeout(wait, body.frame()).await {
-                Err(_) => {
-                    if !marked_ready {
-                        marked_ready = true;
-                        live.ready.fetch_add(1, Ordering::SeqCst);
-                        live.ready_notify.notify_waiters();
-                    }
-                    if live.stopped() {
-                        break 'outer;
-                    }
-                    continue;
+            let frame = if marked_ready {
+                tokio::select! {
+                    biased;
+                    frame = body.frame() => frame,
+                    _ = &mut stop => break 'outer,
                 }
-                Ok(None) => break, // the server ended the response: reconnect
-                Ok(Some(Err(e))) => {
+            } else {
+                // Ready on the first event, or 2 s after the headers for a server that sends none.
+                match tokio::time::timeout(Duration::from_secs(2), body.frame()).await {
+                    Ok(frame) => frame,
+                    Err(_) => {
+                        mark_ready(&mut marked_ready);
+                        continue;
+                    }
+                }
+            };
+            let frame = match frame {
+                None => break, // the server ended the response: reconnect
+                Some(Err(e)) => {
                     if !live.stopped() {
                         rec.error(format!("SSE body: {e}"));
                     }
                     break;
                 }
-                Ok(Some(Ok(f))) => f,
+                Some(Ok(f)) => f,
             };
             let now = live.now_ns();
             let Ok(data) = frame.into_data() else {
                 continue;
             };
-            parser.feed(&data, &mut events);
-            for ev in events.drain(..) {
-                if !marked_ready {
-                    marked_ready = true;
-                    live.ready.fetch_add(1, Ordering::SeqCst);
-                    live.ready_notify.notify_waiters();
-                }
-                match (ctx.api, ev.event.as_str()) {
-                    (Api::S2, "batch") => {
-                        for line in &ev.data {
+            parser.feed(&data, |ev| {
+                mark_ready(&mut marked_ready);
+                match (ctx.api, ev.name()) {
+                    (Api::S2, b"batch") => {
+                        for line in ev.data() {
                             if let Ok(b) = serde_json::from_slice::<S2Batch>(line) {
                                 for r in b.records {
                                     note(&mut rec, &live, r.body.as_bytes(), now);
@@ -474,22 +486,22 @@ async fn subscribe(ctx: Arc<Ctx>, name: String, live: Arc<Live>) -> Recorder {
                         }
                     }
                     (Api::S2, _) => {}
-                    (_, "control") => {
+                    (_, b"control") => {
                         if let Some(o) = ev
-                            .data
-                            .first()
+                            .data()
+                            .next()
                             .and_then(|line| json_str_field(line, b"\"streamNextOffset\":\""))
                         {
                             offset = Some(o);
                         }
                     }
                     (_, _) => {
-                        for line in &ev.data {
+                        for line in ev.data() {
                             note(&mut rec, &live, line, now);
                         }
                     }
                 }
-            }
+            });
             if live.stopped() {
                 break 'outer;
             }
@@ -536,6 +548,7 @@ pub async fn fanout(ctx: Arc<Ctx>, o: Opts, rate: f64) -> Result<Vec<Row>> {
         from_ns: AtomicU64::new(0),
         to_ns: AtomicU64::new(u64::MAX),
         stop: AtomicU64::new(0),
+        stop_notify: Notify::new(),
     });
     let mut subs = Vec::new();
     for _ in 0..o.n {
@@ -585,13 +598,13 @@ pub async fn fanout(ctx: Arc<Ctx>, o: Opts, rate: f64) -> Result<Vec<Row>> {
     }
     // Let the last events arrive, then stop the subscribers.
     tokio::time::sleep(Duration::from_secs(3)).await;
-    live.stop.store(1, Ordering::SeqCst);
+    live.stop();
     let mut all = Recorder::default();
     for s in subs {
         all.merge(s.await?);
     }
     let expected = sent_in_window * o.n as u64;
-    let got = all.hist.len();
+    let got = all.count();
     if got < expected {
         all.error(format!(
             "{} of {expected} deliveries missing",
@@ -617,6 +630,7 @@ pub async fn write_tail(ctx: Arc<Ctx>, o: Opts) -> Result<Vec<Row>> {
         from_ns: AtomicU64::new(0),
         to_ns: AtomicU64::new(u64::MAX),
         stop: AtomicU64::new(0),
+        stop_notify: Notify::new(),
     });
     let subs: Vec<_> = names
         .iter()
@@ -675,12 +689,12 @@ pub async fn write_tail(ctx: Arc<Ctx>, o: Opts) -> Result<Vec<Row>> {
         expected += s;
     }
     tokio::time::sleep(Duration::from_secs(3)).await;
-    live.stop.store(1, Ordering::SeqCst);
+    live.stop();
     let mut all = Recorder::default();
     for s in subs {
         all.merge(s.await?);
     }
-    let got = all.hist.len();
+    let got = all.count();
     if got < expected {
         all.error(format!(
             "{} of {expected} deliveries missing",
@@ -787,10 +801,8 @@ pub async fn catchup(
         t.await??;
     }
     let fill_secs = fill_start.elapsed().as_secs_f64();
-    let fill = Recorder {
-        bytes: (appends * chunk.len()) as u64,
-        ..Recorder::default()
-    };
+    let mut fill = Recorder::default();
+    fill.bytes = (appends * chunk.len()) as u64;
     let mut fill_row = Row::from("fill", &fill, fill_secs);
     fill_row.count = appends as u64;
     fill_row.ops_per_sec = appends as f64 / fill_secs;

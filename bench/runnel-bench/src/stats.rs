@@ -2,6 +2,7 @@
 
 use hdrhistogram::Histogram;
 use serde::Serialize;
+use std::borrow::Cow;
 use std::time::{Duration, Instant};
 
 /// Latencies in microseconds, 1 µs .. 1 hour, 3 significant digits.
@@ -10,17 +11,27 @@ pub fn new_hist() -> Histogram<u64> {
 }
 
 /// What one worker measured for one metric.
+///
+/// Samples wait in a small buffer and reach the histogram in batches. A histogram with these
+/// bounds is about 180 KB, so 1,000 subscribers each recording into their own one sample at a
+/// time missed the cache on every delivery: 6% of the client's time in `fanout`, which adds to
+/// the latency it measures.
 pub struct Recorder {
-    pub hist: Histogram<u64>,
+    hist: Histogram<u64>,
+    pending: Vec<u64>,
     pub errors: u64,
     pub bytes: u64,
     pub first_errors: Vec<String>,
 }
 
+/// Samples buffered before they are folded into the histogram.
+const PENDING_SAMPLES: usize = 4096;
+
 impl Default for Recorder {
     fn default() -> Self {
         Recorder {
             hist: new_hist(),
+            pending: Vec::new(),
             errors: 0,
             bytes: 0,
             first_errors: Vec::new(),
@@ -31,7 +42,19 @@ impl Default for Recorder {
 impl Recorder {
     pub fn record(&mut self, d: Duration) {
         let us = (d.as_nanos() / 1000).max(1) as u64;
-        self.hist.saturating_record(us);
+        self.pending.push(us);
+        if self.pending.len() >= PENDING_SAMPLES {
+            self.fold_pending();
+        }
+    }
+    fn fold_pending(&mut self) {
+        for us in self.pending.drain(..) {
+            self.hist.saturating_record(us);
+        }
+    }
+    /// How many samples were recorded.
+    pub fn count(&self) -> u64 {
+        self.hist.len() + self.pending.len() as u64
     }
     pub fn error(&mut self, what: impl std::fmt::Display) {
         self.errors += 1;
@@ -40,7 +63,12 @@ impl Recorder {
         }
     }
     pub fn merge(&mut self, other: Recorder) {
-        self.hist.add(&other.hist).expect("same bounds");
+        if !other.hist.is_empty() {
+            self.hist.add(&other.hist).expect("same bounds");
+        }
+        for us in other.pending {
+            self.hist.saturating_record(us);
+        }
         self.errors += other.errors;
         self.bytes += other.bytes;
         for e in other.first_errors {
@@ -48,6 +76,17 @@ impl Recorder {
                 self.first_errors.push(e);
             }
         }
+    }
+    /// Every sample recorded so far, buffered ones included.
+    fn histogram(&self) -> Cow<'_, Histogram<u64>> {
+        if self.pending.is_empty() {
+            return Cow::Borrowed(&self.hist);
+        }
+        let mut all = self.hist.clone();
+        for &us in &self.pending {
+            all.saturating_record(us);
+        }
+        Cow::Owned(all)
     }
 }
 
@@ -99,7 +138,7 @@ pub struct Row {
 
 impl Row {
     pub fn from(metric: &str, r: &Recorder, secs: f64) -> Row {
-        let h = &r.hist;
+        let h = r.histogram();
         let ms = |us: u64| us as f64 / 1000.0;
         let count = h.len();
         let empty = count == 0;
