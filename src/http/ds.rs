@@ -9,6 +9,7 @@ use axum::response::{IntoResponse, Response};
 
 use super::error::{Handled, empty, set, set_number, set_tail};
 use super::gather::{Gather, Pieces};
+use super::header_names;
 use super::request::{self, Query, Rejection};
 use super::{AppState, sse, text_error};
 use crate::model::headers as hv;
@@ -203,10 +204,10 @@ async fn create(
     };
     let request = CreateRequest {
         name,
-        content_type: request::header(headers, "content-type")?.map(str::to_owned),
+        content_type: request::header(headers, &header::CONTENT_TYPE)?.map(str::to_owned),
         ttl_secs,
         expires_at_ms,
-        closed: hv::is_closed_flag(request::header(headers, "stream-closed")?),
+        closed: hv::is_closed_flag(request::header(headers, &header_names::STREAM_CLOSED)?),
         body: request::body(headers, body, app.config.max_body_bytes).await?,
         fork,
         attrs: request::header(headers, "stream-attrs")?
@@ -256,12 +257,12 @@ fn describe(response: &mut Response, info: &StreamInfo) {
 
 async fn append(app: &AppState, name: &str, headers: &HeaderMap, body: Body) -> Handled {
     let producer = hv::parse_producer(
-        request::header(headers, "producer-id")?,
-        request::header(headers, "producer-epoch")?,
-        request::header(headers, "producer-seq")?,
+        request::header(headers, &header_names::PRODUCER_ID)?,
+        request::header(headers, &header_names::PRODUCER_EPOCH)?,
+        request::header(headers, &header_names::PRODUCER_SEQ)?,
     )?;
-    let close = hv::is_closed_flag(request::header(headers, "stream-closed")?);
-    let content_type = request::header(headers, "content-type")?.map(str::to_owned);
+    let close = hv::is_closed_flag(request::header(headers, &header_names::STREAM_CLOSED)?);
+    let content_type = request::header(headers, &header::CONTENT_TYPE)?.map(str::to_owned);
     let body = request::body(headers, body, app.config.max_body_bytes).await?;
     if body.is_empty() && !close {
         return Err(Rejection::bad_request(
@@ -273,7 +274,7 @@ async fn append(app: &AppState, name: &str, headers: &HeaderMap, body: Body) -> 
         return Err(Rejection::bad_request("an append with a body needs a Content-Type").into());
     }
     let has_body = !body.is_empty();
-    let record_match = request::header(headers, "stream-record-match")?
+    let record_match = request::header(headers, &header_names::STREAM_RECORD_MATCH)?
         .map(|v| {
             hv::parse_canonical_u64(v).ok_or_else(|| {
                 Rejection::bad_request("Stream-Record-Match must be a non-negative integer")
@@ -285,7 +286,7 @@ async fn append(app: &AppState, name: &str, headers: &HeaderMap, body: Body) -> 
         body,
         close,
         producer,
-        stream_seq: request::header(headers, "stream-seq")?.map(str::to_owned),
+        stream_seq: request::header(headers, &header_names::STREAM_SEQ)?.map(str::to_owned),
         record_match,
     };
     let ack = app.service.append(name, request).await?;
@@ -324,8 +325,8 @@ fn acknowledge(ack: &AppendAck, has_body: bool) -> Response {
     let mut response = empty(status);
     set_tail(&mut response, ack.tail, ack.closed);
     if let Some((epoch, seq)) = ack.producer {
-        set_number(&mut response, "producer-epoch", epoch);
-        set_number(&mut response, "producer-seq", seq);
+        set_number(&mut response, header_names::PRODUCER_EPOCH, epoch);
+        set_number(&mut response, header_names::PRODUCER_SEQ, seq);
     }
     response
 }

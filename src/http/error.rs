@@ -1,9 +1,11 @@
 //! Failures and the response pieces every face shares.
 
 use axum::body::Body;
-use axum::http::{HeaderName, HeaderValue, StatusCode};
+use axum::http::header::IntoHeaderName;
+use axum::http::{HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 
+use super::header_names;
 use super::request::Rejection;
 use super::text_error;
 use crate::model::Offset;
@@ -199,32 +201,45 @@ pub fn error_code(error: &StreamError) -> &'static str {
     }
 }
 
-pub fn set(response: &mut Response, name: &'static str, value: &str) {
+pub fn set(response: &mut Response, name: impl IntoHeaderName, value: &str) {
     if let Ok(value) = HeaderValue::from_str(value) {
-        response
-            .headers_mut()
-            .insert(HeaderName::from_static(name), value);
+        response.headers_mut().insert(name, value);
     }
 }
 
 /// Sets a numeric header (no intermediate `String`).
-pub fn set_number(response: &mut Response, name: &'static str, value: u64) {
+pub fn set_number(response: &mut Response, name: impl IntoHeaderName, value: u64) {
     response
         .headers_mut()
-        .insert(HeaderName::from_static(name), HeaderValue::from(value));
+        .insert(name, HeaderValue::from(value));
 }
 
 pub fn set_tail(response: &mut Response, tail: Offset, closed: bool) {
     if tail.is_representable() {
-        set(response, "stream-next-offset", tail.token().as_str());
+        set(
+            response,
+            header_names::STREAM_NEXT_OFFSET,
+            tail.token().as_str(),
+        );
     } else {
-        set(response, "stream-next-offset", &tail.to_string());
+        set(
+            response,
+            header_names::STREAM_NEXT_OFFSET,
+            &tail.to_string(),
+        );
     }
     if closed {
-        set(response, "stream-closed", "true");
+        set(response, header_names::STREAM_CLOSED, "true");
     }
 }
 
+/// Room for the headers a response usually carries (the shared ones, the request id, the
+/// tail, a producer's position), so the map is allocated once instead of growing on every append.
+const USUAL_HEADERS: usize = 12;
+
 pub fn empty(status: StatusCode) -> Response {
-    (status, Body::empty()).into_response()
+    let mut response = Response::new(Body::empty());
+    *response.status_mut() = status;
+    *response.headers_mut() = HeaderMap::with_capacity(USUAL_HEADERS);
+    response
 }

@@ -7,6 +7,7 @@ mod ds;
 mod error;
 mod extensions;
 mod gather;
+mod header_names;
 mod live;
 mod metrics;
 mod observe;
@@ -130,7 +131,7 @@ async fn through_front_door<F>(
 where
     F: Future<Output = Response>,
 {
-    let observation = observe::Observation::start(&mut request, route);
+    let observation = observe::Observation::start(&request, route);
     let sent_body = sent_body(&request);
     let mut response = observation
         .run(async {
@@ -230,11 +231,11 @@ fn add_common_headers(response: &mut Response, sent_body: bool) {
         headers.insert(header::CONNECTION, HeaderValue::from_static("close"));
     }
     headers.insert(
-        "x-content-type-options",
+        header_names::X_CONTENT_TYPE_OPTIONS,
         HeaderValue::from_static("nosniff"),
     );
     headers.insert(
-        "cross-origin-resource-policy",
+        header_names::CROSS_ORIGIN_RESOURCE_POLICY,
         HeaderValue::from_static("cross-origin"),
     );
     headers.insert(

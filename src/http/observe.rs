@@ -12,14 +12,34 @@ use axum::http::HeaderValue;
 use axum::response::Response;
 use tracing::Instrument as _;
 
-const REQUEST_ID: &str = "x-request-id";
+use super::header_names::X_REQUEST_ID;
 
 /// Request ids: a process-unique prefix and a counter, cheap and never repeated.
-fn next_request_id() -> String {
+fn next_request_id() -> HeaderValue {
     static NEXT: AtomicU64 = AtomicU64::new(0);
     static PREFIX: std::sync::OnceLock<u32> = std::sync::OnceLock::new();
-    let prefix = PREFIX.get_or_init(rand::random);
-    format!("{prefix:08x}-{:x}", NEXT.fetch_add(1, Ordering::Relaxed))
+    let prefix = *PREFIX.get_or_init(rand::random);
+    request_id(prefix, NEXT.fetch_add(1, Ordering::Relaxed))
+}
+
+/// `{prefix:08x}-{count:x}`, rendered on the stack: every request gets one.
+fn request_id(prefix: u32, count: u64) -> HeaderValue {
+    let mut text = [0u8; 8 + 1 + 16];
+    let mut len = write_hex(&mut text, u64::from(prefix), 8);
+    text[len] = b'-';
+    len += 1;
+    let digits = (64 - count.leading_zeros()).div_ceil(4).max(1) as usize;
+    len += write_hex(&mut text[len..], count, digits);
+    HeaderValue::from_bytes(&text[..len]).unwrap_or_else(|_| HeaderValue::from_static("unnamed"))
+}
+
+/// Writes the low `digits` hex digits of `value` at the start of `out`; returns `digits`.
+fn write_hex(out: &mut [u8], value: u64, digits: usize) -> usize {
+    for (i, slot) in out[..digits].iter_mut().enumerate() {
+        let shift = 4 * (digits - 1 - i);
+        *slot = b"0123456789abcdef"[((value >> shift) & 0xf) as usize];
+    }
+    digits
 }
 
 /// The request counter of one route, method and status, and the latency histogram of its route
@@ -96,16 +116,11 @@ impl Observation {
     ///
     /// `route` names the route when the router did not match the request itself (the
     /// shortcut for appends); otherwise it is the route the router matched.
-    pub fn start(request: &mut Request, route: Option<&'static str>) -> Observation {
+    pub fn start(request: &Request, route: Option<&'static str>) -> Observation {
         let started = Instant::now();
-        let id = match request.headers().get(REQUEST_ID) {
+        let id = match request.headers().get(X_REQUEST_ID) {
             Some(sent) if is_sane_id(sent) => sent.clone(),
-            _ => {
-                let id = HeaderValue::from_str(&next_request_id());
-                let id = id.unwrap_or_else(|_| HeaderValue::from_static("unnamed"));
-                request.headers_mut().insert(REQUEST_ID, id.clone());
-                id
-            }
+            _ => next_request_id(),
         };
         let span = tracing::debug_span!("request", id = ?id);
         Observation {
@@ -143,11 +158,29 @@ impl Observation {
                 .in_scope(|| tracing::debug!(%method, status, ?elapsed, "served"));
         }
         record(route, method.as_str(), status, elapsed.as_secs_f64());
-        response.headers_mut().insert(REQUEST_ID, self.id);
+        response.headers_mut().insert(X_REQUEST_ID, self.id);
     }
 }
 
 fn is_sane_id(value: &HeaderValue) -> bool {
     let bytes = value.as_bytes();
     !bytes.is_empty() && bytes.len() <= 128 && bytes.iter().all(u8::is_ascii_graphic)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn request_ids_are_the_prefix_and_the_counter_in_hex() {
+        for (prefix, count) in [(0, 0), (0xdead_beef, 1), (7, 0xff), (u32::MAX, u64::MAX)] {
+            assert_eq!(
+                request_id(prefix, count).to_str().unwrap(),
+                format!("{prefix:08x}-{count:x}")
+            );
+        }
+        let (first, second) = (next_request_id(), next_request_id());
+        assert_ne!(first, second);
+        assert!(is_sane_id(&first));
+    }
 }

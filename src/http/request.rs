@@ -1,6 +1,7 @@
 //! Reading HTTP requests: header values, query parameters and bodies, each with a clear 4xx.
 
 use axum::body::Body;
+use axum::http::header::AsHeaderName;
 use axum::http::{HeaderMap, StatusCode};
 use bytes::Bytes;
 
@@ -21,7 +22,10 @@ impl Rejection {
 }
 
 /// The value of a header sent at most once, as visible ASCII text.
-pub fn header<'a>(headers: &'a HeaderMap, name: &str) -> Result<Option<&'a str>, Rejection> {
+pub fn header<N>(headers: &HeaderMap, name: N) -> Result<Option<&str>, Rejection>
+where
+    N: AsHeaderName + Copy + std::fmt::Display,
+{
     let mut values = headers.get_all(name).iter();
     let Some(value) = values.next() else {
         return Ok(None);
