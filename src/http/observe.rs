@@ -11,6 +11,7 @@ use axum::extract::{MatchedPath, Request};
 use axum::http::HeaderValue;
 use axum::response::Response;
 use tracing::Instrument as _;
+use tracing::instrument::Instrumented;
 
 use super::header_names::X_REQUEST_ID;
 
@@ -135,9 +136,11 @@ impl Observation {
         }
     }
 
-    /// Runs the rest of the request inside the span.
-    pub async fn run(&self, inner: impl Future<Output = Response>) -> Response {
-        inner.instrument(self.span.clone()).await
+    /// Runs the rest of the request inside the span. Not an `async fn`: that would hold `inner`
+    /// twice in its state, as its argument and as the instrumented future, and every request's
+    /// future is copied whole when it is boxed.
+    pub fn run<F: Future<Output = Response>>(&self, inner: F) -> Instrumented<F> {
+        inner.instrument(self.span.clone())
     }
 
     /// Logs a failure with the request id, records the request's count and latency by route,

@@ -3,7 +3,8 @@
 use axum::body::Body;
 use axum::http::header::AsHeaderName;
 use axum::http::{HeaderMap, StatusCode};
-use bytes::Bytes;
+use bytes::{Bytes, BytesMut};
+use http_body_util::BodyExt as _;
 
 /// A request that cannot be served as sent: its status and a short reason for the client.
 #[derive(Debug)]
@@ -76,7 +77,7 @@ pub async fn body(headers: &HeaderMap, body: Body, limit: usize) -> Result<Bytes
         status: StatusCode::PAYLOAD_TOO_LARGE,
         reason: format!("request body exceeds the limit of {limit} bytes"),
     };
-    let declared = header(headers, "content-length")?
+    let declared = header(headers, &axum::http::header::CONTENT_LENGTH)?
         .map(|v| {
             v.parse::<u64>()
                 .map_err(|_| Rejection::bad_request("Content-Length must be an integer"))
@@ -85,16 +86,40 @@ pub async fn body(headers: &HeaderMap, body: Body, limit: usize) -> Result<Bytes
     if declared.is_some_and(|len| len > limit as u64) {
         return Err(too_large());
     }
-    let bytes = axum::body::to_bytes(body, limit).await.map_err(|e| {
-        let over_limit = std::iter::successors(Some(&e as &dyn std::error::Error), |e| e.source())
-            .any(|e| e.is::<http_body_util::LengthLimitError>());
-        if over_limit {
-            too_large()
-        } else {
-            Rejection::bad_request(format!("could not read the request body: {e}"))
+    read_to_end(body, limit).await?.ok_or_else(too_large)
+}
+
+/// The body's bytes, or `None` once they pass `limit`. A body that arrives as one frame (every
+/// small append) is taken as it is, without the frame queue a general collector allocates.
+async fn read_to_end(mut body: Body, limit: usize) -> Result<Option<Bytes>, Rejection> {
+    let mut whole = Bytes::new();
+    let mut joined: Option<BytesMut> = None;
+    while let Some(frame) = body.frame().await {
+        let frame = frame
+            .map_err(|e| Rejection::bad_request(format!("could not read the request body: {e}")))?;
+        // Trailers carry no body bytes.
+        let Ok(data) = frame.into_data() else {
+            continue;
+        };
+        let so_far = joined.as_ref().map_or(whole.len(), BytesMut::len);
+        if so_far + data.len() > limit {
+            return Ok(None);
         }
-    })?;
-    Ok(owned(bytes))
+        match &mut joined {
+            Some(buf) => buf.extend_from_slice(&data),
+            None if whole.is_empty() => whole = data,
+            None => {
+                let mut buf = BytesMut::with_capacity(2 * (whole.len() + data.len()));
+                buf.extend_from_slice(&whole);
+                buf.extend_from_slice(&data);
+                joined = Some(buf);
+            }
+        }
+    }
+    Ok(Some(match joined {
+        Some(buf) => buf.freeze(),
+        None => owned(whole),
+    }))
 }
 
 /// Bodies below this size get their own allocation.
@@ -108,5 +133,70 @@ fn owned(bytes: Bytes) -> Bytes {
         Bytes::copy_from_slice(&bytes)
     } else {
         bytes
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn chunked(parts: &[&'static [u8]]) -> Body {
+        let frames = parts
+            .iter()
+            .map(|p| Ok::<_, std::io::Error>(Bytes::from_static(p)));
+        Body::from_stream(futures::stream::iter(frames.collect::<Vec<_>>()))
+    }
+
+    #[tokio::test]
+    async fn a_body_in_several_frames_is_read_whole_and_in_order() {
+        let body = read_to_end(chunked(&[b"ab", b"", b"cde", b"f"]), 6).await;
+        assert_eq!(body.unwrap(), Some(Bytes::from_static(b"abcdef")));
+    }
+
+    #[tokio::test]
+    async fn a_body_past_the_limit_is_refused_in_any_frame() {
+        assert_eq!(read_to_end(chunked(&[b"abcdefg"]), 6).await.unwrap(), None);
+        assert_eq!(
+            read_to_end(chunked(&[b"abc", b"defg"]), 6).await.unwrap(),
+            None
+        );
+        assert_eq!(
+            read_to_end(chunked(&[b"ab", b"cd", b"efg"]), 6)
+                .await
+                .unwrap(),
+            None
+        );
+    }
+
+    #[tokio::test]
+    async fn an_empty_body_reads_as_empty() {
+        assert_eq!(
+            read_to_end(Body::empty(), 6).await.unwrap(),
+            Some(Bytes::new())
+        );
+    }
+
+    #[tokio::test]
+    async fn a_small_body_does_not_keep_its_frame_alive() {
+        let frame = Bytes::from(vec![7u8; 64 * 1024]);
+        let small = frame.slice(..100);
+        let body = Body::from(small);
+        let read = read_to_end(body, 1 << 20).await.unwrap().unwrap();
+        assert_eq!(read.len(), 100);
+        assert!(
+            !std::ptr::eq(read.as_ptr(), frame.as_ptr()),
+            "copied out of the frame"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_broken_body_is_a_bad_request() {
+        let frames = vec![
+            Ok(Bytes::from_static(b"ab")),
+            Err(std::io::Error::other("reset")),
+        ];
+        let body = Body::from_stream(futures::stream::iter(frames));
+        let refusal = read_to_end(body, 6).await.unwrap_err();
+        assert_eq!(refusal.status, StatusCode::BAD_REQUEST);
     }
 }
