@@ -86,12 +86,22 @@ pub async fn body(headers: &HeaderMap, body: Body, limit: usize) -> Result<Bytes
     if declared.is_some_and(|len| len > limit as u64) {
         return Err(too_large());
     }
-    read_to_end(body, limit).await?.ok_or_else(too_large)
+    let expected = declared
+        .and_then(|len| usize::try_from(len).ok())
+        .unwrap_or(0);
+    read_to_end(body, limit, expected)
+        .await?
+        .ok_or_else(too_large)
 }
 
 /// The body's bytes, or `None` once they pass `limit`. A body that arrives as one frame (every
-/// small append) is taken as it is, without the frame queue a general collector allocates.
-async fn read_to_end(mut body: Body, limit: usize) -> Result<Option<Bytes>, Rejection> {
+/// small append) is taken as it is, without the frame queue a general collector allocates; one
+/// in several frames is joined into a buffer of the `expected` size (its Content-Length).
+async fn read_to_end(
+    mut body: Body,
+    limit: usize,
+    expected: usize,
+) -> Result<Option<Bytes>, Rejection> {
     let mut whole = Bytes::new();
     let mut joined: Option<BytesMut> = None;
     while let Some(frame) = body.frame().await {
@@ -109,7 +119,13 @@ async fn read_to_end(mut body: Body, limit: usize) -> Result<Option<Bytes>, Reje
             Some(buf) => buf.extend_from_slice(&data),
             None if whole.is_empty() => whole = data,
             None => {
-                let mut buf = BytesMut::with_capacity(2 * (whole.len() + data.len()));
+                let so_far = whole.len() + data.len();
+                let capacity = if expected >= so_far {
+                    expected
+                } else {
+                    2 * so_far
+                };
+                let mut buf = BytesMut::with_capacity(capacity);
                 buf.extend_from_slice(&whole);
                 buf.extend_from_slice(&data);
                 joined = Some(buf);
@@ -117,6 +133,9 @@ async fn read_to_end(mut body: Body, limit: usize) -> Result<Option<Bytes>, Reje
         }
     }
     Ok(Some(match joined {
+        // A body without a Content-Length may leave the buffer half empty; the bytes kept (in
+        // the tail cache, say) should not hold on to that.
+        Some(buf) if buf.capacity() - buf.len() > buf.len() / 4 => Bytes::copy_from_slice(&buf),
         Some(buf) => buf.freeze(),
         None => owned(whole),
     }))
@@ -149,19 +168,24 @@ mod tests {
 
     #[tokio::test]
     async fn a_body_in_several_frames_is_read_whole_and_in_order() {
-        let body = read_to_end(chunked(&[b"ab", b"", b"cde", b"f"]), 6).await;
+        let body = read_to_end(chunked(&[b"ab", b"", b"cde", b"f"]), 6, 0).await;
         assert_eq!(body.unwrap(), Some(Bytes::from_static(b"abcdef")));
     }
 
     #[tokio::test]
     async fn a_body_past_the_limit_is_refused_in_any_frame() {
-        assert_eq!(read_to_end(chunked(&[b"abcdefg"]), 6).await.unwrap(), None);
         assert_eq!(
-            read_to_end(chunked(&[b"abc", b"defg"]), 6).await.unwrap(),
+            read_to_end(chunked(&[b"abcdefg"]), 6, 0).await.unwrap(),
             None
         );
         assert_eq!(
-            read_to_end(chunked(&[b"ab", b"cd", b"efg"]), 6)
+            read_to_end(chunked(&[b"abc", b"defg"]), 6, 0)
+                .await
+                .unwrap(),
+            None
+        );
+        assert_eq!(
+            read_to_end(chunked(&[b"ab", b"cd", b"efg"]), 6, 0)
                 .await
                 .unwrap(),
             None
@@ -169,9 +193,20 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn a_joined_body_keeps_no_more_memory_than_it_needs() {
+        let unknown = read_to_end(chunked(&[b"abc", b"def"]), 1 << 20, 0).await;
+        let known = read_to_end(chunked(&[b"abc", b"def"]), 1 << 20, 6).await;
+        for body in [unknown.unwrap().unwrap(), known.unwrap().unwrap()] {
+            assert_eq!(body, Bytes::from_static(b"abcdef"));
+            let kept = BytesMut::from(body).capacity();
+            assert!(kept <= 6 + 6 / 4, "{kept} bytes kept for 6");
+        }
+    }
+
+    #[tokio::test]
     async fn an_empty_body_reads_as_empty() {
         assert_eq!(
-            read_to_end(Body::empty(), 6).await.unwrap(),
+            read_to_end(Body::empty(), 6, 0).await.unwrap(),
             Some(Bytes::new())
         );
     }
@@ -181,7 +216,7 @@ mod tests {
         let frame = Bytes::from(vec![7u8; 64 * 1024]);
         let small = frame.slice(..100);
         let body = Body::from(small);
-        let read = read_to_end(body, 1 << 20).await.unwrap().unwrap();
+        let read = read_to_end(body, 1 << 20, 100).await.unwrap().unwrap();
         assert_eq!(read.len(), 100);
         assert!(
             !std::ptr::eq(read.as_ptr(), frame.as_ptr()),
@@ -196,7 +231,7 @@ mod tests {
             Err(std::io::Error::other("reset")),
         ];
         let body = Body::from_stream(futures::stream::iter(frames));
-        let refusal = read_to_end(body, 6).await.unwrap_err();
+        let refusal = read_to_end(body, 6, 0).await.unwrap_err();
         assert_eq!(refusal.status, StatusCode::BAD_REQUEST);
     }
 }
