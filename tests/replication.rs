@@ -57,8 +57,8 @@ async fn view(http: &reqwest::Client, url: &str) -> (String, Option<String>, Vec
     seen.unwrap_or_else(|status| panic!("read {url}: {status}"))
 }
 
-/// [`view`], or the status of a read that failed: a mirror rebuilding a stream after a gap
-/// drops and recreates it, so it may briefly answer 404 between a HEAD and a read.
+/// [`view`], or the status of a read that failed: a mirror rebuilding a stream after a gap swaps
+/// in a copy that starts later, so a read that began on the old copy may find its offset gone.
 async fn try_view(
     http: &reqwest::Client,
     url: &str,

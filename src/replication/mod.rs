@@ -431,21 +431,20 @@ impl Mirror<'_> {
         let url = gap.stream.clone().unwrap_or_else(|| self.upstream.url());
         let key = self.key_of(&url)?;
         tracing::info!(stream = %key, oldest_available = ?gap.oldest_available, "gap: rebuilding the mirror from the upstream");
-        self.service.mirror_remove(&key).await?;
         let Some(state) = self.states.get(&url).cloned() else {
             return Err(MirrorError::BadMessage(format!(
                 "gap for {url} before its state"
             )));
         };
-        let stream = self
-            .service
-            .mirror_stream(&key, &self.upstream.base, &state)
-            .await?;
+        // Fetched first: readers keep the old stream meanwhile.
         let blob = match &state.snapshot {
             Some(snapshot) => Some(self.fetch_snapshot(&url, snapshot).await?),
             None => None,
         };
-        self.service.mirror_state(&stream, &state, blob).await?;
+        let stream = self
+            .service
+            .mirror_rebuild(&key, &self.upstream.base, &state, blob)
+            .await?;
         let join = SubscriptionRequest {
             stream: url,
             after: Some(stream.durable().tail.seq),

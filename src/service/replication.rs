@@ -2,15 +2,17 @@
 //! reproduces, notifications of streams coming and going, and, on the mirror, applying the
 //! upstream's records and state exactly (same offsets, ordinals, bytes and metadata).
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 
 use bytes::Bytes;
 use tokio::sync::watch;
 
+use super::stream::Durable;
 use super::{CreateRequest, Stream, StreamError, StreamResult, StreamService};
-use crate::model::names;
-use crate::model::stream::SnapshotInfo;
-use crate::model::{Offset, Record};
+use crate::model::stream::{MetaExtra, SnapshotInfo, StreamMeta};
+use crate::model::{Offset, Record, content_type, names};
 use crate::storage::Change;
 
 /// A stream's state beside its records, as replication carries it.
@@ -264,7 +266,108 @@ impl StreamService {
         stream.lock().meta.extra().snapshot.as_ref() == Some(snapshot)
     }
 
-    /// Removes a mirrored stream (it was deleted upstream, or must be rebuilt after a gap).
+    /// Starts a mirrored stream over from the upstream's state after a gap: at its retained
+    /// start, with its snapshot (`snapshot_blob`, fetched by the caller beforehand). The old
+    /// stream and the new one are swapped in one commit, and the name maps to the old one until
+    /// the new one is durable, so no reader finds the stream missing or half built.
+    pub async fn mirror_rebuild(
+        &self,
+        key: &str,
+        upstream: &str,
+        state: &ReplicatedState,
+        snapshot_blob: Option<Bytes>,
+    ) -> StreamResult<Arc<Stream>> {
+        let old = match self.find(key, false).await {
+            Ok(stream) => stream,
+            Err(StreamError::NotFound) => {
+                let stream = self.mirror_stream(key, upstream, state).await?;
+                self.mirror_state(&stream, state, snapshot_blob).await?;
+                return Ok(stream);
+            }
+            Err(e) => return Err(e),
+        };
+        if !content_type::is_well_formed(&state.content_type) {
+            return Err(StreamError::BadRequest(format!(
+                "the upstream sent the malformed content type {:?}",
+                state.content_type
+            )));
+        }
+        let (new, commit) = {
+            // Held until the commit is submitted: nothing else changes the old stream meanwhile.
+            let old_state = old.lock();
+            if old_state.removed {
+                return Err(StreamError::NotFound);
+            }
+            if old_state.forks > 0 {
+                return Err(StreamError::Conflict(
+                    "a fork reads through this mirrored stream, so it cannot be rebuilt",
+                ));
+            }
+            let new = Arc::new(self.rebuilt_mirror(key, upstream, state, snapshot_blob.is_some()));
+            let mut changes = vec![
+                Change::RemoveStream(old.id),
+                Change::PutStream(new.id, Box::new(new.lock().meta.clone())),
+            ];
+            changes.extend(snapshot_blob.map(|blob| Change::PutSnapshot(new.id, blob)));
+            (new, self.engine.commit(changes))
+        };
+        commit.await?;
+        new.upstream_tail
+            .store(old.upstream_tail.load(Ordering::Relaxed), Ordering::Relaxed);
+        new.publish(|d| d.ready = true);
+        {
+            let mut registry = self.lock_registry();
+            registry.streams.insert(new.name.clone(), new.clone());
+            // After the swap, so a reader that finds the old one removed looks again and finds
+            // the new one.
+            old.lock().removed = true;
+        }
+        old.publish(|d| d.removed = true);
+        self.streams_changed.send_modify(|v| *v += 1);
+        Ok(new)
+    }
+
+    /// A mirrored stream as the upstream's `state` describes it, with no records yet: it starts
+    /// at the upstream's retained start, so every offset matches.
+    fn rebuilt_mirror(
+        &self,
+        key: &str,
+        upstream: &str,
+        state: &ReplicatedState,
+        with_snapshot: bool,
+    ) -> Stream {
+        let now = super::now_ms();
+        let start = state.retained_from;
+        let closed = state.closed && state.tail == start;
+        let mut meta = StreamMeta {
+            ttl_secs: state.ttl_secs,
+            expires_at_ms: state.expires_at_ms,
+            closed,
+            tail: start,
+            retained_from: start,
+            created_ms: now,
+            ..StreamMeta::new(key, &state.content_type)
+        };
+        meta.set_extra(MetaExtra {
+            attrs: state.attrs.clone(),
+            snapshot: state.snapshot.clone().filter(|_| with_snapshot),
+            mirror_of: Some(upstream.to_string()),
+            ..MetaExtra::default()
+        });
+        let durable = Durable {
+            tail: start,
+            first: start,
+            last_timestamp_ms: 0,
+            meta_version: 0,
+            closed,
+            ready: false,
+            removed: false,
+        };
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        Stream::new(id, meta, BTreeMap::new(), None, durable, now)
+    }
+
+    /// Removes a mirrored stream (it was deleted upstream).
     pub async fn mirror_remove(&self, key: &str) -> StreamResult<()> {
         match self.find(key, false).await {
             Ok(stream) => self.remove(&stream).await.map(|_| ()),

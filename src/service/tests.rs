@@ -556,3 +556,91 @@ async fn a_tail_watch_whose_tail_has_moved_still_ends_when_the_server_shuts_down
         assert!(matches!(watch.next(Offset::START).await, Wake::Ended));
     }
 }
+
+fn mirrored_state(retained_from: Offset, tail: Offset, snapshot: bool) -> ReplicatedState {
+    ReplicatedState {
+        content_type: "text/plain".into(),
+        closed: false,
+        attrs: None,
+        ttl_secs: None,
+        expires_at_ms: None,
+        retained_from,
+        tail,
+        snapshot: snapshot.then(|| crate::model::stream::SnapshotInfo {
+            offset: retained_from,
+            content_type: "application/json".into(),
+            digest: "digest".into(),
+        }),
+        created_ms: 0,
+    }
+}
+
+#[tokio::test]
+async fn a_mirror_rebuild_keeps_the_old_stream_readable_until_the_new_one_is_durable() {
+    let gate = Arc::new(Semaphore::new(2)); // the mirror's creation and its first records
+    let engine = Arc::new(GatedEngine {
+        inner: MemoryEngine::new(),
+        gate: gate.clone(),
+    });
+    let service = StreamService::open(engine.clone(), ServiceConfig::default()).unwrap();
+    let upstream = "http://upstream:1";
+    let first = mirrored_state(Offset::START, Offset::START, false);
+    let old = service.mirror_stream("m", upstream, &first).await.unwrap();
+    let records = lay_out(Offset::START, 1, vec![Bytes::from("ab"), Bytes::from("cd")]);
+    let old_tail = records[1].next_offset();
+    service.mirror_records(&old, records).await.unwrap();
+
+    // The upstream trimmed past the mirror: it starts over at the retained start, snapshot first.
+    let retained = Offset::new(7, 40);
+    let rebuilt = mirrored_state(retained, retained, true);
+    let rebuild = {
+        let service = service.clone();
+        let rebuilt = rebuilt.clone();
+        tokio::spawn(async move {
+            service
+                .mirror_rebuild("m", upstream, &rebuilt, Some(Bytes::from("{}")))
+                .await
+        })
+    };
+    // Its commit is written but not yet durable.
+    let stored_ids = || {
+        let recovered = engine.inner.recover().unwrap();
+        recovered.streams.iter().map(|s| s.id).collect::<Vec<_>>()
+    };
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    while stored_ids().contains(&old.id) {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "rebuild never committed"
+        );
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    let found = service.find("m", false).await.unwrap();
+    assert!(
+        Arc::ptr_eq(&found, &old),
+        "the old stream is still the one found"
+    );
+    let chunk = service.read_at(&found, Offset::START, None).await.unwrap();
+    assert_eq!(
+        (chunk.records.len(), found.durable().tail),
+        (2, old_tail),
+        "and still whole"
+    );
+
+    gate.add_permits(1);
+    let new = rebuild.await.unwrap().unwrap();
+    assert!(
+        old.durable().removed,
+        "readers of the old stream are told it is gone"
+    );
+    let found = service.find("m", false).await.unwrap();
+    assert!(Arc::ptr_eq(&found, &new));
+    let durable = new.durable();
+    assert_eq!((durable.first, durable.tail), (retained, retained));
+    assert!(service.has_snapshot(&new, rebuilt.snapshot.as_ref().unwrap()));
+    assert_eq!(
+        engine.inner.read_snapshot(new.id).await.unwrap().as_deref(),
+        Some(&b"{}"[..])
+    );
+    assert_eq!(stored_ids(), vec![new.id], "one stream stored, the new one");
+}
