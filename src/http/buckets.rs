@@ -31,7 +31,7 @@ pub async fn bucket(
         names::validate_bucket_id(&bucket).map_err(|e| Rejection::bad_request(e.to_string()))?;
         match method {
             Method::PUT => {
-                app.service.create_bucket(&bucket, None).await?;
+                app.service.create_bucket(&bucket, None, None).await?;
                 Ok(empty(StatusCode::CREATED))
             }
             Method::GET | Method::HEAD => {

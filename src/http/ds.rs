@@ -217,6 +217,7 @@ async fn create(
             .flatten(),
         cipher: None,
         mirror_of: None,
+        s2_creation: None,
     };
     let outcome = app.service.create(request).await?;
     let (info, created) = (&outcome.info, outcome.created);

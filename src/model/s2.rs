@@ -346,6 +346,24 @@ pub fn assign_timestamp(
     Ok(chosen.max(floor))
 }
 
+/// The longest `s2-request-token` a create may carry.
+pub const MAX_REQUEST_TOKEN: usize = 36;
+
+/// What identifies one create request across its retries: the client's `s2-request-token` and the
+/// configuration it asked for, hashed. The same token with another configuration is another
+/// request.
+pub fn creation_key(request_token: &str, config: Option<&Value>) -> String {
+    use sha2::{Digest, Sha256};
+    let mut hash = Sha256::new();
+    // Length-prefixed, so no token and configuration run into each other.
+    hash.update((request_token.len() as u64).to_be_bytes());
+    hash.update(request_token.as_bytes());
+    if let Some(config) = config {
+        hash.update(config.to_string().as_bytes());
+    }
+    hash.finalize().iter().map(|b| format!("{b:02x}")).collect()
+}
+
 /// Basin names created through S2: 8–48 bytes of `[a-z0-9-]`, starting and ending with a letter or
 /// digit.
 pub fn is_valid_basin_name(name: &str) -> bool {
@@ -388,6 +406,28 @@ impl std::fmt::Display for EventId {
 mod tests {
     use super::*;
     use proptest::prelude::*;
+
+    #[test]
+    fn a_creation_key_depends_on_both_the_token_and_the_configuration() {
+        let config = serde_json::json!({"retention_policy": {"age": 60}});
+        let key = creation_key("t1", Some(&config));
+        assert_eq!(key, creation_key("t1", Some(&config)));
+        assert_eq!(key.len(), 64);
+        assert_ne!(key, creation_key("t2", Some(&config)));
+        assert_ne!(key, creation_key("t1", None));
+        assert_ne!(
+            creation_key(
+                "t1",
+                Some(&serde_json::json!({"retention_policy": {"age": 61}}))
+            ),
+            key
+        );
+        // The token's length is part of the key: no token and config run together.
+        assert_ne!(
+            creation_key("a1", None),
+            creation_key("a", Some(&serde_json::json!(1)))
+        );
+    }
 
     fn header(name: &str, value: &str) -> (Bytes, Bytes) {
         (

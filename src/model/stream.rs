@@ -59,6 +59,9 @@ pub struct MetaExtra {
     pub key_fingerprint: Option<String>,
     /// The upstream server (`scheme://host:port`) this stream is a read-only mirror of.
     pub mirror_of: Option<String>,
+    /// The S2 create request that made the stream ([`crate::model::s2::creation_key`]), so a
+    /// retry of that request succeeds instead of finding the stream already there.
+    pub s2_creation: Option<String>,
 }
 
 /// What a stream without extra metadata reads as.
@@ -73,6 +76,7 @@ static NO_EXTRA: MetaExtra = MetaExtra {
     cipher: None,
     key_fingerprint: None,
     mirror_of: None,
+    s2_creation: None,
 };
 
 impl MetaExtra {
@@ -139,6 +143,8 @@ struct Stored<'a> {
     key_fingerprint: Option<Cow<'a, str>>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     mirror_of: Option<Cow<'a, str>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    s2_creation: Option<Cow<'a, str>>,
 }
 
 fn is_start(offset: &Offset) -> bool {
@@ -169,6 +175,7 @@ impl Serialize for StreamMeta {
             cipher: extra.cipher.as_deref().map(Cow::Borrowed),
             key_fingerprint: extra.key_fingerprint.as_deref().map(Cow::Borrowed),
             mirror_of: extra.mirror_of.as_deref().map(Cow::Borrowed),
+            s2_creation: extra.s2_creation.as_deref().map(Cow::Borrowed),
         }
         .serialize(serializer)
     }
@@ -188,6 +195,7 @@ impl<'de> Deserialize<'de> for StreamMeta {
             cipher: stored.cipher.map(Cow::into_owned),
             key_fingerprint: stored.key_fingerprint.map(Cow::into_owned),
             mirror_of: stored.mirror_of.map(Cow::into_owned),
+            s2_creation: stored.s2_creation.map(Cow::into_owned),
         };
         let mut meta = StreamMeta {
             name: Arc::from(stored.name.as_ref()),
@@ -222,6 +230,9 @@ pub struct BucketMeta {
     /// S2 basin configuration, as a JSON object that parses as `s2::BasinConfig`.
     #[serde(default)]
     pub s2_config: Option<serde_json::Value>,
+    /// The S2 create request that made the basin ([`crate::model::s2::creation_key`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub s2_creation: Option<String>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -253,6 +264,8 @@ pub struct RequestedConfig {
     pub cipher: Option<String>,
     /// The upstream of a mirrored stream; fixed at creation and not compared on repeats.
     pub mirror_of: Option<String>,
+    /// The S2 create request making the stream; stored, not compared on repeats.
+    pub s2_creation: Option<String>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -372,6 +385,7 @@ mod tests {
             attrs: None,
             cipher: None,
             mirror_of: None,
+            s2_creation: None,
         }
     }
 
@@ -502,6 +516,7 @@ mod tests {
         extra.cipher = Some("aegis-256".into());
         extra.key_fingerprint = Some("k".into());
         extra.mirror_of = Some("http://up:1".into());
+        extra.s2_creation = Some("c".into());
         let stored = serde_json::to_vec(&full).unwrap();
         assert_eq!(serde_json::from_slice::<StreamMeta>(&stored).unwrap(), full);
     }

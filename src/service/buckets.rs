@@ -2,7 +2,7 @@
 
 use std::sync::Arc;
 
-use super::{Stream, StreamError, StreamResult, StreamService, now_ms};
+use super::{Creation, Stream, StreamError, StreamResult, StreamService, now_ms};
 use crate::model::Offset;
 use crate::model::names::{self, bucket_prefix};
 use crate::model::stream::BucketMeta;
@@ -37,19 +37,28 @@ pub struct Listing {
 
 impl StreamService {
     /// Creates a bucket (an S2 basin, with its S2 configuration when created through S2).
+    /// Creates a bucket. `s2_creation` identifies the S2 create request
+    /// ([`crate::model::s2::creation_key`]): a retry of it finds the bucket it made.
     pub async fn create_bucket(
         &self,
         bucket: &str,
         s2_config: Option<serde_json::Value>,
-    ) -> StreamResult<()> {
+        s2_creation: Option<String>,
+    ) -> StreamResult<Creation> {
         let meta = BucketMeta {
             created_ms: now_ms(),
             s2_config,
+            s2_creation,
         };
         let commit = {
             let mut registry = self.lock_registry();
-            if registry.buckets.contains_key(bucket) {
-                return Err(StreamError::AlreadyExists("bucket"));
+            if let Some(existing) = registry.buckets.get(bucket) {
+                return match &meta.s2_creation {
+                    Some(key) if existing.s2_creation.as_ref() == Some(key) => {
+                        Ok(Creation::Repeated)
+                    }
+                    _ => Err(StreamError::AlreadyExists("bucket")),
+                };
             }
             registry.buckets.insert(bucket.to_string(), meta.clone());
             self.engine
@@ -59,7 +68,7 @@ impl StreamService {
             self.lock_registry().buckets.remove(bucket);
             return Err(e.into());
         }
-        Ok(())
+        Ok(Creation::New)
     }
 
     pub fn bucket_info(&self, bucket: &str) -> StreamResult<BucketInfo> {

@@ -134,6 +134,15 @@ pub struct CreateRequest {
     pub cipher: Option<String>,
     /// Create the stream as a read-only mirror of this upstream.
     pub mirror_of: Option<String>,
+    /// The S2 create request making the stream ([`crate::model::s2::creation_key`]).
+    pub s2_creation: Option<String>,
+}
+
+/// Whether a create made something new, or was a retry of the S2 create request that made it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Creation {
+    New,
+    Repeated,
 }
 
 /// A stream's metadata as faces report it.
@@ -295,6 +304,7 @@ impl StreamService {
             attrs: request.attrs.clone(),
             cipher: request.cipher.clone(),
             mirror_of: request.mirror_of.clone(),
+            s2_creation: request.s2_creation.clone(),
             fork: request.fork.as_ref().map(|f| RequestedFork {
                 source_name: f.source.clone(),
                 offset: f.offset,
@@ -467,6 +477,7 @@ impl StreamService {
             attrs: requested.attrs.clone(),
             cipher: requested.cipher.clone(),
             mirror_of: requested.mirror_of.clone(),
+            s2_creation: requested.s2_creation.clone(),
             ..MetaExtra::default()
         });
         if let Some(plan) = plan {

@@ -93,8 +93,8 @@ impl StreamService {
         if let Some(bucket) = names::bucket_of(key)
             && self.bucket_info(bucket).is_err()
         {
-            match self.create_bucket(bucket, None).await {
-                Ok(()) | Err(StreamError::AlreadyExists(_)) => {}
+            match self.create_bucket(bucket, None, None).await {
+                Ok(_) | Err(StreamError::AlreadyExists(_)) => {}
                 Err(e) => return Err(e),
             }
         }

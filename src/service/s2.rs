@@ -7,7 +7,7 @@ use std::sync::Arc;
 use serde_json::Value;
 
 use super::stream::State;
-use super::{CreateRequest, Stream, StreamError, StreamResult, StreamService, now_ms};
+use super::{CreateRequest, Creation, Stream, StreamError, StreamResult, StreamService, now_ms};
 use crate::model::cipher::{self, CipherError, RecordKey};
 use crate::model::json;
 use crate::model::record::Record;
@@ -128,8 +128,11 @@ impl StreamService {
                         .map(|c| serde_json::to_value(c).unwrap_or(Value::Null)),
                     given => Some(given.clone()),
                 };
-                match self.create_s2_stream(basin, name, stream_config).await {
-                    Ok(()) | Err(StreamError::AlreadyExists(_)) => self.find(&key, true).await,
+                match self
+                    .create_s2_stream(basin, name, stream_config, None)
+                    .await
+                {
+                    Ok(_) | Err(StreamError::AlreadyExists(_)) => self.find(&key, true).await,
                     Err(e) => Err(e),
                 }
             }
@@ -143,7 +146,8 @@ impl StreamService {
         basin: &str,
         name: &str,
         config: Option<Value>,
-    ) -> StreamResult<()> {
+        s2_creation: Option<String>,
+    ) -> StreamResult<Creation> {
         let key = names::stream_key_in(basin, name)
             .map_err(|e| StreamError::BadRequest(e.to_string()))?;
         if let Some(config) = &config {
@@ -161,17 +165,23 @@ impl StreamService {
                 name: key.clone(),
                 content_type: Some(crate::model::content_type::DEFAULT_CONTENT_TYPE.to_string()),
                 cipher: basin_config.stream_cipher,
+                s2_creation: s2_creation.clone(),
                 ..Default::default()
             })
             .await?;
         if !outcome.created {
-            return Err(StreamError::AlreadyExists("stream"));
+            let stream = self.find(&key, false).await?;
+            let made_by = stream.lock().meta.extra().s2_creation.clone();
+            return match s2_creation {
+                Some(request) if made_by.as_ref() == Some(&request) => Ok(Creation::Repeated),
+                _ => Err(StreamError::AlreadyExists("stream")),
+            };
         }
         if config.is_some() {
             self.reconfigure_stream(&key, config.as_ref().unwrap_or(&Value::Null))
                 .await?;
         }
-        Ok(())
+        Ok(Creation::New)
     }
 
     /// The stream's S2 configuration, as stored.

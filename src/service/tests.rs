@@ -363,13 +363,13 @@ async fn recovery_builds_forks_after_their_sources_in_whatever_order_they_come()
 async fn s2_retention_ages_count_from_arrival_not_from_client_timestamps() {
     let service =
         StreamService::open(Arc::new(MemoryEngine::new()), ServiceConfig::default()).unwrap();
-    service.create_bucket("aging", None).await.unwrap();
+    service.create_bucket("aging", None, None).await.unwrap();
     let config = serde_json::json!({
         "retention_policy": {"age": 3600},
         "timestamping": {"mode": "client-require", "uncapped": true}
     });
     service
-        .create_s2_stream("aging", "s", Some(config))
+        .create_s2_stream("aging", "s", Some(config), None)
         .await
         .unwrap();
     let stream = service.find("/aging/s", false).await.unwrap();

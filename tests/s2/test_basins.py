@@ -43,6 +43,48 @@ def test_create_existing_basin_is_409_resource_already_exists(c, basin):
     expect_error(c.post("/v1/basins", json={"basin": basin.name}), 409, "resource_already_exists")
 
 
+# --- retried creates (s2-request-token) ----------------------------------------
+
+def test_a_create_retried_with_its_request_token_is_201_noop_with_the_same_basin(c):
+    name, token = unique_basin(), uuid.uuid4().hex
+    body = {"basin": name, "config": {"create_stream_on_append": True}}
+    first = c.post("/v1/basins", json=body, headers={"s2-request-token": token})
+    again = c.post("/v1/basins", json=body, headers={"s2-request-token": token})
+    assert json_of(first, 201) == json_of(again, 201)
+    assert first.headers["s2-provision-result"] == "created"
+    assert again.headers["s2-provision-result"] == "noop"
+
+
+def test_a_create_under_another_token_or_config_or_none_is_409(c):
+    name, token = unique_basin(), uuid.uuid4().hex
+    check(c.post("/v1/basins", json={"basin": name}, headers={"s2-request-token": token}), 201)
+    for body, headers in [
+        ({"basin": name}, {"s2-request-token": uuid.uuid4().hex}),
+        ({"basin": name, "config": {"create_stream_on_read": True}}, {"s2-request-token": token}),
+        ({"basin": name}, {}),
+    ]:
+        expect_error(c.post("/v1/basins", json=body, headers=headers), 409, "resource_already_exists")
+    assert basin_config(c, name).get("create_stream_on_read") in (None, False)
+
+
+def test_a_request_token_over_36_bytes_is_400_bad_header_and_creates_nothing(c):
+    name = unique_basin()
+    r = c.post("/v1/basins", json={"basin": name}, headers={"s2-request-token": "t" * 37})
+    expect_error(r, 400, "bad_header")
+    expect_error(c.get(f"/v1/basins/{name}"), 404, "basin_not_found")
+
+
+def test_a_retried_create_is_recognised_after_a_restart(start_server):
+    srv = start_server()
+    c = srv.client()
+    name, token = unique_basin(), uuid.uuid4().hex
+    check(c.post("/v1/basins", json={"basin": name}, headers={"s2-request-token": token}), 201)
+    srv.restart()
+    again = c.post("/v1/basins", json={"basin": name}, headers={"s2-request-token": token})
+    check(again, 201)
+    assert again.headers["s2-provision-result"] == "noop"
+
+
 def test_create_basin_named_like_an_existing_bucket_is_409(c):
     name = unique_basin()
     check(c.put(f"/{name}"), 201)

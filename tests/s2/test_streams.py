@@ -36,6 +36,40 @@ def test_create_existing_stream_is_409_resource_already_exists(c, basin, stream)
     expect_error(r, 409, "resource_already_exists")
 
 
+def test_a_stream_create_retried_with_its_request_token_is_201_noop(c, basin):
+    name, token = s2.unique_stream(), uuid.uuid4().hex
+    body = {"stream": name, "config": {"retention_policy": {"age": 3600}}}
+    headers = basin.headers({"s2-request-token": token})
+    first = c.post("/v1/streams", json=body, headers=headers)
+    again = c.post("/v1/streams", json=body, headers=headers)
+    assert json_of(first, 201) == json_of(again, 201)
+    assert (first.headers["s2-provision-result"], again.headers["s2-provision-result"]) == (
+        "created", "noop")
+    subset(basin.stream_config(name), body["config"])
+
+
+def test_a_stream_create_under_another_token_or_config_or_none_is_409(c, basin):
+    name, token = s2.unique_stream(), uuid.uuid4().hex
+    check(c.post("/v1/streams", json={"stream": name},
+                 headers=basin.headers({"s2-request-token": token})), 201)
+    for body, token_sent in [
+        ({"stream": name}, uuid.uuid4().hex),
+        ({"stream": name, "config": {"retention_policy": {"age": 60}}}, token),
+        ({"stream": name}, None),
+    ]:
+        extra = {"s2-request-token": token_sent} if token_sent else {}
+        r = c.post("/v1/streams", json=body, headers=basin.headers(extra))
+        expect_error(r, 409, "resource_already_exists")
+
+
+def test_a_stream_request_token_over_36_bytes_is_400_bad_header(c, basin):
+    name = s2.unique_stream()
+    r = c.post("/v1/streams", json={"stream": name},
+               headers=basin.headers({"s2-request-token": "t" * 37}))
+    expect_error(r, 400, "bad_header")
+    check(c.get(stream_path(name), headers=basin.headers()), 404)
+
+
 def test_create_stream_existing_on_the_durable_streams_face_is_409(c, basin):
     s2.ds_create(c, basin.name, "made-by-ds")
     r = c.post("/v1/streams", json={"stream": "made-by-ds"}, headers=basin.headers())

@@ -57,6 +57,42 @@ impl Provision {
     }
 }
 
+/// A create's answer: `201`, and in `s2-provision-result` whether this request made the resource
+/// or is a retry of the request that did.
+fn created(creation: Creation, body: Value) -> Response {
+    let result = match creation {
+        Creation::New => "created",
+        Creation::Repeated => "noop",
+    };
+    let mut response = json_response(StatusCode::CREATED, body);
+    response
+        .headers_mut()
+        .insert("s2-provision-result", HeaderValue::from_static(result));
+    response
+}
+
+/// The create request's identity across retries, when the client sent an `s2-request-token`
+/// (S2's SDKs send one with every create and keep it when they retry).
+fn creation_of(headers: &HeaderMap, config: Option<&Value>) -> Result<Option<String>, S2Error> {
+    let Some(token) = headers.get("s2-request-token") else {
+        return Ok(None);
+    };
+    let token = token
+        .to_str()
+        .map_err(|_| bad("bad_header", "s2-request-token is not text"))?;
+    if token.len() > s2::MAX_REQUEST_TOKEN {
+        return Err(bad(
+            "bad_header",
+            format!(
+                "s2-request-token is {} bytes; at most {} are allowed",
+                token.len(),
+                s2::MAX_REQUEST_TOKEN
+            ),
+        ));
+    }
+    Ok(Some(s2::creation_key(token, config)))
+}
+
 pub(super) async fn list_basins(
     State(app): State<AppState>,
     Extension(principal): Extension<Arc<Principal>>,
@@ -109,11 +145,15 @@ pub(super) async fn create_basin(
                 "basin names are 8-48 characters of a-z, 0-9 and '-', starting and ending with a letter or digit",
             ));
         }
+        let creation = creation_of(&headers, request.config.as_ref())?;
         let config = validated_basin(&app, request.config)?;
-        app.service.create_bucket(&request.basin, config).await?;
+        let creation = app
+            .service
+            .create_bucket(&request.basin, config, creation)
+            .await?;
         let info = app.service.bucket_info(&request.basin)?;
-        Ok::<_, S2Error>(json_response(
-            StatusCode::CREATED,
+        Ok::<_, S2Error>(created(
+            creation,
             basin_info(&request.basin, info.created_ms),
         ))
     };
@@ -179,8 +219,12 @@ pub(super) async fn basin(
                 if app.service.bucket_info(&basin).is_err() && !s2::is_valid_basin_name(&basin) {
                     return Err(bad("invalid", BASIN_NAME_RULE));
                 }
-                let provision = match app.service.create_bucket(&basin, config.clone()).await {
-                    Ok(()) => Provision::Created,
+                let provision = match app
+                    .service
+                    .create_bucket(&basin, config.clone(), None)
+                    .await
+                {
+                    Ok(_) => Provision::Created,
                     Err(StreamError::AlreadyExists(_)) => {
                         let before = app.service.bucket_info(&basin)?.s2_config;
                         if let Some(config) = config {
@@ -283,15 +327,14 @@ pub(super) async fn create_stream(
             },
         )?;
         valid_stream(&basin, &request.stream)?;
+        let creation = creation_of(&headers, request.config.as_ref())?;
         let config = validated::<StreamConfig>(request.config)?;
-        app.service
-            .create_s2_stream(&basin, &request.stream, config)
+        let creation = app
+            .service
+            .create_s2_stream(&basin, &request.stream, config, creation)
             .await?;
         let key = stream_key(&basin, &request.stream)?;
-        Ok::<_, S2Error>(json_response(
-            StatusCode::CREATED,
-            stream_info_of(&app, &key).await?,
-        ))
+        Ok::<_, S2Error>(created(creation, stream_info_of(&app, &key).await?))
     };
     result.await.unwrap_or_else(IntoResponse::into_response)
 }
@@ -320,10 +363,10 @@ pub(super) async fn stream(
                 let config = validated::<StreamConfig>(json_body(&app, &headers, body).await?)?;
                 let provision = match app
                     .service
-                    .create_s2_stream(&basin, &name, config.clone())
+                    .create_s2_stream(&basin, &name, config.clone(), None)
                     .await
                 {
-                    Ok(()) => Provision::Created,
+                    Ok(_) => Provision::Created,
                     Err(StreamError::AlreadyExists(_)) => {
                         let stream = app.service.find(&key, false).await?;
                         let before = app.service.stream_config_of(&stream);
