@@ -216,7 +216,7 @@ async fn create(
             .map_err(|e| Rejection::bad_request(e.to_string()))?
             .flatten(),
         cipher: None,
-        mirror_of: None,
+        mirror: None,
         s2_creation: None,
     };
     let outcome = app.service.create(request).await?;

@@ -316,15 +316,26 @@ impl Mirror<'_> {
         }
     }
 
+    /// The mirror of the stream at `url`; a new one is made in one step, with the upstream's
+    /// snapshot fetched first.
     async fn stream(&self, url: &str) -> Result<Arc<Stream>, MirrorError> {
         let key = self.key_of(url)?;
         let state = self
             .states
             .get(url)
             .ok_or_else(|| MirrorError::BadMessage(format!("records of {url} before its state")))?;
+        match self.service.find(&key, false).await {
+            Ok(stream) => return Ok(stream),
+            Err(StreamError::NotFound) => {}
+            Err(e) => return Err(e.into()),
+        }
+        let blob = match &state.snapshot {
+            Some(snapshot) => Some(self.fetch_snapshot(url, snapshot).await?),
+            None => None,
+        };
         Ok(self
             .service
-            .mirror_stream(&key, &self.upstream.base, state)
+            .mirror_stream(&key, &self.upstream.base, state, blob)
             .await?)
     }
 

@@ -42,7 +42,7 @@ pub use cache::CacheLimits;
 pub use error::{StreamError, StreamResult};
 pub use fork::ForkRequest;
 pub use read::{ReadChunk, TailWatch, Wake};
-pub use replication::ReplicatedState;
+pub use replication::{MirrorStart, ReplicatedState};
 pub use s2::{
     S2Ack, S2Append, S2Batch, S2Limits, S2Position, S2Record, S2Start,
     parse_config as parse_s2_config,
@@ -132,8 +132,8 @@ pub struct CreateRequest {
     pub attrs: crate::model::attrs::Attrs,
     /// Seal record bodies with this cipher (S2 streams in an encrypting basin).
     pub cipher: Option<String>,
-    /// Create the stream as a read-only mirror of this upstream.
-    pub mirror_of: Option<String>,
+    /// Create the stream as a read-only mirror: of which upstream, from where.
+    pub mirror: Option<MirrorStart>,
     /// The S2 create request making the stream ([`crate::model::s2::creation_key`]).
     pub s2_creation: Option<String>,
 }
@@ -280,37 +280,7 @@ impl StreamService {
             Some(fork) => Some(self.plan_fork(fork).await?),
             None => None,
         };
-        let content_type = match (&request.content_type, &plan) {
-            (Some(given), Some(plan))
-                if !content_type::same_media_type(given, &plan.source.content_type) =>
-            {
-                return Err(StreamError::Conflict(
-                    "fork content type differs from the source's",
-                ));
-            }
-            (Some(given), _) if content_type::is_well_formed(given) => given.clone(),
-            (_, Some(plan)) => plan.source.content_type.to_string(),
-            _ => content_type::DEFAULT_CONTENT_TYPE.to_string(),
-        };
-        let (ttl_secs, expires_at_ms) = match (&plan, request.ttl_secs, request.expires_at_ms) {
-            (Some(plan), None, None) => (plan.ttl_secs, plan.expires_at_ms),
-            (_, ttl, expires) => (ttl, expires),
-        };
-        let requested = RequestedConfig {
-            content_type,
-            ttl_secs,
-            expires_at_ms,
-            closed: request.closed,
-            attrs: request.attrs.clone(),
-            cipher: request.cipher.clone(),
-            mirror_of: request.mirror_of.clone(),
-            s2_creation: request.s2_creation.clone(),
-            fork: request.fork.as_ref().map(|f| RequestedFork {
-                source_name: f.source.clone(),
-                offset: f.offset,
-                sub_offset: f.sub_offset,
-            }),
-        };
+        let requested = requested_config(&request, plan.as_ref())?;
         let bodies = if content_type::is_json(&requested.content_type) {
             if request.body.is_empty() {
                 Vec::new()
@@ -342,7 +312,13 @@ impl StreamService {
                     }
                 }
             }
-            let created = self.insert_new(&request.name, &requested, plan.as_ref(), &bodies)?;
+            let created = self.insert_new(
+                &request.name,
+                &requested,
+                plan.as_ref(),
+                &bodies,
+                request.mirror.as_ref(),
+            )?;
             let Some((stream, commit)) = created else {
                 continue;
             };
@@ -415,6 +391,7 @@ impl StreamService {
         requested: &RequestedConfig,
         plan: Option<&fork::ForkPlan>,
         bodies: &[Bytes],
+        mirror: Option<&MirrorStart>,
     ) -> StreamResult<
         Option<(
             Arc<Stream>,
@@ -444,10 +421,29 @@ impl StreamService {
                 }
             }
         }
+        let (stream, changes) = self.build_stream(name, requested, plan, bodies, mirror)?;
+        let commit = self.engine.commit(changes);
+        registry.streams.insert(stream.name.clone(), stream.clone());
+        Ok(Some((stream, commit)))
+    }
+
+    /// A new stream as `requested`, not yet registered, and the changes that store it: a fork
+    /// starts after its inherited history, a mirror where its upstream's retained records start
+    /// (with the upstream's snapshot), any other stream at the start; `bodies` are its first
+    /// records.
+    fn build_stream(
+        &self,
+        name: &str,
+        requested: &RequestedConfig,
+        plan: Option<&fork::ForkPlan>,
+        bodies: &[Bytes],
+        mirror: Option<&MirrorStart>,
+    ) -> StreamResult<(Arc<Stream>, Vec<Change>)> {
         let now = now_ms();
+        let retained_from = mirror.map_or(Offset::START, |m| m.at);
         let (start, mut records) = match plan {
             Some(plan) => (plan.tail(), plan.prefix.clone()),
-            None => (Offset::START, Vec::new()),
+            None => (retained_from, Vec::new()),
         };
         records.extend(lay_out(start, now, bodies.to_vec()));
         let tail = records.last().map_or(start, Record::next_offset);
@@ -465,6 +461,7 @@ impl StreamService {
             tail,
             last_timestamp_ms,
             created_ms: now,
+            retained_from,
             ..StreamMeta::new(name, &requested.content_type)
         };
         meta.set_extra(MetaExtra {
@@ -478,6 +475,7 @@ impl StreamService {
             cipher: requested.cipher.clone(),
             mirror_of: requested.mirror_of.clone(),
             s2_creation: requested.s2_creation.clone(),
+            snapshot: mirror.and_then(|m| m.snapshot.as_ref().map(|(info, _)| info.clone())),
             ..MetaExtra::default()
         });
         if let Some(plan) = plan {
@@ -490,7 +488,7 @@ impl StreamService {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let durable = Durable {
             tail,
-            first: Offset::START,
+            first: retained_from,
             last_timestamp_ms,
             meta_version: 0,
             closed: requested.closed,
@@ -510,9 +508,10 @@ impl StreamService {
         if !records.is_empty() {
             changes.push(Change::PutRecords(id, records));
         }
-        let commit = self.engine.commit(changes);
-        registry.streams.insert(stream.name.clone(), stream.clone());
-        Ok(Some((stream, commit)))
+        if let Some((_, blob)) = mirror.and_then(|m| m.snapshot.as_ref()) {
+            changes.push(Change::PutSnapshot(id, blob.clone()));
+        }
+        Ok((stream, changes))
     }
 
     /// Drops the registry entry of `stream`, if the name still maps to it.
@@ -770,4 +769,42 @@ impl Rebuild {
 enum Removal {
     Soft,
     Hard,
+}
+
+/// What a create request asks for, with the defaults a fork inherits from its source filled in.
+fn requested_config(
+    request: &CreateRequest,
+    plan: Option<&fork::ForkPlan>,
+) -> StreamResult<RequestedConfig> {
+    let content_type = match (&request.content_type, plan) {
+        (Some(given), Some(plan))
+            if !content_type::same_media_type(given, &plan.source.content_type) =>
+        {
+            return Err(StreamError::Conflict(
+                "fork content type differs from the source's",
+            ));
+        }
+        (Some(given), _) if content_type::is_well_formed(given) => given.clone(),
+        (_, Some(plan)) => plan.source.content_type.to_string(),
+        _ => content_type::DEFAULT_CONTENT_TYPE.to_string(),
+    };
+    let (ttl_secs, expires_at_ms) = match (plan, request.ttl_secs, request.expires_at_ms) {
+        (Some(plan), None, None) => (plan.ttl_secs, plan.expires_at_ms),
+        (_, ttl, expires) => (ttl, expires),
+    };
+    Ok(RequestedConfig {
+        content_type,
+        ttl_secs,
+        expires_at_ms,
+        closed: request.closed,
+        attrs: request.attrs.clone(),
+        cipher: request.cipher.clone(),
+        mirror_of: request.mirror.as_ref().map(|m| m.upstream.clone()),
+        s2_creation: request.s2_creation.clone(),
+        fork: request.fork.as_ref().map(|f| RequestedFork {
+            source_name: f.source.clone(),
+            offset: f.offset,
+            sub_offset: f.sub_offset,
+        }),
+    })
 }

@@ -2,18 +2,50 @@
 //! reproduces, notifications of streams coming and going, and, on the mirror, applying the
 //! upstream's records and state exactly (same offsets, ordinals, bytes and metadata).
 
-use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
 use bytes::Bytes;
 use tokio::sync::watch;
 
-use super::stream::Durable;
 use super::{CreateRequest, Stream, StreamError, StreamResult, StreamService};
-use crate::model::stream::{MetaExtra, SnapshotInfo, StreamMeta};
-use crate::model::{Offset, Record, content_type, names};
+use crate::model::stream::SnapshotInfo;
+use crate::model::{Offset, Record, names};
 use crate::storage::Change;
+
+/// Where a new mirror starts: at its upstream's retained start, so every offset matches, with
+/// the upstream's snapshot (its description and blob) standing for what came before.
+#[derive(Clone, Debug)]
+pub struct MirrorStart {
+    /// The upstream server (`scheme://host:port`).
+    pub upstream: String,
+    pub at: Offset,
+    pub snapshot: Option<(SnapshotInfo, Bytes)>,
+}
+
+/// The create request for a mirror of `key` matching the upstream's `state`.
+fn mirror_request(
+    key: &str,
+    upstream: &str,
+    state: &ReplicatedState,
+    snapshot_blob: Option<Bytes>,
+) -> CreateRequest {
+    CreateRequest {
+        name: key.to_string(),
+        content_type: Some(state.content_type.clone()),
+        ttl_secs: state.ttl_secs,
+        expires_at_ms: state.expires_at_ms,
+        // Closed only once every record is here, and a new mirror has none yet.
+        closed: state.closed && state.tail == state.retained_from,
+        attrs: state.attrs.clone(),
+        mirror: Some(MirrorStart {
+            upstream: upstream.to_string(),
+            at: state.retained_from,
+            snapshot: state.snapshot.clone().zip(snapshot_blob),
+        }),
+        ..Default::default()
+    }
+}
 
 /// A stream's state beside its records, as replication carries it.
 #[derive(Clone, Debug, PartialEq)]
@@ -77,13 +109,14 @@ impl StreamService {
         }
     }
 
-    /// The mirror of `key`, created to match the upstream's state when it does not exist yet:
-    /// it starts where the upstream's retained records start, so every offset matches.
+    /// The mirror of `key`, created in one step to match the upstream's `state` when it does
+    /// not exist yet (with the upstream's snapshot, `snapshot_blob`, fetched by the caller).
     pub async fn mirror_stream(
         &self,
         key: &str,
         upstream: &str,
         state: &ReplicatedState,
+        snapshot_blob: Option<Bytes>,
     ) -> StreamResult<Arc<Stream>> {
         match self.find(key, false).await {
             Ok(stream) => return Ok(stream),
@@ -98,34 +131,9 @@ impl StreamService {
                 Err(e) => return Err(e),
             }
         }
-        self.create(CreateRequest {
-            name: key.to_string(),
-            content_type: Some(state.content_type.clone()),
-            ttl_secs: state.ttl_secs,
-            expires_at_ms: state.expires_at_ms,
-            attrs: state.attrs.clone(),
-            mirror_of: Some(upstream.to_string()),
-            ..Default::default()
-        })
-        .await?;
-        let stream = self.find(key, false).await?;
-        if state.retained_from > Offset::START {
-            let commit = {
-                let mut local = stream.lock();
-                local.meta.tail = state.retained_from;
-                local.meta.retained_from = state.retained_from;
-                self.engine.commit(vec![Change::PutStream(
-                    stream.id,
-                    Box::new(local.meta.clone()),
-                )])
-            };
-            commit.await?;
-            stream.publish(|d| {
-                d.tail = state.retained_from;
-                d.first = state.retained_from;
-            });
-        }
-        Ok(stream)
+        self.create(mirror_request(key, upstream, state, snapshot_blob))
+            .await?;
+        self.find(key, false).await
     }
 
     /// Appends the upstream's records to its mirror, exactly as they are upstream.
@@ -280,18 +288,15 @@ impl StreamService {
         let old = match self.find(key, false).await {
             Ok(stream) => stream,
             Err(StreamError::NotFound) => {
-                let stream = self.mirror_stream(key, upstream, state).await?;
-                self.mirror_state(&stream, state, snapshot_blob).await?;
-                return Ok(stream);
+                return self
+                    .mirror_stream(key, upstream, state, snapshot_blob)
+                    .await;
             }
             Err(e) => return Err(e),
         };
-        if !content_type::is_well_formed(&state.content_type) {
-            return Err(StreamError::BadRequest(format!(
-                "the upstream sent the malformed content type {:?}",
-                state.content_type
-            )));
-        }
+        self.engine.room()?;
+        let request = mirror_request(key, upstream, state, snapshot_blob);
+        let requested = super::requested_config(&request, None)?;
         let (new, commit) = {
             // Held until the commit is submitted: nothing else changes the old stream meanwhile.
             let old_state = old.lock();
@@ -303,12 +308,12 @@ impl StreamService {
                     "a fork reads through this mirrored stream, so it cannot be rebuilt",
                 ));
             }
-            let new = Arc::new(self.rebuilt_mirror(key, upstream, state, snapshot_blob.is_some()));
-            let mut changes = vec![
-                Change::RemoveStream(old.id),
-                Change::PutStream(new.id, Box::new(new.lock().meta.clone())),
-            ];
-            changes.extend(snapshot_blob.map(|blob| Change::PutSnapshot(new.id, blob)));
+            let (new, stored) =
+                self.build_stream(key, &requested, None, &[], request.mirror.as_ref())?;
+            // The removal first: the disk engine commits whatever precedes a removal in a batch
+            // on its own, before it looks for the removed stream's keys.
+            let mut changes = vec![Change::RemoveStream(old.id)];
+            changes.extend(stored);
             (new, self.engine.commit(changes))
         };
         commit.await?;
@@ -325,46 +330,6 @@ impl StreamService {
         old.publish(|d| d.removed = true);
         self.streams_changed.send_modify(|v| *v += 1);
         Ok(new)
-    }
-
-    /// A mirrored stream as the upstream's `state` describes it, with no records yet: it starts
-    /// at the upstream's retained start, so every offset matches.
-    fn rebuilt_mirror(
-        &self,
-        key: &str,
-        upstream: &str,
-        state: &ReplicatedState,
-        with_snapshot: bool,
-    ) -> Stream {
-        let now = super::now_ms();
-        let start = state.retained_from;
-        let closed = state.closed && state.tail == start;
-        let mut meta = StreamMeta {
-            ttl_secs: state.ttl_secs,
-            expires_at_ms: state.expires_at_ms,
-            closed,
-            tail: start,
-            retained_from: start,
-            created_ms: now,
-            ..StreamMeta::new(key, &state.content_type)
-        };
-        meta.set_extra(MetaExtra {
-            attrs: state.attrs.clone(),
-            snapshot: state.snapshot.clone().filter(|_| with_snapshot),
-            mirror_of: Some(upstream.to_string()),
-            ..MetaExtra::default()
-        });
-        let durable = Durable {
-            tail: start,
-            first: start,
-            last_timestamp_ms: 0,
-            meta_version: 0,
-            closed,
-            ready: false,
-            removed: false,
-        };
-        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
-        Stream::new(id, meta, BTreeMap::new(), None, durable, now)
     }
 
     /// Removes a mirrored stream (it was deleted upstream).

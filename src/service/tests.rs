@@ -585,7 +585,10 @@ async fn a_mirror_rebuild_keeps_the_old_stream_readable_until_the_new_one_is_dur
     let service = StreamService::open(engine.clone(), ServiceConfig::default()).unwrap();
     let upstream = "http://upstream:1";
     let first = mirrored_state(Offset::START, Offset::START, false);
-    let old = service.mirror_stream("m", upstream, &first).await.unwrap();
+    let old = service
+        .mirror_stream("m", upstream, &first, None)
+        .await
+        .unwrap();
     let records = lay_out(Offset::START, 1, vec![Bytes::from("ab"), Bytes::from("cd")]);
     let old_tail = records[1].next_offset();
     service.mirror_records(&old, records).await.unwrap();
@@ -643,4 +646,41 @@ async fn a_mirror_rebuild_keeps_the_old_stream_readable_until_the_new_one_is_dur
         Some(&b"{}"[..])
     );
     assert_eq!(stored_ids(), vec![new.id], "one stream stored, the new one");
+}
+
+#[tokio::test]
+async fn a_new_mirror_is_made_in_one_commit_at_the_upstreams_retained_start_with_its_snapshot() {
+    let gate = Arc::new(Semaphore::new(1)); // one commit, no more
+    let engine = Arc::new(GatedEngine {
+        inner: MemoryEngine::new(),
+        gate: gate.clone(),
+    });
+    let service = StreamService::open(engine.clone(), ServiceConfig::default()).unwrap();
+    let retained = Offset::new(7, 40);
+    let state = mirrored_state(retained, Offset::new(9, 50), true);
+    let made = tokio::time::timeout(
+        Duration::from_secs(5),
+        service.mirror_stream("m", "http://upstream:1", &state, Some(Bytes::from("{}"))),
+    )
+    .await
+    .expect("made in one commit")
+    .unwrap();
+    let durable = made.durable();
+    assert_eq!((durable.first, durable.tail), (retained, retained));
+    assert!(!durable.closed, "closed only once every record is here");
+    assert!(service.has_snapshot(&made, state.snapshot.as_ref().unwrap()));
+    assert_eq!(
+        engine
+            .inner
+            .read_snapshot(made.id)
+            .await
+            .unwrap()
+            .as_deref(),
+        Some(&b"{}"[..])
+    );
+    let resolved = service.resolve(&made, ReadFrom::At(Offset::START)).await;
+    assert!(
+        matches!(resolved, Err(StreamError::Retained { first }) if first == retained),
+        "offsets before the upstream's retained start are gone here too"
+    );
 }
