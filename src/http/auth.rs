@@ -149,6 +149,7 @@ fn classify(method: &Method, path: &str, headers: &HeaderMap) -> Access {
                 _ => Access::Authenticated,
             }
         }
+        ["v1", "metrics" | "locations", ..] => Access::Authenticated,
         ["v1", "access-tokens"] if read => op(ListAccessTokens, Target::Account),
         ["v1", "access-tokens"] => Access::Authenticated,
         ["v1", "access-tokens", id] => match *method {
@@ -205,9 +206,15 @@ fn bearer(headers: &HeaderMap) -> Option<&str> {
 
 /// The error response of a refused request, in the face's own style.
 fn refusal(path: &str, status: StatusCode, code: &str, message: &str) -> Response {
-    let s2 = ["/v1/basins", "/v1/streams", "/v1/access-tokens"]
-        .iter()
-        .any(|p| path.starts_with(p));
+    let s2 = [
+        "/v1/basins",
+        "/v1/streams",
+        "/v1/access-tokens",
+        "/v1/metrics",
+        "/v1/locations",
+    ]
+    .iter()
+    .any(|p| path.starts_with(p));
     let mut response = if s2 {
         (
             status,
@@ -378,6 +385,8 @@ mod tests {
         assert_eq!(class(Method::GET, "/healthz"), Access::Public);
         assert_eq!(class(Method::OPTIONS, "/bkt1/s"), Access::Public);
         assert_eq!(class(Method::POST, "/v1/basins"), Access::Authenticated);
+        assert_eq!(class(Method::GET, "/v1/metrics/b/s"), Access::Authenticated);
+        assert_eq!(class(Method::GET, "/v1/locations"), Access::Authenticated);
     }
 
     #[test]

@@ -196,6 +196,13 @@ def test_access_tokens_are_issued_listed_and_revoked(c):
     expect_error(c.delete("/v1/access-tokens/tok-1"), 404, "access_token_not_found")
 
 
+@pytest.mark.parametrize("path", ["/v1/metrics", "/v1/metrics/some-basin", "/v1/metrics/some-basin/s",
+                                  "/v1/locations", "/v1/locations/default"])
+def test_usage_metrics_and_locations_are_501_not_implemented(c, path):
+    for method in ("GET", "PUT"):
+        expect_error(c.request(method, path), 501, "not_implemented")
+
+
 def test_s2_routes_do_not_shadow_durable_streams_buckets(c, basin, stream):
     # /v1/... is the S2 face; a bucket listing of the basin is still served on /{bucket}.
     check(c.get(f"/{basin.name}"), 200)

@@ -64,6 +64,10 @@ pub fn routes() -> Router<AppState> {
         .route("/v1/streams/{stream}/records/tail", get(check_tail))
         .route("/v1/access-tokens", get(list_tokens).post(issue_token))
         .route("/v1/access-tokens/{id}", delete(revoke_token))
+        .route("/v1/metrics", any(not_served))
+        .route("/v1/metrics/{*rest}", any(not_served))
+        .route("/v1/locations", any(not_served))
+        .route("/v1/locations/{*rest}", any(not_served))
         .layer(CompressionLayer::new().compress_when(compress_when))
         .layer(RequestDecompressionLayer::new())
 }
@@ -165,6 +169,17 @@ fn method_not_allowed() -> S2Error {
         "bad_request",
         "method not allowed",
     )
+}
+
+/// Parts of S2's account API Runnel does not serve (nor does s2-lite): usage metrics and
+/// locations. A clear `501` in S2's error shape, not a miss on the bucket routes.
+async fn not_served(uri: axum::http::Uri) -> Response {
+    S2Error::new(
+        StatusCode::NOT_IMPLEMENTED,
+        "not_implemented",
+        format!("{} is not served by Runnel", uri.path()),
+    )
+    .into_response()
 }
 
 fn bad(code: &str, message: impl std::fmt::Display) -> S2Error {
