@@ -217,6 +217,15 @@ pub struct DeleteOnEmpty {
     pub min_age_secs: u64,
 }
 
+impl DeleteOnEmpty {
+    /// Whether a stream that has been empty since `empty_since_ms` is due for deletion at
+    /// `now_ms`. Never with `min_age_secs` 0, the default: delete-on-empty is off.
+    pub fn due(&self, empty_since_ms: u64, now_ms: u64) -> bool {
+        self.min_age_secs > 0
+            && now_ms.saturating_sub(empty_since_ms) >= self.min_age_secs.saturating_mul(1000)
+    }
+}
+
 /// A configuration's rules beyond its shape (a well-formed but impossible value is S2's 422).
 pub trait CheckedConfig {
     fn check(&self) -> Result<(), String>;
@@ -406,6 +415,18 @@ impl std::fmt::Display for EventId {
 mod tests {
     use super::*;
     use proptest::prelude::*;
+
+    #[test]
+    fn delete_on_empty_is_due_once_empty_for_its_min_age_and_never_when_off() {
+        let after = |secs| DeleteOnEmpty { min_age_secs: secs };
+        assert!(!after(2).due(10_000, 11_999));
+        assert!(after(2).due(10_000, 12_000));
+        assert!(!after(0).due(0, u64::MAX), "0 turns it off");
+        assert!(
+            !after(2).due(12_000, 10_000),
+            "a clock going back is not a wait"
+        );
+    }
 
     #[test]
     fn a_creation_key_depends_on_both_the_token_and_the_configuration() {

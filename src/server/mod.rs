@@ -16,7 +16,7 @@ use crate::storage::{FjallEngine, MemoryEngine, SharedEngine, SyncMode};
 
 /// How often expired streams are swept away (reads also check expiry on access).
 const SWEEP_INTERVAL: Duration = Duration::from_millis(250);
-/// How often records past their stream's S2 retention age are trimmed.
+/// How often S2 retention ages and delete-on-empty are applied.
 const RETENTION_INTERVAL: Duration = Duration::from_secs(5);
 
 pub async fn serve(settings: Settings) -> anyhow::Result<()> {
@@ -63,7 +63,7 @@ pub async fn serve(settings: Settings) -> anyhow::Result<()> {
         let mut tick = tokio::time::interval(RETENTION_INTERVAL);
         loop {
             tick.tick().await;
-            retention.enforce_retention_ages().await;
+            retention.enforce_s2_configs().await;
         }
     });
 

@@ -18,7 +18,7 @@ mod stream;
 mod tests;
 mod tokens;
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{SystemTime, UNIX_EPOCH};
@@ -96,6 +96,9 @@ pub struct StreamService {
     /// the token's own check would take its lock.
     stopping: Arc<AtomicBool>,
     tokens: Mutex<tokens::TokenRegistry>,
+    /// S2 delete-on-empty: each configured stream found empty, with the tail it had then and
+    /// since when (ms). Kept in memory only, so the wait starts afresh after a restart.
+    empty_streams: Mutex<HashMap<StreamId, (u64, u64)>>,
     config: ServiceConfig,
 }
 
@@ -196,6 +199,7 @@ impl StreamService {
             shutdown: CancellationToken::new(),
             stopping: Arc::new(AtomicBool::new(false)),
             tokens: Mutex::new(tokens::TokenRegistry::new(recovered.tokens)),
+            empty_streams: Mutex::new(HashMap::new()),
             config,
         });
         if !orphans.is_empty() {

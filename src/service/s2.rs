@@ -2,6 +2,7 @@
 //! fencing and command records; reads by sequence number, timestamp or tail offset with S2's
 //! limits; stream and basin configuration.
 
+use std::collections::HashSet;
 use std::sync::Arc;
 
 use serde_json::Value;
@@ -377,10 +378,10 @@ impl StreamService {
         Ok(())
     }
 
-    /// Applies S2 retention ages: records older than their stream's `retention_policy.age` are
-    /// trimmed. Mirrors follow their upstream's retention instead.
-    pub async fn enforce_retention_ages(&self) {
-        let with_age: Vec<(Arc<Stream>, u64)> = {
+    /// Applies the S2 stream configurations that act over time: retention ages, then
+    /// delete-on-empty. Mirrors follow their upstream instead. Runs every few seconds.
+    pub async fn enforce_s2_configs(&self) {
+        let configured: Vec<(Arc<Stream>, StreamConfig)> = {
             let registry = self.lock_registry();
             registry
                 .streams
@@ -388,15 +389,24 @@ impl StreamService {
                 .filter(|s| s.mirror_of.is_none())
                 .filter_map(|s| {
                     let state = s.lock();
-                    match stream_config(state.meta.extra().s2_config.as_ref()).retention_policy {
-                        Some(s2::RetentionPolicy::Age(age)) if !state.removed => {
-                            Some((s.clone(), age))
-                        }
-                        _ => None,
-                    }
+                    let config = state.meta.extra().s2_config.as_ref()?;
+                    (!state.removed).then(|| (s.clone(), stream_config(Some(config))))
                 })
                 .collect()
         };
+        self.enforce_retention_ages(&configured).await;
+        self.delete_empty_streams(&configured).await;
+    }
+
+    /// Trims the records older than their stream's `retention_policy.age`.
+    async fn enforce_retention_ages(&self, configured: &[(Arc<Stream>, StreamConfig)]) {
+        let with_age =
+            configured
+                .iter()
+                .filter_map(|(stream, config)| match config.retention_policy {
+                    Some(s2::RetentionPolicy::Age(age)) => Some((stream, age)),
+                    _ => None,
+                });
         let now = ms(now_ms());
         for (stream, age) in with_age {
             let durable = stream.durable();
@@ -407,16 +417,56 @@ impl StreamService {
             // Ages count from arrival: a client's timestamps (which may be anything, under
             // client-prefer or client-require) never make a record expire early.
             let expired = match self
-                .first_at_or_after(&stream, cutoff, durable.first.seq, durable.tail.seq, |r| {
+                .first_at_or_after(stream, cutoff, durable.first.seq, durable.tail.seq, |r| {
                     r.arrival_ms
                 })
                 .await
             {
-                Ok(keep_from) => self.trim(&stream, keep_from).await,
+                Ok(keep_from) => self.trim(stream, keep_from).await,
                 Err(e) => Err(e),
             };
             if let Err(e) = expired {
                 tracing::warn!(stream = %stream.name, error = %e, "applying the retention age failed");
+            }
+        }
+    }
+
+    /// Deletes the streams with `delete_on_empty` once they have been empty for its
+    /// `min_age_secs`. Empty means they held records once and every one is trimmed (by retention
+    /// or a trim command); a stream never written to is not empty in this sense. An append in
+    /// between, even one trimmed again since, starts the wait over.
+    async fn delete_empty_streams(&self, configured: &[(Arc<Stream>, StreamConfig)]) {
+        let now = ms(now_ms());
+        let due: Vec<&Arc<Stream>> = {
+            let mut watched = self
+                .empty_streams
+                .lock()
+                .unwrap_or_else(|poisoned| poisoned.into_inner());
+            let mut still_empty = HashSet::new();
+            let due = configured
+                .iter()
+                .filter_map(|(stream, config)| {
+                    let rule = config.delete_on_empty.as_ref()?;
+                    let durable = stream.durable();
+                    let tail = durable.tail.seq;
+                    if rule.min_age_secs == 0 || tail == 0 || durable.first.seq < tail {
+                        return None;
+                    }
+                    still_empty.insert(stream.id);
+                    let seen = watched.entry(stream.id).or_insert((tail, now));
+                    if seen.0 != tail {
+                        *seen = (tail, now);
+                    }
+                    rule.due(seen.1, now).then_some(stream)
+                })
+                .collect();
+            watched.retain(|id, _| still_empty.contains(id));
+            due
+        };
+        for stream in due {
+            tracing::info!(stream = %stream.name, "deleting a stream empty for its delete_on_empty min_age");
+            if let Err(e) = self.remove(stream).await {
+                tracing::warn!(stream = %stream.name, error = %e, "delete-on-empty failed");
             }
         }
     }

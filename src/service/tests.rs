@@ -387,7 +387,7 @@ async fn s2_retention_ages_count_from_arrival_not_from_client_timestamps() {
         fencing_token: None,
     };
     service.s2_append(&stream, append, None).await.unwrap();
-    service.enforce_retention_ages().await;
+    service.enforce_s2_configs().await;
     assert_eq!(
         stream.durable().first.seq,
         0,
@@ -683,4 +683,58 @@ async fn a_new_mirror_is_made_in_one_commit_at_the_upstreams_retained_start_with
         matches!(resolved, Err(StreamError::Retained { first }) if first == retained),
         "offsets before the upstream's retained start are gone here too"
     );
+}
+
+#[tokio::test]
+async fn a_stream_with_delete_on_empty_goes_once_it_has_been_empty_for_its_min_age() {
+    let service =
+        StreamService::open(Arc::new(MemoryEngine::new()), ServiceConfig::default()).unwrap();
+    service.create_bucket("empties", None, None).await.unwrap();
+    let config = serde_json::json!({"delete_on_empty": {"min_age_secs": 1}});
+    for name in ["emptied", "unwritten", "written"] {
+        service
+            .create_s2_stream("empties", name, Some(config.clone()), None)
+            .await
+            .unwrap();
+    }
+    let one = || S2Append {
+        records: vec![S2Record {
+            timestamp: None,
+            headers: Vec::new(),
+            body: Bytes::from_static(b"r"),
+        }],
+        match_seq_num: None,
+        fencing_token: None,
+    };
+    let emptied = service.find("/empties/emptied", false).await.unwrap();
+    let written = service.find("/empties/written", false).await.unwrap();
+    service.s2_append(&written, one(), None).await.unwrap();
+    service.s2_append(&emptied, one(), None).await.unwrap();
+    service.trim(&emptied, 1).await.unwrap();
+    let present = |name: &'static str| {
+        let service = service.clone();
+        async move {
+            service
+                .find(&format!("/empties/{name}"), false)
+                .await
+                .is_ok()
+        }
+    };
+
+    service.enforce_s2_configs().await;
+    assert!(present("emptied").await, "found empty just now");
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    // Written to and emptied again meanwhile: the wait starts over.
+    service.s2_append(&emptied, one(), None).await.unwrap();
+    service.trim(&emptied, 2).await.unwrap();
+    service.enforce_s2_configs().await;
+    assert!(present("emptied").await, "an append starts the wait over");
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    service.enforce_s2_configs().await;
+    assert!(!present("emptied").await, "empty for its min_age: deleted");
+    assert!(
+        present("unwritten").await,
+        "never written: not empty in this sense"
+    );
+    assert!(present("written").await, "holds a record");
 }
