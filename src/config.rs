@@ -121,6 +121,11 @@ pub struct ServeArgs {
     /// Token a mirror presents to its upstream (--mirror-from).
     #[arg(long, env = "RUNNEL_MIRROR_TOKEN", hide_env_values = true)]
     pub mirror_token: Option<String>,
+    /// JSON file of S2 basins and streams to create, or to bring to the configuration it gives,
+    /// at every start (the resource spec of s2-lite's --init-file); the server does not start if
+    /// any of it fails.
+    #[arg(long, env = "RUNNEL_INIT_FILE")]
+    pub init_file: Option<PathBuf>,
     /// TOML file with any of the settings above (keys as the flags, with underscores).
     #[arg(long, env = "RUNNEL_CONFIG")]
     pub config: Option<PathBuf>,
@@ -152,6 +157,7 @@ pub struct FileConfig {
     auth_token: Option<String>,
     rate_limit: Option<u32>,
     mirror_token: Option<String>,
+    init_file: Option<PathBuf>,
 }
 
 /// Where streams are kept.
@@ -185,6 +191,8 @@ pub struct Settings {
     pub auth: Option<AuthSettings>,
     /// What a mirror presents to its upstream.
     pub mirror_token: Option<String>,
+    /// S2 basins and streams to provision at start.
+    pub init_file: Option<PathBuf>,
 }
 
 #[derive(Clone, PartialEq, Eq)]
@@ -353,6 +361,7 @@ impl ServeArgs {
                 .unwrap_or(DEFAULT_MIN_FREE_BYTES),
             auth,
             mirror_token: self.mirror_token.or(file.mirror_token),
+            init_file: self.init_file.or(file.init_file),
         })
     }
 }

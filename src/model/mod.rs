@@ -11,6 +11,7 @@ pub mod json;
 pub mod names;
 pub mod offset;
 pub mod producer;
+pub mod provision;
 pub mod record;
 pub mod records;
 pub mod s2;

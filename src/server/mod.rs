@@ -6,6 +6,7 @@ use std::time::Duration;
 use tokio::net::TcpListener;
 
 mod connections;
+mod provision;
 
 pub use connections::{ConnectionLimits, TlsError, tls_acceptor};
 
@@ -49,6 +50,9 @@ pub async fn serve(settings: Settings) -> anyhow::Result<()> {
     };
     let service = StreamService::open(engine, service_config)
         .map_err(|e| anyhow::anyhow!("cannot recover streams: {e}"))?;
+    if let Some(path) = &settings.init_file {
+        provision::apply_file(&service, path).await?;
+    }
 
     let sweeper = service.clone();
     tokio::spawn(async move {

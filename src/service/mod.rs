@@ -148,6 +148,17 @@ pub enum Creation {
     Repeated,
 }
 
+/// What an S2 ensure (`PUT`) did: made the resource, or found it and applied the configuration
+/// over it (its stored configuration before and after).
+#[derive(Clone, Debug, PartialEq)]
+pub enum Ensured {
+    Created,
+    Existing {
+        before: Option<serde_json::Value>,
+        after: Option<serde_json::Value>,
+    },
+}
+
 /// A stream's metadata as faces report it.
 #[derive(Clone, Debug)]
 pub struct StreamInfo {

@@ -8,7 +8,9 @@ use std::sync::Arc;
 use serde_json::Value;
 
 use super::stream::State;
-use super::{CreateRequest, Creation, Stream, StreamError, StreamResult, StreamService, now_ms};
+use super::{
+    CreateRequest, Creation, Ensured, Stream, StreamError, StreamResult, StreamService, now_ms,
+};
 use crate::model::cipher::{self, CipherError, RecordKey};
 use crate::model::json;
 use crate::model::record::Record;
@@ -183,6 +185,52 @@ impl StreamService {
                 .await?;
         }
         Ok(Creation::New)
+    }
+
+    /// Creates an S2 stream, or applies `config` over the one already there (S2's ensure).
+    pub async fn ensure_s2_stream(
+        &self,
+        basin: &str,
+        name: &str,
+        config: Option<Value>,
+    ) -> StreamResult<Ensured> {
+        match self
+            .create_s2_stream(basin, name, config.clone(), None)
+            .await
+        {
+            Ok(_) => Ok(Ensured::Created),
+            Err(StreamError::AlreadyExists(_)) => {
+                let key = names::stream_key_in(basin, name)
+                    .map_err(|e| StreamError::BadRequest(e.to_string()))?;
+                let stream = self.find(&key, false).await?;
+                let before = self.stream_config_of(&stream);
+                let after = match config {
+                    Some(config) => self.reconfigure_stream(&key, &config).await?,
+                    None => before.clone(),
+                };
+                Ok(Ensured::Existing {
+                    before: Some(before),
+                    after: Some(after),
+                })
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Creates a basin, or applies `config` over the one already there (S2's ensure).
+    pub async fn ensure_basin(&self, basin: &str, config: Option<Value>) -> StreamResult<Ensured> {
+        match self.create_bucket(basin, config.clone(), None).await {
+            Ok(_) => Ok(Ensured::Created),
+            Err(StreamError::AlreadyExists(_)) => {
+                let before = self.bucket_info(basin)?.s2_config;
+                if let Some(config) = config {
+                    self.reconfigure_basin(basin, &config).await?;
+                }
+                let after = self.bucket_info(basin)?.s2_config;
+                Ok(Ensured::Existing { before, after })
+            }
+            Err(e) => Err(e),
+        }
     }
 
     /// The stream's S2 configuration, as stored.

@@ -219,24 +219,12 @@ pub(super) async fn basin(
                 if app.service.bucket_info(&basin).is_err() && !s2::is_valid_basin_name(&basin) {
                     return Err(bad("invalid", BASIN_NAME_RULE));
                 }
-                let provision = match app
-                    .service
-                    .create_bucket(&basin, config.clone(), None)
-                    .await
-                {
-                    Ok(_) => Provision::Created,
-                    Err(StreamError::AlreadyExists(_)) => {
-                        let before = app.service.bucket_info(&basin)?.s2_config;
-                        if let Some(config) = config {
-                            app.service.reconfigure_basin(&basin, &config).await?;
-                        }
-                        let after = app.service.bucket_info(&basin)?.s2_config;
-                        Provision::of_reconfiguration(
-                            config_json::<BasinConfig>(before.as_ref()),
-                            config_json::<BasinConfig>(after.as_ref()),
-                        )
-                    }
-                    Err(e) => return Err(e.into()),
+                let provision = match app.service.ensure_basin(&basin, config).await? {
+                    Ensured::Created => Provision::Created,
+                    Ensured::Existing { before, after } => Provision::of_reconfiguration(
+                        config_json::<BasinConfig>(before.as_ref()),
+                        config_json::<BasinConfig>(after.as_ref()),
+                    ),
                 };
                 let info = app.service.bucket_info(&basin)?;
                 Ok(provision.respond(basin_info(&basin, info.created_ms)))
@@ -361,25 +349,12 @@ pub(super) async fn stream(
             Method::PUT => {
                 // The body is the configuration itself (basins wrap theirs in `config`).
                 let config = validated::<StreamConfig>(json_body(&app, &headers, body).await?)?;
-                let provision = match app
-                    .service
-                    .create_s2_stream(&basin, &name, config.clone(), None)
-                    .await
-                {
-                    Ok(_) => Provision::Created,
-                    Err(StreamError::AlreadyExists(_)) => {
-                        let stream = app.service.find(&key, false).await?;
-                        let before = app.service.stream_config_of(&stream);
-                        let after = match config {
-                            Some(config) => app.service.reconfigure_stream(&key, &config).await?,
-                            None => before.clone(),
-                        };
-                        Provision::of_reconfiguration(
-                            stream_config_json(Some(&before)),
-                            stream_config_json(Some(&after)),
-                        )
-                    }
-                    Err(e) => return Err(e.into()),
+                let provision = match app.service.ensure_s2_stream(&basin, &name, config).await? {
+                    Ensured::Created => Provision::Created,
+                    Ensured::Existing { before, after } => Provision::of_reconfiguration(
+                        stream_config_json(before.as_ref()),
+                        stream_config_json(after.as_ref()),
+                    ),
                 };
                 Ok(provision.respond(stream_info_of(&app, &key).await?))
             }

@@ -27,8 +27,8 @@ use crate::model::headers::format_timestamp;
 use crate::model::s2::{self, BasinConfig, EventId, Format, StreamConfig};
 use crate::model::{Offset, names};
 use crate::service::{
-    Creation, Principal, S2Append, S2Batch, S2Limits, S2Position, S2Record, S2Start, Stream,
-    StreamError, StreamSummary, now_ms,
+    Creation, Ensured, Principal, S2Append, S2Batch, S2Limits, S2Position, S2Record, S2Start,
+    Stream, StreamError, StreamSummary, now_ms,
 };
 
 /// How often an idle SSE session hears a `ping`.
