@@ -5,7 +5,7 @@
 use std::collections::HashSet;
 use std::sync::Arc;
 
-use serde_json::Value;
+use serde_json::{Value, json};
 
 use super::stream::State;
 use super::{
@@ -110,6 +110,16 @@ impl StreamService {
             .unwrap_or_default())
     }
 
+    /// The configuration a stream created in `basin` without one gets: the basin's default
+    /// stream configuration, or none (`{}`).
+    fn default_stream_config(&self, basin: &str) -> StreamResult<Value> {
+        Ok(self
+            .basin_config(basin)?
+            .default_stream_config
+            .and_then(|c| serde_json::to_value(c).ok())
+            .unwrap_or_else(|| json!({})))
+    }
+
     /// Finds an S2 stream, creating it first when the basin says so for this operation.
     pub async fn s2_stream(
         &self,
@@ -157,12 +167,10 @@ impl StreamService {
             parse_config::<StreamConfig>(config)?;
         }
         let basin_config = self.basin_config(basin)?;
-        let config = config.or_else(|| {
-            basin_config
-                .default_stream_config
-                .as_ref()
-                .and_then(|c| serde_json::to_value(c).ok())
-        });
+        let config = match config {
+            Some(config) => Some(config),
+            None => Some(self.default_stream_config(basin)?).filter(|c| c != &json!({})),
+        };
         let outcome = self
             .create(CreateRequest {
                 name: key.clone(),
@@ -187,7 +195,8 @@ impl StreamService {
         Ok(Creation::New)
     }
 
-    /// Creates an S2 stream, or applies `config` over the one already there (S2's ensure).
+    /// Creates an S2 stream, or makes the existing one's configuration what a stream created
+    /// now would get (S2's ensure: "updated to the specified configuration, if different").
     pub async fn ensure_s2_stream(
         &self,
         basin: &str,
@@ -204,10 +213,13 @@ impl StreamService {
                     .map_err(|e| StreamError::BadRequest(e.to_string()))?;
                 let stream = self.find(&key, false).await?;
                 let before = self.stream_config_of(&stream);
-                let after = match config {
-                    Some(config) => self.reconfigure_stream(&key, &config).await?,
-                    None => before.clone(),
+                let desired = match config {
+                    Some(config) => config,
+                    None => self.default_stream_config(basin)?,
                 };
+                let after = self
+                    .update_stream_config(&key, |stored| *stored = desired)
+                    .await?;
                 Ok(Ensured::Existing {
                     before: Some(before),
                     after: Some(after),
@@ -217,17 +229,20 @@ impl StreamService {
         }
     }
 
-    /// Creates a basin, or applies `config` over the one already there (S2's ensure).
+    /// Creates a basin, or makes the existing one's configuration `config` (S2's ensure).
     pub async fn ensure_basin(&self, basin: &str, config: Option<Value>) -> StreamResult<Ensured> {
         match self.create_bucket(basin, config.clone(), None).await {
             Ok(_) => Ok(Ensured::Created),
             Err(StreamError::AlreadyExists(_)) => {
                 let before = self.bucket_info(basin)?.s2_config;
-                if let Some(config) = config {
-                    self.reconfigure_basin(basin, &config).await?;
-                }
-                let after = self.bucket_info(basin)?.s2_config;
-                Ok(Ensured::Existing { before, after })
+                let desired = config.unwrap_or_else(|| Value::Object(Default::default()));
+                let after = self
+                    .update_basin_config(basin, |stored| *stored = desired)
+                    .await?;
+                Ok(Ensured::Existing {
+                    before,
+                    after: Some(after),
+                })
             }
             Err(e) => Err(e),
         }
@@ -246,6 +261,17 @@ impl StreamService {
 
     /// Applies an S2 reconfiguration (JSON Merge Patch over the stored configuration).
     pub async fn reconfigure_stream(&self, key: &str, patch: &Value) -> StreamResult<Value> {
+        self.update_stream_config(key, |config| s2::merge_patch(config, patch))
+            .await
+    }
+
+    /// Changes the stored S2 configuration of a stream, and checks the result before it is
+    /// stored.
+    async fn update_stream_config(
+        &self,
+        key: &str,
+        change: impl FnOnce(&mut Value),
+    ) -> StreamResult<Value> {
         let stream = self.find(key, false).await?;
         let (config, commit) = {
             let mut state = stream.lock();
@@ -255,7 +281,7 @@ impl StreamService {
                 .s2_config
                 .clone()
                 .unwrap_or_else(|| Value::Object(Default::default()));
-            s2::merge_patch(&mut config, patch);
+            change(&mut config);
             parse_config::<StreamConfig>(&config)?;
             state.meta.extra_mut().s2_config = Some(config.clone());
             (
@@ -272,6 +298,17 @@ impl StreamService {
 
     /// Applies an S2 reconfiguration to a basin.
     pub async fn reconfigure_basin(&self, basin: &str, patch: &Value) -> StreamResult<Value> {
+        self.update_basin_config(basin, |config| s2::merge_patch(config, patch))
+            .await
+    }
+
+    /// Changes the stored S2 configuration of a basin, and checks the result before it is
+    /// stored.
+    async fn update_basin_config(
+        &self,
+        basin: &str,
+        change: impl FnOnce(&mut Value),
+    ) -> StreamResult<Value> {
         let (config, commit) = {
             let mut registry = self.lock_registry();
             let meta = registry
@@ -282,7 +319,7 @@ impl StreamService {
                 .s2_config
                 .clone()
                 .unwrap_or_else(|| Value::Object(Default::default()));
-            s2::merge_patch(&mut config, patch);
+            change(&mut config);
             parse_config::<BasinConfig>(&config)?;
             meta.s2_config = Some(config.clone());
             (

@@ -155,6 +155,21 @@ def test_ensure_basin_with_config_creates_it_with_that_config(c):
     subset(basin_config(c, name), config)
 
 
+def test_ensure_makes_an_existing_basins_config_the_one_given(c):
+    """S2's ensure: "its configuration is updated to the specified configuration, if
+    different". What the new config leaves out goes back to the default."""
+    name = unique_basin()
+    json_of(c.put(basin_path(name), json={"config": {"create_stream_on_read": True}}), 201)
+    again = c.put(basin_path(name), json={"config": {"create_stream_on_append": True}})
+    json_of(again, 200)
+    assert again.headers["s2-provision-result"] == "updated"
+    config = basin_config(c, name)
+    assert config["create_stream_on_append"] is True
+    assert config.get("create_stream_on_read") in (None, False)
+    same = c.put(basin_path(name), json={"config": {"create_stream_on_append": True}})
+    assert same.headers["s2-provision-result"] == "noop"
+
+
 # --- get / reconfigure ------------------------------------------------------------
 
 def test_get_config_of_missing_basin_is_404_basin_not_found(c):

@@ -111,6 +111,26 @@ def test_ensure_stream_with_config_creates_it_with_that_config(c, basin):
     subset(basin.stream_config("ens-cfg"), config)
 
 
+def test_ensure_makes_an_existing_streams_config_the_one_given(c, basin):
+    """What the new config leaves out goes back to what a new stream gets (the basin's
+    default stream config, else the defaults); an ensure without a body does the same."""
+    json_of(c.put(stream_path("ens-re"), json={"retention_policy": {"age": 60}},
+                  headers=basin.headers()), 201)
+    again = c.put(stream_path("ens-re"), json={"timestamping": {"mode": "arrival"}},
+                  headers=basin.headers())
+    json_of(again, 200)
+    assert again.headers["s2-provision-result"] == "updated"
+    config = basin.stream_config("ens-re")
+    assert config["timestamping"]["mode"] == "arrival"
+    assert config["retention_policy"] == {"infinite": {}}
+    same = c.put(stream_path("ens-re"), json={"timestamping": {"mode": "arrival"}},
+                 headers=basin.headers())
+    assert same.headers["s2-provision-result"] == "noop"
+    bare = c.put(stream_path("ens-re"), headers=basin.headers())
+    assert bare.headers["s2-provision-result"] == "updated"
+    assert basin.stream_config("ens-re")["timestamping"]["mode"] == "client-prefer"
+
+
 # --- reconfigure ----------------------------------------------------------------------
 
 RECONFIGURATIONS = {
