@@ -554,14 +554,31 @@ impl StreamService {
         stream: &'a Arc<Stream>,
     ) -> futures::future::BoxFuture<'a, StreamResult<Removal>> {
         Box::pin(async move {
+            let removal = self.remove_if(stream, |_| true).await?;
+            Ok(removal.unwrap_or(Removal::Hard))
+        })
+    }
+
+    /// [`Self::remove`], if `still` holds of the stream under its lock: what made a background
+    /// pass pick it (expired, empty) is checked again where no append can slip in between and
+    /// be acknowledged, then deleted with the stream. `None` when it no longer holds.
+    fn remove_if<'a>(
+        &'a self,
+        stream: &'a Arc<Stream>,
+        still: impl FnOnce(&State) -> bool + Send + 'a,
+    ) -> futures::future::BoxFuture<'a, StreamResult<Option<Removal>>> {
+        Box::pin(async move {
             let (removal, commit) = {
                 let mut state: std::sync::MutexGuard<'_, State> = stream.lock();
                 if state.removed {
-                    return Ok(Removal::Hard);
+                    return Ok(Some(Removal::Hard));
+                }
+                if !still(&state) {
+                    return Ok(None);
                 }
                 if state.forks > 0 {
                     if state.meta.soft_deleted {
-                        return Ok(Removal::Soft);
+                        return Ok(Some(Removal::Soft));
                     }
                     state.meta.soft_deleted = true;
                     let commit = self.engine.commit(vec![Change::PutStream(
@@ -586,7 +603,7 @@ impl StreamService {
                 self.streams_changed.send_modify(|v| *v += 1);
                 self.release_source(stream).await;
             }
-            Ok(removal)
+            Ok(Some(removal))
         })
     }
 
@@ -642,7 +659,10 @@ impl StreamService {
             .cloned()
             .collect();
         for stream in candidates {
-            if let Err(e) = self.remove(&stream).await {
+            let still_expired = |state: &State| {
+                !state.meta.soft_deleted && state.meta.is_expired(now, state.last_access_ms)
+            };
+            if let Err(e) = self.remove_if(&stream, still_expired).await {
                 tracing::warn!(stream = %stream.name, error = %e, "expiring a stream failed");
             }
         }

@@ -522,7 +522,7 @@ impl StreamService {
     /// between, even one trimmed again since, starts the wait over.
     async fn delete_empty_streams(&self, configured: &[(Arc<Stream>, StreamConfig)]) {
         let now = ms(now_ms());
-        let due: Vec<&Arc<Stream>> = {
+        let due: Vec<(&Arc<Stream>, u64)> = {
             let mut watched = self
                 .empty_streams
                 .lock()
@@ -542,16 +542,25 @@ impl StreamService {
                     if seen.0 != tail {
                         *seen = (tail, now);
                     }
-                    rule.due(seen.1, now).then_some(stream)
+                    rule.due(seen.1, now).then_some((stream, tail))
                 })
                 .collect();
             watched.retain(|id, _| still_empty.contains(id));
             due
         };
-        for stream in due {
-            tracing::info!(stream = %stream.name, "deleting a stream empty for its delete_on_empty min_age");
-            if let Err(e) = self.remove(stream).await {
-                tracing::warn!(stream = %stream.name, error = %e, "delete-on-empty failed");
+        for (stream, tail) in due {
+            // Nothing appended since it was found empty, checked again under its lock.
+            match self
+                .remove_if(stream, |state| state.meta.tail.seq == tail)
+                .await
+            {
+                Ok(Some(_)) => {
+                    tracing::info!(stream = %stream.name, "deleted: empty for its delete_on_empty min_age")
+                }
+                Ok(None) => {}
+                Err(e) => {
+                    tracing::warn!(stream = %stream.name, error = %e, "delete-on-empty failed")
+                }
             }
         }
     }

@@ -738,3 +738,33 @@ async fn a_stream_with_delete_on_empty_goes_once_it_has_been_empty_for_its_min_a
     );
     assert!(present("written").await, "holds a record");
 }
+
+#[tokio::test]
+async fn a_removal_whose_reason_no_longer_holds_under_the_stream_lock_removes_nothing() {
+    let service =
+        StreamService::open(Arc::new(MemoryEngine::new()), ServiceConfig::default()).unwrap();
+    service.create(create_text("s")).await.unwrap();
+    let stream = service.find("s", false).await.unwrap();
+    let seen = stream.lock().meta.tail.seq;
+    // Appended after a background pass looked, before it removes.
+    service.append("s", text("late")).await.unwrap();
+    let unchanged = |state: &State| state.meta.tail.seq == seen;
+    assert!(
+        service
+            .remove_if(&stream, unchanged)
+            .await
+            .unwrap()
+            .is_none()
+    );
+    assert!(
+        service.find("s", false).await.is_ok(),
+        "kept, with its append"
+    );
+    let now = stream.lock().meta.tail.seq;
+    let removed = service
+        .remove_if(&stream, |state| state.meta.tail.seq == now)
+        .await
+        .unwrap();
+    assert!(matches!(removed, Some(Removal::Hard)));
+    assert!(service.find("s", false).await.is_err());
+}
