@@ -304,6 +304,15 @@ pub struct BasinConfig {
     pub create_stream_on_read: bool,
 }
 
+impl BasinConfig {
+    /// The configuration a stream created in this basin without one gets: the default stream
+    /// configuration, if the basin has one.
+    pub fn new_stream_config(&self) -> Option<Value> {
+        let config = self.default_stream_config.as_ref()?;
+        serde_json::to_value(config).ok()
+    }
+}
+
 /// Fields whose value is one of several shapes (`{"age": n}` or `{"infinite": {}}`): a
 /// reconfiguration replaces them whole instead of merging into them.
 const REPLACED_WHOLE: &[&str] = &["retention_policy"];
@@ -372,6 +381,9 @@ pub fn creation_key(request_token: &str, config: Option<&Value>) -> String {
     }
     hash.finalize().iter().map(|b| format!("{b:02x}")).collect()
 }
+
+/// S2's basin name rule, as errors state it.
+pub const BASIN_NAME_RULE: &str = "basin names are 8-48 characters of a-z, 0-9 and '-', starting and ending with a letter or digit";
 
 /// Basin names created through S2: 8–48 bytes of `[a-z0-9-]`, starting and ending with a letter or
 /// digit.

@@ -329,10 +329,7 @@ impl Mirror<'_> {
             Err(StreamError::NotFound) => {}
             Err(e) => return Err(e.into()),
         }
-        let blob = match &state.snapshot {
-            Some(snapshot) => Some(self.fetch_snapshot(url, snapshot).await?),
-            None => None,
-        };
+        let blob = self.fetch_snapshot(url, state.snapshot.as_ref()).await?;
         Ok(self
             .service
             .mirror_stream(&key, &self.upstream.base, state, blob)
@@ -367,27 +364,28 @@ impl Mirror<'_> {
         stream
             .upstream_tail
             .fetch_max(state.tail.seq, std::sync::atomic::Ordering::Relaxed);
-        let blob = match &state.snapshot {
-            Some(snapshot) if !self.service.has_snapshot(&stream, snapshot) => {
-                Some(self.fetch_snapshot(&message.stream, snapshot).await?)
-            }
-            _ => None,
-        };
+        let new_snapshot = (state.snapshot.as_ref())
+            .filter(|snapshot| !self.service.has_snapshot(&stream, snapshot));
+        let blob = self.fetch_snapshot(&message.stream, new_snapshot).await?;
         Ok(self.service.mirror_state(&stream, &state, blob).await?)
     }
 
+    /// The blob of the upstream's `snapshot` of the stream at `url`, when there is one to fetch.
     async fn fetch_snapshot(
         &self,
         url: &str,
-        snapshot: &SnapshotInfo,
-    ) -> Result<Bytes, MirrorError> {
+        snapshot: Option<&SnapshotInfo>,
+    ) -> Result<Option<Bytes>, MirrorError> {
+        let Some(snapshot) = snapshot else {
+            return Ok(None);
+        };
         let response = self
             .http
             .get(format!("{url}/snapshot/{}", snapshot.offset))
             .send()
             .await?
             .error_for_status()?;
-        Ok(response.bytes().await?)
+        Ok(Some(response.bytes().await?))
     }
 
     async fn apply_records(&mut self, records: Vec<(String, Record)>) -> Result<(), MirrorError> {
@@ -448,10 +446,7 @@ impl Mirror<'_> {
             )));
         };
         // Fetched first: readers keep the old stream meanwhile.
-        let blob = match &state.snapshot {
-            Some(snapshot) => Some(self.fetch_snapshot(&url, snapshot).await?),
-            None => None,
-        };
+        let blob = self.fetch_snapshot(&url, state.snapshot.as_ref()).await?;
         let stream = self
             .service
             .mirror_rebuild(&key, &self.upstream.base, &state, blob)

@@ -7,8 +7,7 @@ use std::path::Path;
 use anyhow::{Context, anyhow};
 
 use crate::model::provision::{self, Resources};
-use crate::model::s2::{self, StreamConfig};
-use crate::service::{Ensured, StreamService, parse_s2_config};
+use crate::service::{Ensured, StreamService};
 
 /// Reads the file and applies it; the first thing that fails stops it, with what and why.
 pub async fn apply_file(service: &StreamService, path: &Path) -> anyhow::Result<()> {
@@ -28,16 +27,6 @@ async fn apply(service: &StreamService, resources: &Resources) -> anyhow::Result
             .map(|c| c.to_api())
             .transpose()
             .map_err(|e| anyhow!("basin {name:?}: {e}"))?;
-        if let Some(config) = &config {
-            service
-                .check_basin_config(config)
-                .map_err(|e| anyhow!("basin {name:?}: {e}"))?;
-        }
-        if service.bucket_info(name).is_err() && !s2::is_valid_basin_name(name) {
-            return Err(anyhow!(
-                "basin {name:?}: basin names are 8-48 characters of a-z, 0-9 and '-', starting and ending with a letter or digit"
-            ));
-        }
         let ensured = service
             .ensure_basin(name, config)
             .await
@@ -51,9 +40,6 @@ async fn apply(service: &StreamService, resources: &Resources) -> anyhow::Result
                 .map(|c| c.to_api())
                 .transpose()
                 .map_err(|e| anyhow!("{}: {e}", what()))?;
-            if let Some(config) = &config {
-                parse_s2_config::<StreamConfig>(config).map_err(|e| anyhow!("{}: {e}", what()))?;
-            }
             let ensured = service
                 .ensure_s2_stream(name, &stream.name, config)
                 .await

@@ -110,16 +110,6 @@ impl StreamService {
             .unwrap_or_default())
     }
 
-    /// The configuration a stream created in `basin` without one gets: the basin's default
-    /// stream configuration, or none (`{}`).
-    fn default_stream_config(&self, basin: &str) -> StreamResult<Value> {
-        Ok(self
-            .basin_config(basin)?
-            .default_stream_config
-            .and_then(|c| serde_json::to_value(c).ok())
-            .unwrap_or_else(|| json!({})))
-    }
-
     /// Finds an S2 stream, creating it first when the basin says so for this operation.
     pub async fn s2_stream(
         &self,
@@ -131,16 +121,13 @@ impl StreamService {
             .map_err(|e| StreamError::BadRequest(e.to_string()))?;
         match self.find(&key, true).await {
             Err(StreamError::NotFound) => {
-                let config = self.basin_config(basin)?;
+                // A missing basin is reported before a missing stream.
+                self.basin_config(basin)?;
                 let Some(requested) = auto_create else {
                     return Err(StreamError::NotFound);
                 };
-                let stream_config = match requested {
-                    Value::Null => config
-                        .default_stream_config
-                        .map(|c| serde_json::to_value(c).unwrap_or(Value::Null)),
-                    given => Some(given.clone()),
-                };
+                // `null`: the basin's default, which a stream created without one gets.
+                let stream_config = Some(requested.clone()).filter(|c| !c.is_null());
                 match self
                     .create_s2_stream(basin, name, stream_config, None)
                     .await
@@ -167,10 +154,7 @@ impl StreamService {
             parse_config::<StreamConfig>(config)?;
         }
         let basin_config = self.basin_config(basin)?;
-        let config = match config {
-            Some(config) => Some(config),
-            None => Some(self.default_stream_config(basin)?).filter(|c| c != &json!({})),
-        };
+        let config = config.or_else(|| basin_config.new_stream_config());
         let outcome = self
             .create(CreateRequest {
                 name: key.clone(),
@@ -188,9 +172,8 @@ impl StreamService {
                 _ => Err(StreamError::AlreadyExists("stream")),
             };
         }
-        if config.is_some() {
-            self.reconfigure_stream(&key, config.as_ref().unwrap_or(&Value::Null))
-                .await?;
+        if let Some(config) = &config {
+            self.reconfigure_stream(&key, config).await?;
         }
         Ok(Creation::New)
     }
@@ -215,7 +198,10 @@ impl StreamService {
                 let before = self.stream_config_of(&stream);
                 let desired = match config {
                     Some(config) => config,
-                    None => self.default_stream_config(basin)?,
+                    None => self
+                        .basin_config(basin)?
+                        .new_stream_config()
+                        .unwrap_or_else(|| json!({})),
                 };
                 let after = self
                     .update_stream_config(&key, |stored| *stored = desired)
@@ -229,8 +215,15 @@ impl StreamService {
         }
     }
 
-    /// Creates a basin, or makes the existing one's configuration `config` (S2's ensure).
+    /// Creates a basin, or makes the existing one's configuration `config` (S2's ensure). A new
+    /// basin's name must follow S2's rule; any existing bucket is a basin.
     pub async fn ensure_basin(&self, basin: &str, config: Option<Value>) -> StreamResult<Ensured> {
+        if let Some(config) = &config {
+            self.check_basin_config(config)?;
+        }
+        if self.bucket_info(basin).is_err() && !s2::is_valid_basin_name(basin) {
+            return Err(StreamError::Invalid(s2::BASIN_NAME_RULE.into()));
+        }
         match self.create_bucket(basin, config.clone(), None).await {
             Ok(_) => Ok(Ensured::Created),
             Err(StreamError::AlreadyExists(_)) => {

@@ -25,15 +25,25 @@ fn stream_config_json(stored: Option<&Value>) -> Value {
     serde_json::to_value(config.effective()).unwrap_or(Value::Null)
 }
 
-/// What an ensure (`PUT`) did, in the `s2-provision-result` header S2 clients read.
+/// What a create (`POST`) or an ensure (`PUT`) did, in the `s2-provision-result` header S2
+/// clients read.
 #[derive(Clone, Copy)]
 enum Provision {
     Created,
+    /// A create retried with the request token of the one that made the resource.
+    Repeated,
     Updated,
     Unchanged,
 }
 
 impl Provision {
+    fn of_creation(creation: Creation) -> Provision {
+        match creation {
+            Creation::New => Provision::Created,
+            Creation::Repeated => Provision::Repeated,
+        }
+    }
+
     /// Compare configurations as reported, so that setting a default explicitly changes nothing.
     fn of_reconfiguration(before: Value, after: Value) -> Provision {
         if before == after {
@@ -46,6 +56,7 @@ impl Provision {
     fn respond(self, body: Value) -> Response {
         let (status, result) = match self {
             Provision::Created => (StatusCode::CREATED, "created"),
+            Provision::Repeated => (StatusCode::CREATED, "noop"),
             Provision::Updated => (StatusCode::OK, "updated"),
             Provision::Unchanged => (StatusCode::OK, "noop"),
         };
@@ -55,20 +66,6 @@ impl Provision {
             .insert("s2-provision-result", HeaderValue::from_static(result));
         response
     }
-}
-
-/// A create's answer: `201`, and in `s2-provision-result` whether this request made the resource
-/// or is a retry of the request that did.
-fn created(creation: Creation, body: Value) -> Response {
-    let result = match creation {
-        Creation::New => "created",
-        Creation::Repeated => "noop",
-    };
-    let mut response = json_response(StatusCode::CREATED, body);
-    response
-        .headers_mut()
-        .insert("s2-provision-result", HeaderValue::from_static(result));
-    response
 }
 
 /// The create request's identity across retries, when the client sent an `s2-request-token`
@@ -140,10 +137,7 @@ pub(super) async fn create_basin(
             Resource::Basin(&request.basin),
         )?;
         if !s2::is_valid_basin_name(&request.basin) {
-            return Err(bad(
-                "invalid",
-                "basin names are 8-48 characters of a-z, 0-9 and '-', starting and ending with a letter or digit",
-            ));
+            return Err(bad("invalid", s2::BASIN_NAME_RULE));
         }
         let creation = creation_of(&headers, request.config.as_ref())?;
         let config = validated_basin(&app, request.config)?;
@@ -152,10 +146,9 @@ pub(super) async fn create_basin(
             .create_bucket(&request.basin, config, creation)
             .await?;
         let info = app.service.bucket_info(&request.basin)?;
-        Ok::<_, S2Error>(created(
-            creation,
-            basin_info(&request.basin, info.created_ms),
-        ))
+        Ok::<_, S2Error>(
+            Provision::of_creation(creation).respond(basin_info(&request.basin, info.created_ms)),
+        )
     };
     result.await.unwrap_or_else(IntoResponse::into_response)
 }
@@ -201,7 +194,7 @@ pub(super) async fn basin(
             && !s2::is_valid_basin_name(&basin)
             && names::validate_bucket_id(&basin).is_err()
         {
-            return Err(bad("invalid", BASIN_NAME_RULE));
+            return Err(bad("invalid", s2::BASIN_NAME_RULE));
         }
         names::validate_bucket_id(&basin).map_err(|e| bad("bad_path", e))?;
         match method {
@@ -216,9 +209,6 @@ pub(super) async fn basin(
                 let request: Reconfigure =
                     json_body(&app, &headers, body).await?.unwrap_or_default();
                 let config = validated_basin(&app, request.config)?;
-                if app.service.bucket_info(&basin).is_err() && !s2::is_valid_basin_name(&basin) {
-                    return Err(bad("invalid", BASIN_NAME_RULE));
-                }
                 let provision = match app.service.ensure_basin(&basin, config).await? {
                     Ensured::Created => Provision::Created,
                     Ensured::Existing { before, after } => Provision::of_reconfiguration(
@@ -322,7 +312,9 @@ pub(super) async fn create_stream(
             .create_s2_stream(&basin, &request.stream, config, creation)
             .await?;
         let key = stream_key(&basin, &request.stream)?;
-        Ok::<_, S2Error>(created(creation, stream_info_of(&app, &key).await?))
+        Ok::<_, S2Error>(
+            Provision::of_creation(creation).respond(stream_info_of(&app, &key).await?),
+        )
     };
     result.await.unwrap_or_else(IntoResponse::into_response)
 }

@@ -34,7 +34,6 @@ use crate::service::{
 /// How often an idle SSE session hears a `ping`.
 const PING_INTERVAL: Duration = Duration::from_secs(10);
 const MAX_LIST_LIMIT: usize = 1000;
-const BASIN_NAME_RULE: &str = "basin names are 8-48 characters of a-z, 0-9 and '-', starting and ending with a letter or digit";
 
 mod manage;
 mod records;
