@@ -218,6 +218,7 @@ async fn create(
         cipher: None,
         mirror: None,
         s2_creation: None,
+        s2_config: None,
     };
     let outcome = app.service.create(request).await?;
     let (info, created) = (&outcome.info, outcome.created);

@@ -131,10 +131,7 @@ impl StreamConfigSpec {
         }
         if let Some(rule) = &self.delete_on_empty {
             let min_age = rule.min_age.as_deref().map(seconds).transpose()?;
-            out.insert(
-                "delete_on_empty".into(),
-                json!({ "min_age_secs": min_age.unwrap_or(0) }),
-            );
+            out.insert("delete_on_empty".into(), json!({ "min_age_secs": min_age }));
         }
         Ok(Value::Object(out))
     }

@@ -213,16 +213,22 @@ pub enum RetentionPolicy {
 
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct DeleteOnEmpty {
-    #[serde(default)]
-    pub min_age_secs: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub min_age_secs: Option<u64>,
 }
 
 impl DeleteOnEmpty {
+    /// The wait before an emptied stream is deleted; `None` when delete-on-empty is off (0, the
+    /// default).
+    pub fn min_age_secs(&self) -> Option<u64> {
+        self.min_age_secs.filter(|secs| *secs > 0)
+    }
+
     /// Whether a stream that has been empty since `empty_since_ms` is due for deletion at
-    /// `now_ms`. Never with `min_age_secs` 0, the default: delete-on-empty is off.
+    /// `now_ms`. Never while delete-on-empty is off.
     pub fn due(&self, empty_since_ms: u64, now_ms: u64) -> bool {
-        self.min_age_secs > 0
-            && now_ms.saturating_sub(empty_since_ms) >= self.min_age_secs.saturating_mul(1000)
+        self.min_age_secs()
+            .is_some_and(|secs| now_ms.saturating_sub(empty_since_ms) >= secs.saturating_mul(1000))
     }
 }
 
@@ -246,26 +252,61 @@ pub struct StreamConfig {
 }
 
 impl StreamConfig {
-    /// The configuration in force, every field filled in: what is set, else what Runnel does
-    /// when it is not (records kept until trimmed, client-prefer capped timestamps).
-    pub fn effective(&self) -> StreamConfig {
-        let timestamping = self.timestamping.clone().unwrap_or_default();
+    /// What Runnel does where no configuration says otherwise: records kept until trimmed,
+    /// client-prefer capped timestamps, no delete-on-empty.
+    pub fn system_default() -> StreamConfig {
         StreamConfig {
-            storage_class: Some(
-                self.storage_class
-                    .clone()
-                    .unwrap_or_else(|| DEFAULT_STORAGE_CLASS.to_string()),
-            ),
-            retention_policy: Some(
-                self.retention_policy
-                    .clone()
-                    .unwrap_or_else(|| RetentionPolicy::Infinite(Default::default())),
-            ),
+            storage_class: Some(DEFAULT_STORAGE_CLASS.to_string()),
+            retention_policy: Some(RetentionPolicy::Infinite(Default::default())),
             timestamping: Some(Timestamping {
-                mode: Some(timestamping.mode.unwrap_or_default()),
-                uncapped: Some(timestamping.uncapped.unwrap_or(false)),
+                mode: Some(TimestampingMode::default()),
+                uncapped: Some(false),
             }),
-            delete_on_empty: Some(self.delete_on_empty.clone().unwrap_or_default()),
+            delete_on_empty: Some(DeleteOnEmpty {
+                min_age_secs: Some(0),
+            }),
+        }
+    }
+
+    /// This configuration with every field it leaves out taken from `defaults`, nested fields
+    /// one by one (S2 fills a stream's configuration from its basin's default this way).
+    pub fn over(&self, defaults: &StreamConfig) -> StreamConfig {
+        fn either<T: Clone>(own: &Option<T>, default: &Option<T>) -> Option<T> {
+            own.as_ref().or(default.as_ref()).cloned()
+        }
+        let timestamping = match (&self.timestamping, &defaults.timestamping) {
+            (Some(own), Some(default)) => Some(Timestamping {
+                mode: own.mode.or(default.mode),
+                uncapped: own.uncapped.or(default.uncapped),
+            }),
+            (own, default) => either(own, default),
+        };
+        let delete_on_empty = match (&self.delete_on_empty, &defaults.delete_on_empty) {
+            (Some(own), Some(default)) => Some(DeleteOnEmpty {
+                min_age_secs: own.min_age_secs.or(default.min_age_secs),
+            }),
+            (own, default) => either(own, default),
+        };
+        StreamConfig {
+            storage_class: either(&self.storage_class, &defaults.storage_class),
+            retention_policy: either(&self.retention_policy, &defaults.retention_policy),
+            timestamping,
+            delete_on_empty,
+        }
+    }
+
+    /// The configuration in force, every field filled in: what is set, else Runnel's default.
+    pub fn effective(&self) -> StreamConfig {
+        self.over(&StreamConfig::system_default())
+    }
+
+    /// The configuration a stream gets from what was asked for in a basin with `basin`'s
+    /// configuration: what is asked for, else the basin's default, else Runnel's; resolved once,
+    /// so a later change to the basin's default leaves the stream as it is.
+    pub fn resolved_in(&self, basin: &BasinConfig) -> StreamConfig {
+        match &basin.default_stream_config {
+            Some(defaults) => self.over(defaults).effective(),
+            None => self.effective(),
         }
     }
 }
@@ -302,15 +343,6 @@ pub struct BasinConfig {
     pub create_stream_on_append: bool,
     #[serde(default)]
     pub create_stream_on_read: bool,
-}
-
-impl BasinConfig {
-    /// The configuration a stream created in this basin without one gets: the default stream
-    /// configuration, if the basin has one.
-    pub fn new_stream_config(&self) -> Option<Value> {
-        let config = self.default_stream_config.as_ref()?;
-        serde_json::to_value(config).ok()
-    }
 }
 
 /// Fields whose value is one of several shapes (`{"age": n}` or `{"infinite": {}}`): a
@@ -430,10 +462,16 @@ mod tests {
 
     #[test]
     fn delete_on_empty_is_due_once_empty_for_its_min_age_and_never_when_off() {
-        let after = |secs| DeleteOnEmpty { min_age_secs: secs };
+        let after = |secs| DeleteOnEmpty {
+            min_age_secs: Some(secs),
+        };
         assert!(!after(2).due(10_000, 11_999));
         assert!(after(2).due(10_000, 12_000));
         assert!(!after(0).due(0, u64::MAX), "0 turns it off");
+        assert!(
+            !DeleteOnEmpty::default().due(0, u64::MAX),
+            "so does leaving it out"
+        );
         assert!(
             !after(2).due(12_000, 10_000),
             "a clock going back is not a wait"
@@ -597,6 +635,38 @@ mod tests {
                 "delete_on_empty": {"min_age_secs": 0}
             })
         );
+    }
+
+    #[test]
+    fn a_stream_config_takes_each_field_it_leaves_out_from_the_defaults_one_by_one() {
+        let parse = |v: Value| serde_json::from_value::<StreamConfig>(v).unwrap();
+        let own = parse(serde_json::json!({
+            "timestamping": {"mode": "arrival"},
+            "delete_on_empty": {}
+        }));
+        let defaults = parse(serde_json::json!({
+            "retention_policy": {"age": 60},
+            "timestamping": {"mode": "client-require", "uncapped": true},
+            "delete_on_empty": {"min_age_secs": 9}
+        }));
+        assert_eq!(
+            serde_json::to_value(own.over(&defaults)).unwrap(),
+            serde_json::json!({
+                "retention_policy": {"age": 60},
+                "timestamping": {"mode": "arrival", "uncapped": true},
+                "delete_on_empty": {"min_age_secs": 9}
+            })
+        );
+        let basin = BasinConfig {
+            default_stream_config: Some(defaults),
+            ..BasinConfig::default()
+        };
+        assert_eq!(
+            own.resolved_in(&basin).storage_class.as_deref(),
+            Some(DEFAULT_STORAGE_CLASS),
+            "what neither sets is Runnel's default"
+        );
+        assert_eq!(own.resolved_in(&BasinConfig::default()), own.effective());
     }
 
     #[test]

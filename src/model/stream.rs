@@ -266,6 +266,9 @@ pub struct RequestedConfig {
     pub mirror_of: Option<String>,
     /// The S2 create request making the stream; stored, not compared on repeats.
     pub s2_creation: Option<String>,
+    /// The S2 configuration; stored, not compared on repeats (S2 answers a repeat by its request
+    /// token).
+    pub s2_config: Option<serde_json::Value>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -386,6 +389,7 @@ mod tests {
             cipher: None,
             mirror_of: None,
             s2_creation: None,
+            s2_config: None,
         }
     }
 

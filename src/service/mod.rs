@@ -139,6 +139,8 @@ pub struct CreateRequest {
     pub mirror: Option<MirrorStart>,
     /// The S2 create request making the stream ([`crate::model::s2::creation_key`]).
     pub s2_creation: Option<String>,
+    /// The stream's S2 configuration, stored with it in the same commit.
+    pub s2_config: Option<serde_json::Value>,
 }
 
 /// Whether a create made something new, or was a retry of the S2 create request that made it.
@@ -490,6 +492,7 @@ impl StreamService {
             cipher: requested.cipher.clone(),
             mirror_of: requested.mirror_of.clone(),
             s2_creation: requested.s2_creation.clone(),
+            s2_config: requested.s2_config.clone(),
             snapshot: mirror.and_then(|m| m.snapshot.as_ref().map(|(info, _)| info.clone())),
             ..MetaExtra::default()
         });
@@ -836,6 +839,7 @@ fn requested_config(
         cipher: request.cipher.clone(),
         mirror_of: request.mirror.as_ref().map(|m| m.upstream.clone()),
         s2_creation: request.s2_creation.clone(),
+        s2_config: request.s2_config.clone(),
         fork: request.fork.as_ref().map(|f| RequestedFork {
             source_name: f.source.clone(),
             offset: f.offset,

@@ -71,6 +71,11 @@ fn ms(timestamp: i64) -> u64 {
     u64::try_from(timestamp).unwrap_or(0)
 }
 
+/// A configuration as stored.
+fn config_value(config: &StreamConfig) -> Value {
+    serde_json::to_value(config).unwrap_or_else(|_| json!({}))
+}
+
 fn stream_config(value: Option<&Value>) -> StreamConfig {
     value
         .and_then(|v| serde_json::from_value(v.clone()).ok())
@@ -88,6 +93,11 @@ pub fn parse_config<T: serde::de::DeserializeOwned + s2::CheckedConfig>(
         .check()
         .map_err(|e| StreamError::Invalid(format!("invalid config: {e}")))?;
     Ok(config)
+}
+
+/// The stream configuration a create or an ensure asks for; none asks for nothing in particular.
+fn asked_stream_config(config: Option<&Value>) -> StreamResult<StreamConfig> {
+    Ok(config.map(parse_config).transpose()?.unwrap_or_default())
 }
 
 impl StreamService {
@@ -150,16 +160,14 @@ impl StreamService {
     ) -> StreamResult<Creation> {
         let key = names::stream_key_in(basin, name)
             .map_err(|e| StreamError::BadRequest(e.to_string()))?;
-        if let Some(config) = &config {
-            parse_config::<StreamConfig>(config)?;
-        }
+        let asked = asked_stream_config(config.as_ref())?;
         let basin_config = self.basin_config(basin)?;
-        let config = config.or_else(|| basin_config.new_stream_config());
         let outcome = self
             .create(CreateRequest {
                 name: key.clone(),
                 content_type: Some(crate::model::content_type::DEFAULT_CONTENT_TYPE.to_string()),
-                cipher: basin_config.stream_cipher,
+                cipher: basin_config.stream_cipher.clone(),
+                s2_config: Some(config_value(&asked.resolved_in(&basin_config))),
                 s2_creation: s2_creation.clone(),
                 ..Default::default()
             })
@@ -171,9 +179,6 @@ impl StreamService {
                 Some(request) if made_by.as_ref() == Some(&request) => Ok(Creation::Repeated),
                 _ => Err(StreamError::AlreadyExists("stream")),
             };
-        }
-        if let Some(config) = &config {
-            self.reconfigure_stream(&key, config).await?;
         }
         Ok(Creation::New)
     }
@@ -196,16 +201,9 @@ impl StreamService {
                     .map_err(|e| StreamError::BadRequest(e.to_string()))?;
                 let stream = self.find(&key, false).await?;
                 let before = self.stream_config_of(&stream);
-                let desired = match config {
-                    Some(config) => config,
-                    None => self
-                        .basin_config(basin)?
-                        .new_stream_config()
-                        .unwrap_or_else(|| json!({})),
-                };
-                let after = self
-                    .update_stream_config(&key, |stored| *stored = desired)
-                    .await?;
+                let asked = asked_stream_config(config.as_ref())?;
+                let desired = asked.resolved_in(&self.basin_config(basin)?);
+                let after = self.update_stream_config(&key, |_| Ok(desired)).await?;
                 Ok(Ensured::Existing {
                     before: Some(before),
                     after: Some(after),
@@ -252,30 +250,41 @@ impl StreamService {
             .unwrap_or_else(|| Value::Object(Default::default()))
     }
 
-    /// Applies an S2 reconfiguration (JSON Merge Patch over the stored configuration).
-    pub async fn reconfigure_stream(&self, key: &str, patch: &Value) -> StreamResult<Value> {
-        self.update_stream_config(key, |config| s2::merge_patch(config, patch))
-            .await
+    /// Applies an S2 reconfiguration: JSON Merge Patch over the stored configuration, where a
+    /// field reset with `null` takes the basin's default again.
+    pub async fn reconfigure_stream(
+        &self,
+        basin: &str,
+        name: &str,
+        patch: &Value,
+    ) -> StreamResult<Value> {
+        let key = names::stream_key_in(basin, name)
+            .map_err(|e| StreamError::BadRequest(e.to_string()))?;
+        let basin_config = self.basin_config(basin)?;
+        self.update_stream_config(&key, |stored| {
+            let mut patched = stored.clone();
+            s2::merge_patch(&mut patched, patch);
+            Ok(parse_config::<StreamConfig>(&patched)?.resolved_in(&basin_config))
+        })
+        .await
     }
 
-    /// Changes the stored S2 configuration of a stream, and checks the result before it is
-    /// stored.
+    /// Changes the stored S2 configuration of a stream to what `change` makes of it.
     async fn update_stream_config(
         &self,
         key: &str,
-        change: impl FnOnce(&mut Value),
+        change: impl FnOnce(&Value) -> StreamResult<StreamConfig>,
     ) -> StreamResult<Value> {
         let stream = self.find(key, false).await?;
         let (config, commit) = {
             let mut state = stream.lock();
-            let mut config = state
+            let stored = state
                 .meta
                 .extra()
                 .s2_config
                 .clone()
                 .unwrap_or_else(|| Value::Object(Default::default()));
-            change(&mut config);
-            parse_config::<StreamConfig>(&config)?;
+            let config = config_value(&change(&stored)?);
             state.meta.extra_mut().s2_config = Some(config.clone());
             (
                 config,
@@ -527,7 +536,7 @@ impl StreamService {
                     let rule = config.delete_on_empty.as_ref()?;
                     let durable = stream.durable();
                     let tail = durable.tail.seq;
-                    if rule.min_age_secs == 0 || tail == 0 || durable.first.seq < tail {
+                    if rule.min_age_secs().is_none() || tail == 0 || durable.first.seq < tail {
                         return None;
                     }
                     still_empty.insert(stream.id);

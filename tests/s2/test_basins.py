@@ -7,7 +7,8 @@ import uuid
 import pytest
 
 import s2lib as s2
-from s2lib import Basin, basin_path, check, expect_error, json_of, subset, unique_basin
+from s2lib import (Basin, basin_path, check, expect_error, json_of, stream_path, subset,
+                   unique_basin)
 
 
 def basin_config(c, name):
@@ -217,6 +218,54 @@ def test_basin_default_stream_config_applies_to_new_streams(c):
     stream = b.create_stream()
     subset(b.stream_config(stream), {"retention_policy": {"age": 7200},
                                      "timestamping": {"mode": "arrival"}})
+
+
+def default_filled_basin(c):
+    return Basin.create(c, config={"default_stream_config": {
+        "retention_policy": {"age": 7200},
+        "timestamping": {"mode": "arrival", "uncapped": True},
+        "delete_on_empty": {"min_age_secs": 90}}})
+
+
+def test_a_stream_config_takes_each_field_it_leaves_out_from_the_basin_default(c):
+    b = default_filled_basin(c)
+    stream = b.create_stream(config={"timestamping": {"mode": "client-require"}})
+    subset(b.stream_config(stream), {
+        "retention_policy": {"age": 7200},
+        "timestamping": {"mode": "client-require", "uncapped": True},
+        "delete_on_empty": {"min_age_secs": 90}})
+
+
+def test_an_ensured_stream_config_takes_each_field_it_leaves_out_from_the_basin_default(c):
+    b = default_filled_basin(c)
+    stream = b.create_stream(config={"retention_policy": {"age": 60}})
+    r = c.put(stream_path(stream), json={"storage_class": "standard"}, headers=b.headers())
+    json_of(r, 200)
+    assert r.headers["s2-provision-result"] == "updated"
+    subset(b.stream_config(stream), {
+        "storage_class": "standard",
+        "retention_policy": {"age": 7200},
+        "timestamping": {"mode": "arrival", "uncapped": True}})
+
+
+def test_a_field_reset_with_null_takes_the_basin_default_again(c):
+    b = default_filled_basin(c)
+    stream = b.create_stream(config={"retention_policy": {"age": 60},
+                                     "timestamping": {"mode": "client-prefer"}})
+    got = json_of(c.patch(stream_path(stream),
+                          json={"retention_policy": None, "timestamping": {"mode": None}},
+                          headers=b.headers()))
+    subset(got, {"retention_policy": {"age": 7200}, "timestamping": {"mode": "arrival"}})
+    subset(b.stream_config(stream), got)
+
+
+def test_a_basin_default_changed_later_leaves_existing_streams_as_they_are(c):
+    b = default_filled_basin(c)
+    stream = b.create_stream()
+    json_of(c.patch(basin_path(b.name),
+                    json={"default_stream_config": {"retention_policy": {"age": 30}}}))
+    subset(b.stream_config(stream), {"retention_policy": {"age": 7200}})
+    subset(b.stream_config(b.create_stream()), {"retention_policy": {"age": 30}})
 
 
 # --- list -------------------------------------------------------------------------

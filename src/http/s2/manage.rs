@@ -355,7 +355,10 @@ pub(super) async fn stream(
                 let patch: Value = json_body(&app, &headers, body)
                     .await?
                     .unwrap_or(Value::Object(Default::default()));
-                let config = app.service.reconfigure_stream(&key, &patch).await?;
+                let config = app
+                    .service
+                    .reconfigure_stream(&basin, &name, &patch)
+                    .await?;
                 Ok(json_response(
                     StatusCode::OK,
                     stream_config_json(Some(&config)),
