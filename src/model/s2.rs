@@ -34,6 +34,67 @@ pub struct S2Append {
     pub fencing_token: Option<String>,
 }
 
+/// An append that passed every check needing no stream, which S2 makes before it looks the
+/// stream up (so a bad batch never auto-creates one): 1 to 1000 records, at most 1 MiB metered,
+/// well-formed command records, a fencing token of at most 36 bytes.
+#[derive(Clone, Debug, Default)]
+pub struct CheckedAppend {
+    pub records: Vec<CheckedRecord>,
+    pub match_seq_num: Option<u64>,
+    pub fencing_token: Option<String>,
+}
+
+/// A record of a checked append, with the command it carries, if any.
+#[derive(Clone, Debug)]
+pub struct CheckedRecord {
+    pub record: S2Record,
+    pub command: Option<Command>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum BatchError {
+    #[error("a batch holds 1 to {MAX_BATCH_RECORDS} records")]
+    RecordCount,
+    #[error("a batch holds at most 1 MiB of metered bytes")]
+    TooLarge,
+    #[error("a fencing token is at most {MAX_FENCING_TOKEN} bytes")]
+    FencingToken,
+    #[error(transparent)]
+    Record(#[from] RecordError),
+}
+
+impl S2Append {
+    /// Checks the batch on its own; see [`CheckedAppend`].
+    pub fn check(self) -> Result<CheckedAppend, BatchError> {
+        if self.records.is_empty() || self.records.len() > MAX_BATCH_RECORDS {
+            return Err(BatchError::RecordCount);
+        }
+        if self
+            .fencing_token
+            .as_ref()
+            .is_some_and(|token| token.len() > MAX_FENCING_TOKEN)
+        {
+            return Err(BatchError::FencingToken);
+        }
+        let mut total = 0u64;
+        let mut records = Vec::with_capacity(self.records.len());
+        for record in self.records {
+            let size = metered_size(&record.headers, &record.body);
+            total += size;
+            if size > MAX_BATCH_METERED || total > MAX_BATCH_METERED {
+                return Err(BatchError::TooLarge);
+            }
+            let command = command_of(&record.headers, &record.body)?;
+            records.push(CheckedRecord { record, command });
+        }
+        Ok(CheckedAppend {
+            records,
+            match_seq_num: self.match_seq_num,
+            fencing_token: self.fencing_token,
+        })
+    }
+}
+
 /// How record bytes travel in JSON (the `s2-format` header).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Format {
@@ -237,9 +298,9 @@ pub trait CheckedConfig {
     fn check(&self) -> Result<(), String>;
 }
 
-/// An S2 stream's configuration. Unknown fields are refused, as S2 does.
+/// An S2 stream's configuration. Unknown fields are ignored, as in S2's API types, so that a
+/// client newer than the server still gets through.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
 pub struct StreamConfig {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub storage_class: Option<String>,
@@ -331,9 +392,8 @@ impl CheckedConfig for BasinConfig {
 /// The storage class reported when none is set (Runnel stores every stream the same way).
 pub const DEFAULT_STORAGE_CLASS: &str = "express";
 
-/// An S2 basin's configuration.
+/// An S2 basin's configuration (unknown fields ignored, as for streams).
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
 pub struct BasinConfig {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub default_stream_config: Option<StreamConfig>,
@@ -670,6 +730,59 @@ mod tests {
     }
 
     #[test]
+    fn a_batch_is_checked_on_its_own_before_any_stream() {
+        let record = |headers: Vec<(Bytes, Bytes)>, body: &'static [u8]| S2Record {
+            timestamp: None,
+            headers,
+            body: Bytes::from_static(body),
+        };
+        let batch = |records: Vec<S2Record>, fencing_token: Option<&str>| S2Append {
+            records,
+            match_seq_num: None,
+            fencing_token: fencing_token.map(str::to_string),
+        };
+        let plain = || record(Vec::new(), b"x");
+        let command = |name: &'static [u8], body| {
+            record(vec![(Bytes::new(), Bytes::from_static(name))], body)
+        };
+        assert_eq!(
+            batch(vec![], None).check().unwrap_err(),
+            BatchError::RecordCount
+        );
+        let too_many = vec![plain(); MAX_BATCH_RECORDS + 1];
+        assert_eq!(
+            batch(too_many, None).check().unwrap_err(),
+            BatchError::RecordCount
+        );
+        let long_token = "t".repeat(MAX_FENCING_TOKEN + 1);
+        assert_eq!(
+            batch(vec![plain()], Some(&long_token)).check().unwrap_err(),
+            BatchError::FencingToken
+        );
+        assert!(matches!(
+            batch(vec![command(b"bogus", b"")], None).check(),
+            Err(BatchError::Record(RecordError::UnknownCommand(_)))
+        ));
+        let big = Bytes::from(vec![0u8; MAX_BATCH_METERED as usize]);
+        let oversized = S2Record {
+            body: big,
+            ..plain()
+        };
+        assert_eq!(
+            batch(vec![oversized], None).check().unwrap_err(),
+            BatchError::TooLarge
+        );
+        let checked = batch(vec![plain(), command(b"fence", b"me")], Some(""))
+            .check()
+            .unwrap();
+        assert_eq!(checked.records[0].command, None);
+        assert_eq!(
+            checked.records[1].command,
+            Some(Command::Fence("me".into()))
+        );
+    }
+
+    #[test]
     fn configs_parse_from_s2_json() {
         let config: StreamConfig = serde_json::from_value(serde_json::json!({
             "retention_policy": {"age": 3600},
@@ -684,7 +797,15 @@ mod tests {
             infinite.retention_policy,
             Some(RetentionPolicy::Infinite(_))
         ));
-        assert!(serde_json::from_value::<StreamConfig>(serde_json::json!({"bogus": 1})).is_err());
+        assert_eq!(
+            serde_json::from_value::<StreamConfig>(serde_json::json!({"future_knob": 1})).unwrap(),
+            StreamConfig::default(),
+            "unknown fields are ignored"
+        );
+        assert!(
+            serde_json::from_value::<StreamConfig>(serde_json::json!({"storage_class": 1}))
+                .is_err()
+        );
     }
 
     #[test]

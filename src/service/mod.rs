@@ -44,7 +44,7 @@ pub use fork::ForkRequest;
 pub use read::{ReadChunk, TailWatch, Wake};
 pub use replication::{MirrorStart, ReplicatedState};
 pub use s2::{
-    S2Ack, S2Append, S2Batch, S2Limits, S2Position, S2Record, S2Start,
+    CheckedAppend, S2Ack, S2Append, S2Batch, S2Limits, S2Position, S2Record, S2Start,
     parse_config as parse_s2_config,
 };
 pub use snapshots::{Bootstrap, Position};

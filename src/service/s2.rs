@@ -14,11 +14,11 @@ use super::{
 use crate::model::cipher::{self, CipherError, RecordKey};
 use crate::model::json;
 use crate::model::record::Record;
-use crate::model::s2::{self, BasinConfig, Command, StreamConfig, Timestamping};
+use crate::model::s2::{self, BasinConfig, CheckedRecord, Command, StreamConfig, Timestamping};
 use crate::model::{Offset, names};
 use crate::storage::Change;
 
-pub use crate::model::s2::{S2Append, S2Record};
+pub use crate::model::s2::{CheckedAppend, S2Append, S2Record};
 
 /// A sequence number with the timestamp of the record there (S2's `StreamPosition`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -50,6 +50,13 @@ pub struct S2Limits {
     pub bytes: Option<u64>,
     /// Exclusive timestamp.
     pub until: Option<u64>,
+}
+
+impl S2Limits {
+    /// A count or byte limit of 0: the read is over before it starts, wherever it starts.
+    pub fn exhausted(&self) -> bool {
+        self.count == Some(0) || self.bytes == Some(0)
+    }
 }
 
 /// Records read in one step, and why the read stopped there.
@@ -367,7 +374,7 @@ impl StreamService {
     pub async fn s2_append(
         self: &Arc<Self>,
         stream: &Arc<Stream>,
-        append: S2Append,
+        append: CheckedAppend,
         key: Option<&RecordKey>,
     ) -> StreamResult<S2Ack> {
         self.s2_sequence(stream, append, key).await?.await
@@ -381,12 +388,13 @@ impl StreamService {
     pub async fn s2_sequence(
         self: &Arc<Self>,
         stream: &Arc<Stream>,
-        append: S2Append,
+        append: CheckedAppend,
         key: Option<&RecordKey>,
     ) -> StreamResult<impl Future<Output = StreamResult<S2Ack>> + Send + 'static> {
         Self::writable(stream)?;
         self.engine.room()?;
-        let mut prepared = prepare(stream, append.records)?;
+        let mut prepared = append.records;
+        canonical_json_bodies(stream, &mut prepared)?;
         if stream.encrypted {
             let key = key.ok_or(StreamError::KeyRequired)?;
             self.check_key(stream, key).await?;
@@ -711,48 +719,26 @@ impl StreamService {
     }
 }
 
-/// An S2 record checked and decoded before the stream lock: its command, and its body as stored.
-struct Prepared {
-    record: S2Record,
-    command: Option<Command>,
-}
-
-fn prepare(stream: &Stream, records: Vec<S2Record>) -> StreamResult<Vec<Prepared>> {
-    if records.is_empty() || records.len() > s2::MAX_BATCH_RECORDS {
-        return Err(StreamError::Invalid(format!(
-            "a batch holds 1 to {} records",
-            s2::MAX_BATCH_RECORDS
-        )));
+/// A checked batch's bodies as a JSON stream stores them: one canonical JSON value each
+/// (command records excepted).
+fn canonical_json_bodies(stream: &Stream, records: &mut [CheckedRecord]) -> StreamResult<()> {
+    if !stream.json {
+        return Ok(());
     }
-    let mut total = 0u64;
-    let mut prepared = Vec::with_capacity(records.len());
-    for mut record in records {
-        let size = s2::metered_size(&record.headers, &record.body);
-        total += size;
-        if size > s2::MAX_BATCH_METERED || total > s2::MAX_BATCH_METERED {
-            return Err(StreamError::Invalid(
-                "a batch holds at most 1 MiB of metered bytes".into(),
-            ));
-        }
-        let command = s2::command_of(&record.headers, &record.body)
-            .map_err(|e| StreamError::Invalid(e.to_string()))?;
-        if command.is_none() && stream.json {
-            let value = json::canonical_value(&record.body).map_err(|e| {
-                StreamError::Invalid(format!(
-                    "records on a JSON stream carry one JSON value each: {e}"
-                ))
-            })?;
-            record.body = value;
-        }
-        prepared.push(Prepared { record, command });
+    for checked in records.iter_mut().filter(|r| r.command.is_none()) {
+        checked.record.body = json::canonical_value(&checked.record.body).map_err(|e| {
+            StreamError::Invalid(format!(
+                "records on a JSON stream carry one JSON value each: {e}"
+            ))
+        })?;
     }
-    Ok(prepared)
+    Ok(())
 }
 
 /// Checks the append's conditions against the stream and sequences its records.
 fn sequence(
     state: &mut State,
-    prepared: Vec<Prepared>,
+    prepared: Vec<CheckedRecord>,
     fencing_token: &Option<String>,
     match_seq_num: Option<u64>,
 ) -> StreamResult<(S2Ack, Vec<Record>, Option<u64>)> {
@@ -767,17 +753,12 @@ fn sequence(
             "the stream is closed to appends".into(),
         ));
     }
-    if let Some(token) = fencing_token {
-        if token.len() > s2::MAX_FENCING_TOKEN {
-            return Err(StreamError::Invalid(
-                "a fencing token is at most 36 bytes".into(),
-            ));
-        }
-        if *token != state.meta.extra().fencing_token {
-            return Err(StreamError::FencingMismatch {
-                current: state.meta.extra().fencing_token.clone(),
-            });
-        }
+    if let Some(token) = fencing_token
+        && *token != state.meta.extra().fencing_token
+    {
+        return Err(StreamError::FencingMismatch {
+            current: state.meta.extra().fencing_token.clone(),
+        });
     }
     let tail = state.meta.tail;
     if match_seq_num.is_some_and(|expected| expected != tail.seq) {
@@ -792,7 +773,7 @@ fn sequence(
     let mut records = Vec::with_capacity(prepared.len());
     let mut fence = None;
     let mut trim = None;
-    for (i, Prepared { record, command }) in prepared.into_iter().enumerate() {
+    for (i, CheckedRecord { record, command }) in prepared.into_iter().enumerate() {
         let timestamp = s2::assign_timestamp(&timestamping, record.timestamp, arrival, floor)
             .map_err(|e| StreamError::Invalid(e.to_string()))?;
         floor = timestamp;

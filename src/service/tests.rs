@@ -385,7 +385,9 @@ async fn s2_retention_ages_count_from_arrival_not_from_client_timestamps() {
         records,
         match_seq_num: None,
         fencing_token: None,
-    };
+    }
+    .check()
+    .unwrap();
     service.s2_append(&stream, append, None).await.unwrap();
     service.enforce_s2_configs().await;
     assert_eq!(
@@ -697,14 +699,18 @@ async fn a_stream_with_delete_on_empty_goes_once_it_has_been_empty_for_its_min_a
             .await
             .unwrap();
     }
-    let one = || S2Append {
-        records: vec![S2Record {
-            timestamp: None,
-            headers: Vec::new(),
-            body: Bytes::from_static(b"r"),
-        }],
-        match_seq_num: None,
-        fencing_token: None,
+    let one = || {
+        S2Append {
+            records: vec![S2Record {
+                timestamp: None,
+                headers: Vec::new(),
+                body: Bytes::from_static(b"r"),
+            }],
+            match_seq_num: None,
+            fencing_token: None,
+        }
+        .check()
+        .unwrap()
     };
     let emptied = service.find("/empties/emptied", false).await.unwrap();
     let written = service.find("/empties/written", false).await.unwrap();

@@ -304,6 +304,19 @@ def test_list_basins_start_after_is_exclusive(c):
     assert listing(c, prefix=prefix, start_after=names[-1])[:2] == ([], False)
 
 
+def test_list_basins_limit_0_means_no_particular_limit(c):
+    prefix, names = make_family(c)
+    assert listing(c, prefix=prefix, limit=0)[:2] == (names, False)
+
+
+def test_list_basins_leaves_out_buckets_whose_names_s2_refuses(c):
+    """S2 clients refuse a whole listing holding one name S2 would not accept."""
+    prefix = f"l{uuid.uuid4().hex[:10]}"
+    check(c.put(f"/{prefix}_under"), 201)
+    Basin.create(c, f"{prefix}-ok")
+    assert listing(c, prefix=prefix)[:2] == ([f"{prefix}-ok"], False)
+
+
 def test_list_basins_with_a_bad_limit_is_400_bad_query(c):
     expect_error(c.get("/v1/basins", params={"limit": "many"}), 400, "bad_query")
 

@@ -132,6 +132,12 @@ def test_count_0_returns_no_records(basin, five):
     assert basin.records(five, seq_num=0, count=0) == []
 
 
+@pytest.mark.parametrize("limit", [{"count": 0}, {"bytes": 0}, {"count": 0, "bytes": 9}])
+@pytest.mark.parametrize("start", [{"seq_num": 5}, {"seq_num": 99}, {"timestamp": 10**9}, {}])
+def test_an_exhausted_limit_reads_nothing_even_at_or_past_the_tail(basin, five, limit, start):
+    assert basin.records(five, **start, **limit) == []
+
+
 def test_bytes_limits_the_metered_bytes_without_splitting_a_record(basin, five):
     one = metered("r0")
     assert basin.records(five, seq_num=0, bytes=one - 1) == []

@@ -71,6 +71,14 @@ def test_count_stops_the_session_with_done(basin, five):
     assert event_id(batches(events)[-1]) == (2, 2, 2 * ONE)
 
 
+@pytest.mark.parametrize("start", [{"seq_num": 0}, {"seq_num": 99}])
+def test_an_exhausted_limit_ends_the_session_with_done_and_no_records(basin, five, start):
+    with basin.sse(five, count=0, **start) as s:
+        events = s.expect_ok().rest()
+    assert events[-1].done, events
+    assert batch_records(events) == []
+
+
 def test_bytes_stops_the_session_with_done(basin, five):
     with basin.sse(five, seq_num=0, bytes=3 * ONE - 1) as s:
         events = s.expect_ok().rest()

@@ -83,6 +83,18 @@ def test_create_stream_with_a_bad_json_body_is_400_bad_json(c, basin, body):
     expect_error(r, 400, "bad_json")
 
 
+def test_unknown_config_fields_are_ignored_as_in_s2(c, basin):
+    """A client newer than the server may send fields it does not know yet."""
+    name = basin.create_stream(config={"retention_policy": {"age": 60}, "future_knob": 1})
+    config = basin.stream_config(name)
+    assert config["retention_policy"] == {"age": 60} and "future_knob" not in config
+    json_of(c.patch(stream_path(name), json={"future_knob": 2}, headers=basin.headers()))
+    json_of(c.put(stream_path(name), json={"future_knob": 3}, headers=basin.headers()))
+    b = json_of(c.post("/v1/basins", json={"basin": s2.unique_basin(),
+                                           "config": {"future_knob": True}}), 201)
+    assert b["name"]
+
+
 def test_create_stream_with_config_round_trips_through_get(c, basin):
     config = {"retention_policy": {"age": 86400},
               "timestamping": {"mode": "client-require", "uncapped": True}}
@@ -183,6 +195,7 @@ def test_list_streams_prefix_start_after_and_limit(c, basin):
     assert streams_listing(basin, prefix="x-", limit=2) == (["x-1", "x-2"], True)
     assert streams_listing(basin, prefix="x-", start_after="x-2") == (["x-3"], False)
     assert streams_listing(basin, start_after="x-3") == (["y-1"], False)
+    assert streams_listing(basin, prefix="x-", limit=0) == (["x-1", "x-2", "x-3"], False)
 
 
 def test_list_streams_with_a_bad_limit_is_400_bad_query(c, basin):
@@ -257,6 +270,48 @@ def test_s2_stream_config_header_is_ignored_when_the_stream_exists(c):
     b.ack("exists", ["x"], headers={"s2-stream-config": json.dumps(
         {"retention_policy": {"age": 200}})})
     subset(b.stream_config("exists"), {"retention_policy": {"age": 100}})
+
+
+def test_an_auto_created_stream_takes_what_the_header_leaves_out_from_the_basin_default(c):
+    b = Basin.create(c, config={"create_stream_on_append": True,
+                                "default_stream_config": {"storage_class": "standard",
+                                                          "retention_policy": {"age": 50}}})
+    b.ack("merged", ["x"], headers={"s2-stream-config": json.dumps(
+        {"retention_policy": {"age": 60}})})
+    subset(b.stream_config("merged"), {"storage_class": "standard",
+                                       "retention_policy": {"age": 60}})
+
+
+@pytest.mark.parametrize("header", ['{"retention_policy": {"age": 0}}', '{"storage_class": 7}',
+                                    "not json"])
+def test_a_bad_s2_stream_config_header_is_400_bad_header_even_when_nothing_is_created(c, header):
+    b = Basin.create(c)
+    b.create_stream("exists")
+    h = {"s2-stream-config": header}
+    expect_error(b.post("exists", {"records": [{"body": "x"}]}, headers=h), 400, "bad_header")
+    r = c.get(s2.records_path("exists"), params={"seq_num": 0},
+              headers=b.headers(h))
+    expect_error(r, 400, "bad_header")
+    assert b.tail("exists")["seq_num"] == 0, "the refused append wrote nothing"
+
+
+def test_check_tail_ignores_the_s2_stream_config_header(c):
+    b = Basin.create(c, config={"create_stream_on_read": True})
+    h = b.headers({"s2-stream-config": json.dumps({"retention_policy": {"age": 0}})})
+    assert json_of(c.get(s2.tail_path("by-tail"), headers=h))["tail"]["seq_num"] == 0
+    assert b.stream_config("by-tail")["retention_policy"] == {"infinite": {}}
+
+
+@pytest.mark.parametrize("body", [{"records": []},
+                                  {"records": [{"body": "x"}] * 1001},
+                                  {"records": [{"headers": [["", "bogus"]], "body": ""}]},
+                                  {"records": [{"body": "x"}], "fencing_token": "t" * 37}])
+def test_a_malformed_batch_is_422_and_auto_creates_nothing(c, body):
+    b = Basin.create(c, config={"create_stream_on_append": True})
+    expect_error(b.post("never", body), 422, "invalid")
+    assert streams_listing(b) == ([], False)
+    plain = Basin.create(c)
+    expect_error(plain.post("missing", body), 422, "invalid")
 
 
 def test_create_stream_on_append_does_not_create_on_read(c):

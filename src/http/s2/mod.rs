@@ -27,8 +27,8 @@ use crate::model::headers::format_timestamp;
 use crate::model::s2::{self, BasinConfig, EventId, Format, StreamConfig};
 use crate::model::{Offset, names};
 use crate::service::{
-    Creation, Ensured, Principal, S2Append, S2Batch, S2Limits, S2Position, S2Record, S2Start,
-    Stream, StreamError, StreamSummary, now_ms,
+    CheckedAppend, Creation, Ensured, Principal, S2Append, S2Batch, S2Limits, S2Position, S2Record,
+    S2Start, Stream, StreamError, StreamSummary, now_ms,
 };
 
 /// How often an idle SSE session hears a `ping`.
@@ -146,6 +146,12 @@ impl From<StreamError> for S2Error {
             _ => (StatusCode::UNPROCESSABLE_ENTITY, "invalid"),
         };
         S2Error::new(status, code, message)
+    }
+}
+
+impl From<s2::BatchError> for S2Error {
+    fn from(error: s2::BatchError) -> Self {
+        S2Error::new(StatusCode::UNPROCESSABLE_ENTITY, "invalid", error)
     }
 }
 
@@ -315,7 +321,14 @@ fn limit_of(query: &Query) -> Result<usize, S2Error> {
         None => Ok(MAX_LIST_LIMIT),
         Some(text) => text
             .parse::<usize>()
-            .map(|n| n.clamp(1, MAX_LIST_LIMIT))
+            // 0 asks for no particular limit, as in S2.
+            .map(|n| {
+                if n == 0 {
+                    MAX_LIST_LIMIT
+                } else {
+                    n.min(MAX_LIST_LIMIT)
+                }
+            })
             .map_err(|_| bad("bad_query", "limit must be an integer")),
     }
 }

@@ -20,37 +20,54 @@ fn key_of(headers: &HeaderMap) -> Result<Option<RecordKey>, S2Error> {
         .transpose()
 }
 
+/// What opens a stream: the basin may create a missing one on appends or on reads. Check-tail
+/// creates like a read but ignores `s2-stream-config`, as S2 does.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Opening {
+    Append,
+    Read,
+    CheckTail,
+}
+
 /// Finds the stream of a records request, creating it when the basin is configured to.
 async fn records_stream(
     app: &AppState,
     headers: &HeaderMap,
     name: &str,
-    on_append: bool,
+    opening: Opening,
 ) -> Result<Arc<Stream>, S2Error> {
     let basin = basin_of(headers)?;
     valid_stream(&basin, name)?;
+    let requested = match opening {
+        Opening::CheckTail => None,
+        Opening::Append | Opening::Read => stream_config_header(headers)?,
+    };
     let config = app.service.basin_config(&basin)?;
-    let auto = if on_append {
-        config.create_stream_on_append
-    } else {
-        config.create_stream_on_read
+    let auto = match opening {
+        Opening::Append => config.create_stream_on_append,
+        Opening::Read | Opening::CheckTail => config.create_stream_on_read,
     };
-    let requested = match headers.get("s2-stream-config") {
-        Some(value) => {
-            let text = value
-                .to_str()
-                .map_err(|_| bad("bad_header", "s2-stream-config is not text"))?;
-            Some(
-                serde_json::from_str(text)
-                    .map_err(|e| bad("bad_header", format!("s2-stream-config: {e}")))?,
-            )
-        }
-        None => Some(Value::Null),
-    };
+    // `null`: no config asked for, so the basin's default.
+    let requested = requested.unwrap_or(Value::Null);
     Ok(app
         .service
-        .s2_stream(&basin, name, if auto { requested.as_ref() } else { None })
+        .s2_stream(&basin, name, auto.then_some(&requested))
         .await?)
+}
+
+/// The `s2-stream-config` header: the config a stream this request auto-creates gets. It is
+/// checked on every request, whether or not it creates anything; any fault is 400 `bad_header`.
+fn stream_config_header(headers: &HeaderMap) -> Result<Option<Value>, S2Error> {
+    let Some(value) = headers.get("s2-stream-config") else {
+        return Ok(None);
+    };
+    let fault = |e: &dyn std::fmt::Display| bad("bad_header", format!("s2-stream-config: {e}"));
+    let text = value
+        .to_str()
+        .map_err(|_| bad("bad_header", "s2-stream-config is not text"))?;
+    let config: Value = serde_json::from_str(text).map_err(|e| fault(&e))?;
+    crate::service::parse_s2_config::<StreamConfig>(&config).map_err(|e| fault(&e))?;
+    Ok(Some(config))
 }
 
 pub(super) async fn check_tail(
@@ -59,7 +76,7 @@ pub(super) async fn check_tail(
     headers: HeaderMap,
 ) -> Response {
     let result = async {
-        let stream = records_stream(&app, &headers, &name, false).await?;
+        let stream = records_stream(&app, &headers, &name, Opening::CheckTail).await?;
         Ok::<_, S2Error>(json_response(
             StatusCode::OK,
             json!({ "tail": position_json(app.service.tail_position(&stream)) }),
@@ -127,13 +144,20 @@ impl CommandGuard {
         })
     }
 
-    pub(super) fn check(&self, append: &S2Append) -> Result<(), S2Error> {
+    /// Checks the batch on its own (422 when malformed), then the caller's permission for the
+    /// commands it carries.
+    pub(super) fn admit(&self, append: S2Append) -> Result<CheckedAppend, S2Error> {
+        let append = append.check()?;
+        self.permit_commands(&append)?;
+        Ok(append)
+    }
+
+    fn permit_commands(&self, append: &CheckedAppend) -> Result<(), S2Error> {
         for record in &append.records {
-            let op = match s2::command_of(&record.headers, &record.body) {
-                Ok(Some(s2::Command::Fence(_))) => Operation::Fence,
-                Ok(Some(s2::Command::Trim(_))) => Operation::Trim,
-                // Ordinary records, and malformed commands the service refuses with 422.
-                _ => continue,
+            let op = match record.command {
+                Some(s2::Command::Fence(_)) => Operation::Fence,
+                Some(s2::Command::Trim(_)) => Operation::Trim,
+                None => continue,
             };
             let resource = Resource::Stream {
                 basin: &self.basin,
@@ -153,7 +177,7 @@ async fn append_session(
     body: Body,
 ) -> S2Result {
     let key = key_of(headers)?;
-    let stream = records_stream(app, headers, name, true).await?;
+    let stream = records_stream(app, headers, name, Opening::Append).await?;
     Ok(s2s::append_session(app, headers, stream, key, guard, body))
 }
 
@@ -171,8 +195,8 @@ async fn append(
     } else {
         json_append(app, headers, body).await?
     };
-    guard.check(&append)?;
-    let stream = records_stream(app, headers, name, true).await?;
+    let append = guard.admit(append)?;
+    let stream = records_stream(app, headers, name, Opening::Append).await?;
     let ack = app
         .service
         .s2_append(&stream, append, key_of(headers)?.as_ref())
@@ -290,7 +314,7 @@ async fn read(app: &AppState, name: &str, query: Option<&str>, headers: &HeaderM
         ),
         _ => None,
     };
-    let stream = records_stream(app, headers, name, false).await?;
+    let stream = records_stream(app, headers, name, Opening::Read).await?;
     let bounded = request.limits.count.is_some()
         || request.limits.bytes.is_some()
         || request.limits.until.is_some();
@@ -302,15 +326,20 @@ async fn read(app: &AppState, name: &str, query: Option<&str>, headers: &HeaderM
         wait > 0
     };
     if let Some(resume) = resume {
-        request.start = Some(S2Start::SeqNum(resume.last_seq + 1));
+        request.start = Some(S2Start::SeqNum(resume.last_seq.saturating_add(1)));
         request.limits.count = request.limits.count.map(|c| c.saturating_sub(resume.count));
         request.limits.bytes = request.limits.bytes.map(|b| b.saturating_sub(resume.bytes));
     }
     let requested = request.start.unwrap_or(S2Start::TailOffset(0));
-    let start = app
-        .service
-        .s2_resolve(&stream, requested, request.clamp)
-        .await?;
+    // An exhausted limit reads nothing even from a start that is not written yet, as in S2.
+    let exhausted = request.limits.exhausted();
+    let start = if exhausted {
+        stream.durable().tail.seq
+    } else {
+        app.service
+            .s2_resolve(&stream, requested, request.clamp)
+            .await?
+    };
     let durable = stream.durable();
     // A start below the tail whose records were all trimmed reads nothing (the resolved start
     // moved up to the first retained record); only a start at or past the tail is 416.
@@ -318,7 +347,7 @@ async fn read(app: &AppState, name: &str, query: Option<&str>, headers: &HeaderM
         S2Start::SeqNum(seq) => seq.min(start),
         _ => start,
     };
-    if asked >= durable.tail.seq && !may_follow {
+    if asked >= durable.tail.seq && !may_follow && !exhausted {
         return Err(StreamError::BeyondTail {
             tail: durable.tail.seq,
             timestamp_ms: durable.last_timestamp_ms,

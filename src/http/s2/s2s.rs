@@ -221,9 +221,9 @@ pub(super) fn append_session(
                 input = inputs.next(), if inputs_open && failure.is_none() => match input {
                     None => inputs_open = false,
                     Some(Err(error)) => failure = Some(error),
-                    Some(Ok(append)) => match guard.check(&append) {
+                    Some(Ok(append)) => match guard.admit(append) {
                         Err(refused) => failure = Some(refused),
-                        Ok(()) => match service.s2_sequence(&stream, append, key.as_ref()).await {
+                        Ok(append) => match service.s2_sequence(&stream, append, key.as_ref()).await {
                             Ok(ack) => pending.push_back(ack),
                             Err(error) => failure = Some(error.into()),
                         },
