@@ -178,7 +178,13 @@ impl StreamService {
                 s2_creation: s2_creation.clone(),
                 ..Default::default()
             })
-            .await?;
+            .await
+            .map_err(|e| match e {
+                // A stream made through Durable Streams with other settings (content type, TTL,
+                // closed) still exists under this name, which is all S2 says.
+                StreamError::Conflict(_) => StreamError::AlreadyExists("stream"),
+                other => other,
+            })?;
         if !outcome.created {
             let stream = self.find(&key, false).await?;
             let made_by = stream.lock().meta.extra().s2_creation.clone();

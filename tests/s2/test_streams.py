@@ -70,10 +70,16 @@ def test_a_stream_request_token_over_36_bytes_is_400_bad_header(c, basin):
     check(c.get(stream_path(name), headers=basin.headers()), 404)
 
 
-def test_create_stream_existing_on_the_durable_streams_face_is_409(c, basin):
-    s2.ds_create(c, basin.name, "made-by-ds")
+@pytest.mark.parametrize("content_type", [s2.OCTET, s2.TEXT, s2.JSON_CT])
+def test_create_stream_existing_on_the_durable_streams_face_is_409(c, basin, content_type):
+    """Whatever its settings there; S2's SDKs retry other 409 codes."""
+    s2.ds_create(c, basin.name, "made-by-ds", content_type)
     r = c.post("/v1/streams", json={"stream": "made-by-ds"}, headers=basin.headers())
     expect_error(r, 409, "resource_already_exists")
+    ensured = c.put(stream_path("made-by-ds"), json={"retention_policy": {"age": 77}},
+                    headers=basin.headers())
+    json_of(ensured, 200)
+    subset(basin.stream_config("made-by-ds"), {"retention_policy": {"age": 77}})
 
 
 @pytest.mark.parametrize("body", ["{", "{}", '{"stream": 5}', '{"stream": "x", "config": 1}'])
