@@ -552,3 +552,198 @@ async fn a_single_stream_mirror_follows_only_that_stream() {
         .unwrap();
     assert_eq!(other.status(), 404, "only the named stream is mirrored");
 }
+
+/// The WebSocket replication endpoint a bucket advertises in its `Link` header.
+async fn replication_endpoint(http: &reqwest::Client, server: &Server) -> String {
+    let response = http
+        .get(server.url(&format!("/{BUCKET}")))
+        .send()
+        .await
+        .unwrap();
+    let links = header(&response, "link")
+        .expect("a Link header")
+        .to_string();
+    links
+        .split(',')
+        .find(|l| l.contains("streamld#websocket-replication"))
+        .and_then(|l| {
+            l.split_once('<')?
+                .1
+                .split_once('>')
+                .map(|(u, _)| u.to_string())
+        })
+        .expect("a websocket-replication Link")
+}
+
+type Socket =
+    tokio_tungstenite::WebSocketStream<tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>>;
+
+/// A raw StreamLD replica: a WebSocket to the upstream's replication endpoint.
+async fn connect_replica(http: &reqwest::Client, server: &Server) -> Socket {
+    let endpoint = replication_endpoint(http, server).await;
+    let (socket, _) = tokio_tungstenite::connect_async(endpoint.as_str())
+        .await
+        .expect("websocket");
+    socket
+}
+
+async fn send_json(socket: &mut Socket, message: serde_json::Value) {
+    use futures::SinkExt;
+    socket
+        .send(tokio_tungstenite::tungstenite::Message::Text(
+            message.to_string().into(),
+        ))
+        .await
+        .unwrap();
+}
+
+/// The next JSON message from the upstream, or `None` when nothing arrives within `within`.
+async fn next_json(socket: &mut Socket, within: Duration) -> Option<serde_json::Value> {
+    use futures::StreamExt;
+    let deadline = tokio::time::Instant::now() + within;
+    loop {
+        let message = tokio::time::timeout_at(deadline, socket.next())
+            .await
+            .ok()?;
+        match message.expect("socket open").expect("websocket message") {
+            tokio_tungstenite::tungstenite::Message::Text(text) => {
+                return Some(serde_json::from_str(&text).unwrap());
+            }
+            tokio_tungstenite::tungstenite::Message::Close(_) => panic!("upstream closed"),
+            _ => continue,
+        }
+    }
+}
+
+/// Reads until a message of `kind` arrives (within 10 s), returning every message read.
+async fn read_until(
+    socket: &mut Socket,
+    mut done: impl FnMut(&serde_json::Value) -> bool,
+) -> Vec<serde_json::Value> {
+    let mut seen = Vec::new();
+    loop {
+        let message = next_json(socket, Duration::from_secs(10))
+            .await
+            .unwrap_or_else(|| panic!("nothing more arrived; saw {seen:?}"));
+        let stop = done(&message);
+        seen.push(message);
+        if stop {
+            return seen;
+        }
+    }
+}
+
+fn is_state(message: &serde_json::Value) -> bool {
+    message["@type"] == "runnel:StreamState"
+}
+
+fn frame_cursor(message: &serde_json::Value) -> Option<u64> {
+    (message["@type"] == "ReplicationFrame").then(|| message["cursor"].as_u64().unwrap())
+}
+
+#[tokio::test]
+async fn a_second_bucket_join_on_one_session_replaces_the_first_so_each_append_arrives_once() {
+    let http = client();
+    let upstream = Server::start(&["--memory"]);
+    create_bucket(&http, &upstream).await;
+    let stream = upstream.url(&format!("/{BUCKET}/s"));
+    assert_eq!(put(&http, &stream, "text/plain", "a;").await.status(), 201);
+
+    let mut socket = connect_replica(&http, &upstream).await;
+    let join = serde_json::json!({
+        "@type": "SubscriptionRequest",
+        "stream": upstream.url(&format!("/{BUCKET}")),
+        "runnel:cursors": {"s": 1},
+    });
+    // Each join answers with the stream's state: once it is here, that join is live.
+    send_json(&mut socket, join.clone()).await;
+    read_until(&mut socket, is_state).await;
+    send_json(&mut socket, join).await;
+    read_until(&mut socket, is_state).await;
+
+    append(&http, &stream, "text/plain", "b;").await;
+    append(&http, &stream, "text/plain", "c;").await;
+    let mut seen = read_until(&mut socket, |m| frame_cursor(m) == Some(3)).await;
+    // Whatever a second pump would send comes within a moment; a quiet second means nothing does.
+    while let Some(message) = next_json(&mut socket, Duration::from_secs(1)).await {
+        seen.push(message);
+    }
+    let cursors: Vec<u64> = seen.iter().filter_map(frame_cursor).collect();
+    assert_eq!(cursors, [2, 3], "one frame per append: {seen:?}");
+}
+
+/// An S2 read of every record of a stream of the bucket, as JSON text (names may hold `/`, which
+/// the bucketed Durable Streams surface does not address).
+async fn s2_records(http: &reqwest::Client, server: &Server, stream: &str) -> (u16, String) {
+    let name = stream.replace('/', "%2F");
+    let response = http
+        .get(server.url(&format!("/v1/streams/{name}/records?seq_num=0")))
+        .header("s2-basin", BUCKET)
+        .send()
+        .await
+        .unwrap();
+    (response.status().as_u16(), response.text().await.unwrap())
+}
+
+#[tokio::test]
+async fn stream_names_travel_percent_encoded_so_a_bucket_mirror_keeps_every_name_apart() {
+    let http = client();
+    let upstream = Server::start(&["--memory"]);
+    create_bucket(&http, &upstream).await;
+    // `a%20b` and `a b` are two streams; so is the S2 name `dir/x`.
+    let (percent, space) = ("a%2520b", "a%20b");
+    for (stream, body) in [(percent, "percent;"), (space, "space;")] {
+        let url = upstream.url(&format!("/{BUCKET}/{stream}"));
+        assert_eq!(put(&http, &url, "text/plain", body).await.status(), 201);
+    }
+    let created = http
+        .post(upstream.url("/v1/streams"))
+        .header("s2-basin", BUCKET)
+        .header("content-type", "application/json")
+        .body(r#"{"stream":"dir/x"}"#)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(created.status(), 201);
+    let s2_append = |body: &'static str| {
+        http.post(upstream.url("/v1/streams/dir%2Fx/records"))
+            .header("s2-basin", BUCKET)
+            .header("content-type", "application/json")
+            .body(format!(r#"{{"records":[{{"body":"{body}"}}]}}"#))
+            .send()
+    };
+    assert_eq!(s2_append("one").await.unwrap().status(), 200);
+
+    let mirror = Server::start(&[
+        "--memory",
+        "--mirror-from",
+        &upstream.url(&format!("/{BUCKET}")),
+    ]);
+    wait_until_mirrored(&http, &upstream, &mirror, &[percent, space]).await;
+    // Live appends land on the right copies too.
+    for (stream, body) in [(percent, "percent-2;"), (space, "space-2;")] {
+        append(
+            &http,
+            &upstream.url(&format!("/{BUCKET}/{stream}")),
+            "text/plain",
+            body,
+        )
+        .await;
+    }
+    assert_eq!(s2_append("two").await.unwrap().status(), 200);
+    wait_until_mirrored(&http, &upstream, &mirror, &[percent, space]).await;
+    let (_, _, body) = view(&http, &mirror.url(&format!("/{BUCKET}/{percent}"))).await;
+    assert_eq!(body, b"percent;percent-2;");
+
+    let upstream_records = s2_records(&http, &upstream, "dir/x").await;
+    assert_eq!(upstream_records.0, 200);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    while s2_records(&http, &mirror, "dir/x").await != upstream_records {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "dir/x was not mirrored: {:?}",
+            s2_records(&http, &mirror, "dir/x").await
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}

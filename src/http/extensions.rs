@@ -46,13 +46,14 @@ pub async fn extension(
             ("append-batch", Method::POST) => append_batch(&app, &key, &headers, body).await,
             ("attrs", Method::GET) => read_attrs(&app, &key).await,
             ("streamld", Method::GET) => {
-                let host = request::header(&headers, "host")?
-                    .unwrap_or("localhost")
-                    .to_string();
+                let origin = format!(
+                    "http://{}",
+                    request::header(&headers, "host")?.unwrap_or("localhost")
+                );
                 let after = Query::parse(query.as_deref())
                     .get("after")?
                     .and_then(|a| a.parse().ok());
-                Ok(super::streamld::sse(&app, &key, &host, &headers, after).await?)
+                Ok(super::streamld::sse(&app, &key, &origin, &headers, after).await?)
             }
             ("attrs", Method::PUT) => write_attrs(&app, &key, &headers, body).await,
             ("snapshot" | "retention" | "bootstrap" | "append-batch" | "attrs" | "streamld", _) => {

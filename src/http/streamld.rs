@@ -20,6 +20,7 @@ use bytes::Bytes;
 use futures::{SinkExt, StreamExt};
 use serde_json::Value;
 use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
 
 use super::AppState;
 use crate::model::Offset;
@@ -60,9 +61,9 @@ pub async fn replication(
     let host = headers
         .get(header::HOST)
         .and_then(|h| h.to_str().ok())
-        .unwrap_or("localhost")
-        .to_string();
-    upgrade.on_upgrade(move |socket| session(app, principal, socket, host))
+        .unwrap_or("localhost");
+    let origin = format!("http://{host}");
+    upgrade.on_upgrade(move |socket| session(app, principal, socket, origin))
 }
 
 /// Whether the caller may replicate a target: read it, and for a bucket every stream in it.
@@ -83,11 +84,17 @@ fn may_replicate(principal: &Principal, target: &Target) -> bool {
 
 /// One replica's connection: any number of subscriptions, each pumped by its own task into one
 /// bounded queue that the writer drains into the socket.
-async fn session(app: AppState, principal: Arc<Principal>, socket: WebSocket, host: String) {
+/// Stream IRIs sent on it are on `origin` (`scheme://authority`), the server as the replica
+/// addressed it.
+async fn session(app: AppState, principal: Arc<Principal>, socket: WebSocket, origin: String) {
     let (mut sink, mut incoming) = socket.split();
-    let (queue, mut outgoing) = mpsc::channel::<Message>(SESSION_QUEUE);
+    let (queue, mut outgoing) = mpsc::channel::<(CancellationToken, Message)>(SESSION_QUEUE);
     let writer = tokio::spawn(async move {
-        while let Some(message) = outgoing.recv().await {
+        while let Some((subscription, message)) = outgoing.recv().await {
+            if subscription.is_cancelled() {
+                // Replaced by a later join (see `Outbox`).
+                continue;
+            }
             let sent = tokio::time::timeout(
                 SEND_TIMEOUT,
                 sink.send(WsMessage::Text(message.to_json().into())),
@@ -100,7 +107,8 @@ async fn session(app: AppState, principal: Arc<Principal>, socket: WebSocket, ho
         }
         let _ = sink.close().await;
     });
-    let mut pumps: HashMap<String, tokio::task::JoinHandle<()>> = HashMap::new();
+    // One subscription per target: a new join for a target replaces the one before.
+    let mut subscriptions: HashMap<String, Subscription> = HashMap::new();
     let shutdown = app.service.shutdown_signal();
     let token_expired = super::token_expiry(principal.expires_ms);
     tokio::pin!(token_expired);
@@ -133,44 +141,106 @@ async fn session(app: AppState, principal: Arc<Principal>, socket: WebSocket, ho
                 oldest_available: None,
                 stream: Some(request.stream.clone()),
             };
-            let _ = queue.send(Message::Gap(gap)).await;
+            let _ = queue
+                .send((CancellationToken::new(), Message::Gap(gap)))
+                .await;
             continue;
         };
         match target {
             Target::Stream(key) => {
                 let after = request.after.unwrap_or(0);
                 tracing::info!(stream = %key, after, "replication join");
-                if let Some(old) = pumps.remove(&key) {
-                    old.abort();
-                }
-                let pump = tokio::spawn(stream_pump(
-                    app.clone(),
-                    queue.clone(),
-                    host.clone(),
-                    key.clone(),
-                    after,
-                ));
-                pumps.insert(key, pump);
+                // The old subscription (if any) ends before the new one starts.
+                subscriptions.remove(&key);
+                let subscription = Subscription::start(&queue, |outbox| {
+                    stream_pump(app.clone(), outbox, origin.clone(), key.clone(), after)
+                });
+                subscriptions.insert(key, subscription);
             }
             Target::Bucket(bucket) => {
                 tracing::info!(bucket = %bucket, cursors = ?request.cursors, "replication join");
                 let cursors = request.cursors.clone().unwrap_or_default();
-                let pump = tokio::spawn(bucket_pump(
-                    app.clone(),
-                    queue.clone(),
-                    host.clone(),
-                    bucket.clone(),
-                    cursors,
-                ));
-                pumps.insert(format!("bucket:{bucket}"), pump);
+                let name = format!("bucket:{bucket}");
+                subscriptions.remove(&name);
+                let subscription = Subscription::start(&queue, |outbox| {
+                    bucket_pump(app.clone(), outbox, origin.clone(), bucket.clone(), cursors)
+                });
+                subscriptions.insert(name, subscription);
             }
         }
     }
-    for pump in pumps.into_values() {
-        pump.abort();
-    }
+    drop(subscriptions);
     drop(queue);
     let _ = writer.await;
+}
+
+/// Where one subscription's pumps send: the session's queue, each message tagged with the
+/// subscription. Once a later join replaces the subscription (or the session ends) the writer
+/// drops whatever of it is still queued or in flight, so the replica hears nothing more from
+/// it, even from a pump whose abort has not taken effect yet.
+#[derive(Clone)]
+struct Outbox {
+    queue: mpsc::Sender<(CancellationToken, Message)>,
+    subscription: CancellationToken,
+}
+
+/// The session is over, or this subscription was replaced.
+struct Ended;
+
+impl Outbox {
+    async fn send(&self, message: Message) -> Result<(), Ended> {
+        if self.subscription.is_cancelled() {
+            return Err(Ended);
+        }
+        (self.queue.send((self.subscription.clone(), message)).await).map_err(|_| Ended)
+    }
+
+    fn is_closed(&self) -> bool {
+        self.queue.is_closed() || self.subscription.is_cancelled()
+    }
+}
+
+/// A live subscription of the session: dropping it (replaced, or the session ended) silences
+/// its outbox, then aborts its pump.
+struct Subscription {
+    _ended: tokio_util::sync::DropGuard,
+    _pump: Pump,
+}
+
+impl Subscription {
+    fn start<F>(
+        queue: &mpsc::Sender<(CancellationToken, Message)>,
+        pump: impl FnOnce(Outbox) -> F,
+    ) -> Subscription
+    where
+        F: std::future::Future<Output = ()> + Send + 'static,
+    {
+        let subscription = CancellationToken::new();
+        let outbox = Outbox {
+            queue: queue.clone(),
+            subscription: subscription.clone(),
+        };
+        Subscription {
+            _ended: subscription.drop_guard(),
+            _pump: Pump::spawn(pump(outbox)),
+        }
+    }
+}
+
+/// A pump task, aborted when its handle is dropped: its subscription (or, for a stream of a
+/// bucket subscription, its bucket pump) ended.
+struct Pump(tokio::task::JoinHandle<()>);
+
+impl Pump {
+    fn spawn(task: impl std::future::Future<Output = ()> + Send + 'static) -> Pump {
+        Pump(tokio::spawn(task))
+    }
+}
+
+impl Drop for Pump {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
 }
 
 enum Target {
@@ -180,12 +250,7 @@ enum Target {
 
 /// What a subscription's `stream` IRI names on this server: a bucketed stream or a bucket.
 fn target_of(iri: &str) -> Option<Target> {
-    let path = iri
-        .split_once("://")
-        .map_or(iri, |(_, rest)| rest.find('/').map_or("", |i| &rest[i..]));
-    let path = percent_encoding::percent_decode_str(path.split(['?', '#']).next()?)
-        .decode_utf8()
-        .ok()?;
+    let path = streamld::iri_path(iri)?;
     let mut segments = path.trim_start_matches('/').splitn(2, '/');
     match (segments.next(), segments.next()) {
         (Some(bucket), None | Some("")) => names::validate_bucket_id(bucket)
@@ -201,8 +266,8 @@ fn target_of(iri: &str) -> Option<Target> {
 /// Follows every stream of a bucket, including streams created later.
 async fn bucket_pump(
     app: AppState,
-    queue: mpsc::Sender<Message>,
-    host: String,
+    queue: Outbox,
+    origin: String,
     bucket: String,
     cursors: std::collections::BTreeMap<String, u64>,
 ) {
@@ -210,7 +275,7 @@ async fn bucket_pump(
     // One pump per stream incarnation (internal id): a stream recreated under the same name is a
     // new stream, followed from its start; a pump that ended (gap, deletion) is not restarted
     // here; the replica subscribes again when it is ready.
-    let mut pumps: HashMap<u64, tokio::task::JoinHandle<()>> = HashMap::new();
+    let mut pumps: HashMap<u64, Pump> = HashMap::new();
     let prefix = names::bucket_prefix(&bucket);
     let mut joined = true;
     loop {
@@ -224,10 +289,10 @@ async fn bucket_pump(
             } else {
                 0
             };
-            let pump = tokio::spawn(stream_pump(
+            let pump = Pump::spawn(stream_pump(
                 app.clone(),
                 queue.clone(),
-                host.clone(),
+                origin.clone(),
                 stream.name.to_string(),
                 after,
             ));
@@ -238,21 +303,12 @@ async fn bucket_pump(
             break;
         }
     }
-    for pump in pumps.into_values() {
-        pump.abort();
-    }
 }
 
 /// Sends one stream's state, then its records after `after`, then every change, until the
 /// stream is deleted or the session ends.
-async fn stream_pump(
-    app: AppState,
-    queue: mpsc::Sender<Message>,
-    host: String,
-    key: String,
-    after: u64,
-) {
-    let url = format!("http://{host}{key}");
+async fn stream_pump(app: AppState, queue: Outbox, origin: String, key: String, after: u64) {
+    let url = streamld::stream_iri(&origin, &key);
     let stream = match app.service.find(&key, false).await {
         Ok(stream) => stream,
         Err(_) => {
@@ -269,7 +325,7 @@ async fn stream_pump(
 
 async fn pump(
     app: &AppState,
-    queue: &mpsc::Sender<Message>,
+    queue: &Outbox,
     url: &str,
     stream: &Arc<Stream>,
     after: u64,
@@ -358,7 +414,7 @@ fn state_message(url: &str, state: &ReplicatedState) -> Message {
 pub async fn sse(
     app: &AppState,
     key: &str,
-    host: &str,
+    origin: &str,
     headers: &HeaderMap,
     after: Option<u64>,
 ) -> Result<Response, StreamError> {
@@ -369,7 +425,7 @@ pub async fn sse(
         .and_then(|v| v.trim().parse::<u64>().ok())
         .or(after)
         .unwrap_or(0);
-    let url = format!("http://{host}{key}");
+    let url = streamld::stream_iri(origin, key);
     let durable = stream.durable();
     if after < durable.first.seq || after > durable.tail.seq {
         let gap = Message::Gap(GapSignal {

@@ -102,6 +102,31 @@ pub fn stream_key_of_path(path: &str) -> Result<String, NameError> {
     }
 }
 
+/// What a stream key's URL path keeps percent-encoded: controls, space, `%`, the characters that
+/// would end the path (`?`, `#`) and those a URL may not hold raw. Non-ASCII is always encoded;
+/// `/` is not, so the key's segments stay segments.
+const PATH_ESCAPES: &percent_encoding::AsciiSet = &percent_encoding::CONTROLS
+    .add(b' ')
+    .add(b'"')
+    .add(b'#')
+    .add(b'%')
+    .add(b'<')
+    .add(b'>')
+    .add(b'?')
+    .add(b'[')
+    .add(b'\\')
+    .add(b']')
+    .add(b'^')
+    .add(b'`')
+    .add(b'{')
+    .add(b'|')
+    .add(b'}');
+
+/// The URL path of a stream key (keys are decoded paths): percent-decoding it gives the key back.
+pub fn url_path(key: &str) -> String {
+    percent_encoding::utf8_percent_encode(key, PATH_ESCAPES).to_string()
+}
+
 /// The bucket a stream key belongs to, if it is on the bucketed surface.
 pub fn bucket_of(key: &str) -> Option<&str> {
     if key.starts_with(BASE_PREFIX) {
@@ -119,6 +144,29 @@ pub fn bucket_prefix(bucket: &str) -> String {
 mod tests {
     use super::*;
     use proptest::prelude::*;
+
+    #[test]
+    fn a_keys_url_path_decodes_back_to_the_key_and_keeps_its_segments() {
+        for (key, path) in [
+            ("/docs/a b", "/docs/a%20b"),
+            ("/docs/a%20b", "/docs/a%2520b"),
+            ("/docs/users/42", "/docs/users/42"),
+            ("/docs/q?x#y", "/docs/q%3Fx%23y"),
+            ("/docs/caf\u{e9}", "/docs/caf%C3%A9"),
+        ] {
+            assert_eq!(url_path(key), path);
+        }
+    }
+
+    proptest! {
+        #[test]
+        fn url_paths_decode_to_their_keys(key in "/[a-z]{4}/\\PC{1,20}") {
+            let path = url_path(&key);
+            prop_assert!(!path.contains([' ', '?', '#']));
+            let decoded = percent_encoding::percent_decode_str(&path).decode_utf8().unwrap();
+            prop_assert_eq!(decoded, key);
+        }
+    }
 
     #[test]
     fn s2_names_allow_slashes_and_dots_but_not_nul_or_dot_segments() {

@@ -290,6 +290,24 @@ impl Message {
     }
 }
 
+/// The IRI of the stream `key` on the server at `origin` (`scheme://authority`): the key's path
+/// percent-encoded, so [`iri_path`] gives the key back whatever its name holds.
+pub fn stream_iri(origin: &str, key: &str) -> String {
+    format!("{origin}{}", super::names::url_path(key))
+}
+
+/// The decoded path an IRI names (a bare path is taken as one); `None` when it is not UTF-8.
+pub fn iri_path(iri: &str) -> Option<String> {
+    let path = iri
+        .split_once("://")
+        .map_or(iri, |(_, rest)| rest.find('/').map_or("", |i| &rest[i..]));
+    let path = path.split(['?', '#']).next().unwrap_or_default();
+    percent_encoding::percent_decode_str(path)
+        .decode_utf8()
+        .ok()
+        .map(|p| p.into_owned())
+}
+
 /// StreamLD numbers events from 1; a record with ordinal `seq` is event `seq + 1`.
 pub fn sequence_of(seq: u64) -> u64 {
     seq + 1
@@ -385,6 +403,28 @@ pub fn frame(
 mod tests {
     use super::*;
     use proptest::prelude::*;
+
+    #[test]
+    fn stream_iris_name_their_key_whatever_it_holds() {
+        for key in [
+            "/docs/a b",
+            "/docs/a%20b",
+            "/docs/users/42",
+            "/docs/q?x#y",
+            "/docs/\u{e9}",
+        ] {
+            let iri = stream_iri("http://up:1", key);
+            assert!(!iri.contains(' '), "{iri}");
+            assert_eq!(iri_path(&iri).as_deref(), Some(key), "{iri}");
+        }
+        assert_eq!(iri_path("/docs/x").as_deref(), Some("/docs/x"));
+        assert_eq!(iri_path("http://up:1").as_deref(), Some(""));
+        assert_eq!(
+            iri_path("http://up:1/docs/x?y#z").as_deref(),
+            Some("/docs/x")
+        );
+        assert_eq!(iri_path("http://up:1/docs/%FF"), None);
+    }
 
     #[test]
     fn a_subscription_request_parses_with_short_names_and_context() {

@@ -293,19 +293,17 @@ type Sink = futures::stream::SplitSink<
 
 impl Mirror<'_> {
     /// The local key of an upstream stream URL, which must be in the mirrored bucket.
+    /// The upstream percent-encodes the name in the IRI; any name a bucket can hold (S2's rule,
+    /// which allows `/`) maps to the same name here.
     fn key_of(&self, url: &str) -> Result<String, MirrorError> {
-        let path = url.strip_prefix(&self.upstream.base).unwrap_or(url);
-        let decoded = percent_encoding::percent_decode_str(path)
-            .decode_utf8()
-            .map_err(|_| MirrorError::BadMessage(format!("stream URL {url}")))?;
-        let key = names::stream_key_of_path(&decoded)
-            .map_err(|e| MirrorError::BadMessage(e.to_string()))?;
-        if names::bucket_of(&key) != Some(self.upstream.bucket.as_str()) {
-            return Err(MirrorError::BadMessage(format!(
-                "stream {url} is outside the mirrored bucket"
-            )));
-        }
-        Ok(key)
+        let path = streamld::iri_path(url)
+            .ok_or_else(|| MirrorError::BadMessage(format!("stream URL {url}")))?;
+        let stream = path
+            .strip_prefix(&names::bucket_prefix(&self.upstream.bucket))
+            .ok_or_else(|| {
+                MirrorError::BadMessage(format!("stream {url} is outside the mirrored bucket"))
+            })?;
+        stream_key(&self.upstream.bucket, stream)
     }
 
     /// Remembers how far the upstream is, for the mirror's replication lag.
