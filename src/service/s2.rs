@@ -533,9 +533,9 @@ impl StreamService {
     }
 
     /// Deletes the streams with `delete_on_empty` once they have been empty for its
-    /// `min_age_secs`. Empty means they held records once and every one is trimmed (by retention
-    /// or a trim command); a stream never written to is not empty in this sense. An append in
-    /// between, even one trimmed again since, starts the wait over.
+    /// `min_age_secs`, as S2 does: a stream never written to counts from its creation; one whose
+    /// records are all trimmed (by retention or a trim command), from when this pass first found
+    /// it empty, and an append in between, even one trimmed again since, starts the wait over.
     async fn delete_empty_streams(&self, configured: &[(Arc<Stream>, StreamConfig)]) {
         let now = ms(now_ms());
         let due: Vec<(&Arc<Stream>, u64)> = {
@@ -550,8 +550,12 @@ impl StreamService {
                     let rule = config.delete_on_empty.as_ref()?;
                     let durable = stream.durable();
                     let tail = durable.tail.seq;
-                    if rule.min_age_secs().is_none() || tail == 0 || durable.first.seq < tail {
+                    if rule.min_age_secs().is_none() || durable.first.seq < tail {
                         return None;
+                    }
+                    if tail == 0 {
+                        let created = ms(stream.lock().meta.created_ms);
+                        return rule.due(created, now).then_some((stream, tail));
                     }
                     still_empty.insert(stream.id);
                     let seen = watched.entry(stream.id).or_insert((tail, now));

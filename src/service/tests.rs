@@ -729,6 +729,7 @@ async fn a_stream_with_delete_on_empty_goes_once_it_has_been_empty_for_its_min_a
 
     service.enforce_s2_configs().await;
     assert!(present("emptied").await, "found empty just now");
+    assert!(present("unwritten").await, "created just now");
     tokio::time::sleep(Duration::from_millis(1100)).await;
     // Written to and emptied again meanwhile: the wait starts over.
     service.s2_append(&emptied, one(), None).await.unwrap();
@@ -739,8 +740,8 @@ async fn a_stream_with_delete_on_empty_goes_once_it_has_been_empty_for_its_min_a
     service.enforce_s2_configs().await;
     assert!(!present("emptied").await, "empty for its min_age: deleted");
     assert!(
-        present("unwritten").await,
-        "never written: not empty in this sense"
+        !present("unwritten").await,
+        "never written, created over its min_age ago: deleted"
     );
     assert!(present("written").await, "holds a record");
 }
