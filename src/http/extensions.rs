@@ -301,10 +301,7 @@ async fn append_batch(app: &AppState, key: &str, headers: &HeaderMap, body: Body
         .to_string();
     let body = request::body(headers, body, batch::MAX_BATCH_BYTES).await?;
     let frames = batch::parse_frames(&body).map_err(|e| match e {
-        FrameError::TooMany => Rejection {
-            status: StatusCode::PAYLOAD_TOO_LARGE,
-            reason: e.to_string(),
-        },
+        FrameError::TooMany => Rejection::too_large(e.to_string()),
         other => Rejection::bad_request(other.to_string()),
     })?;
     let results = app.service.append_batch(key, &content_type, frames).await?;

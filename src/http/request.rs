@@ -6,18 +6,43 @@ use axum::http::{HeaderMap, StatusCode};
 use bytes::{Bytes, BytesMut};
 use http_body_util::BodyExt as _;
 
-/// A request that cannot be served as sent: its status and a short reason for the client.
+/// A request that cannot be served as sent: its status, a short reason for the client, and the
+/// part of the request at fault (S2's error codes name it).
 #[derive(Debug)]
 pub struct Rejection {
     pub status: StatusCode,
     pub reason: String,
+    pub part: Part,
+}
+
+/// Where in a request a [`Rejection`] found the fault.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Part {
+    Header,
+    Query,
+    Body,
+    Other,
 }
 
 impl Rejection {
     pub fn bad_request(reason: impl Into<String>) -> Self {
+        Rejection::bad(Part::Other, reason)
+    }
+
+    /// 413: the body is larger than the server takes.
+    pub fn too_large(reason: impl Into<String>) -> Self {
+        Rejection {
+            status: StatusCode::PAYLOAD_TOO_LARGE,
+            reason: reason.into(),
+            part: Part::Body,
+        }
+    }
+
+    fn bad(part: Part, reason: impl Into<String>) -> Self {
         Rejection {
             status: StatusCode::BAD_REQUEST,
             reason: reason.into(),
+            part,
         }
     }
 }
@@ -32,14 +57,15 @@ where
         return Ok(None);
     };
     if values.next().is_some() {
-        return Err(Rejection::bad_request(format!(
-            "{name} must be sent at most once"
-        )));
+        return Err(Rejection::bad(
+            Part::Header,
+            format!("{name} must be sent at most once"),
+        ));
     }
     value
         .to_str()
         .map(|v| Some(v.trim()))
-        .map_err(|_| Rejection::bad_request(format!("{name} must be visible ASCII text")))
+        .map_err(|_| Rejection::bad(Part::Header, format!("{name} must be visible ASCII text")))
 }
 
 /// Query parameters by name; a parameter may appear at most once.
@@ -63,9 +89,10 @@ impl Query {
             .map(|(_, v)| v.as_str());
         let first = values.next();
         if values.next().is_some() {
-            return Err(Rejection::bad_request(format!(
-                "query parameter {name} must appear at most once"
-            )));
+            return Err(Rejection::bad(
+                Part::Query,
+                format!("query parameter {name} must appear at most once"),
+            ));
         }
         Ok(first)
     }
@@ -73,14 +100,12 @@ impl Query {
 
 /// Reads the whole body, refusing more than `limit` bytes with 413.
 pub async fn body(headers: &HeaderMap, body: Body, limit: usize) -> Result<Bytes, Rejection> {
-    let too_large = || Rejection {
-        status: StatusCode::PAYLOAD_TOO_LARGE,
-        reason: format!("request body exceeds the limit of {limit} bytes"),
-    };
+    let too_large =
+        || Rejection::too_large(format!("request body exceeds the limit of {limit} bytes"));
     let declared = header(headers, &axum::http::header::CONTENT_LENGTH)?
         .map(|v| {
             v.parse::<u64>()
-                .map_err(|_| Rejection::bad_request("Content-Length must be an integer"))
+                .map_err(|_| Rejection::bad(Part::Header, "Content-Length must be an integer"))
         })
         .transpose()?;
     if declared.is_some_and(|len| len > limit as u64) {
@@ -106,7 +131,7 @@ async fn read_to_end(
     let mut joined: Option<BytesMut> = None;
     while let Some(frame) = body.frame().await {
         let frame = frame
-            .map_err(|e| Rejection::bad_request(format!("could not read the request body: {e}")))?;
+            .map_err(|e| Rejection::bad(Part::Body, format!("could not read the request body: {e}")))?;
         // Trailers carry no body bytes.
         let Ok(data) = frame.into_data() else {
             continue;

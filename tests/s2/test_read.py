@@ -288,6 +288,12 @@ def test_malformed_query_parameter_is_400_bad_query(basin, five, params):
     expect_error(basin.read(five, status=400, **params), 400, "bad_query")
 
 
+@pytest.mark.parametrize("name", ["seq_num", "count"])
+def test_a_repeated_query_parameter_is_400_bad_query(basin, five, name):
+    r = basin.c.get(f"{s2.records_path(five)}?{name}=1&{name}=2", headers=basin.headers())
+    expect_error(r, 400, "bad_query")
+
+
 def test_check_tail_on_a_missing_stream_is_404(basin):
     expect_error(basin.c.get(s2.tail_path("missing"), headers=basin.headers()), 404,
                  "stream_not_found")

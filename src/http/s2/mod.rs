@@ -20,7 +20,7 @@ use tower_http::compression::predicate::{NotForContentType, Predicate, SizeAbove
 use tower_http::decompression::RequestDecompressionLayer;
 
 use super::AppState;
-use super::request::{self, Query, Rejection};
+use super::request::{self, Part, Query, Rejection};
 use crate::model::access::{Operation, Resource};
 use crate::model::cipher::{CipherError, RecordKey};
 use crate::model::headers::format_timestamp;
@@ -157,10 +157,12 @@ impl From<s2::BatchError> for S2Error {
 
 impl From<Rejection> for S2Error {
     fn from(r: Rejection) -> Self {
-        let code = if r.status == StatusCode::PAYLOAD_TOO_LARGE {
-            "invalid"
-        } else {
-            "bad_request"
+        let code = match r.part {
+            _ if r.status == StatusCode::PAYLOAD_TOO_LARGE => "invalid",
+            Part::Header => "bad_header",
+            Part::Query => "bad_query",
+            Part::Body => "bad_json",
+            Part::Other => "bad_request",
         };
         S2Error::new(r.status, code, r.reason)
     }
