@@ -747,3 +747,55 @@ async fn stream_names_travel_percent_encoded_so_a_bucket_mirror_keeps_every_name
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
+
+/// Waits (up to 30 s) until `url` answers HEAD with `status`.
+async fn wait_for_status(http: &reqwest::Client, url: &str, status: u16) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let now = http.head(url).send().await.unwrap().status();
+        if now == status {
+            return;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{url} still answers {now}, not {status}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_deleted_upstream_while_a_bucket_mirror_is_down_is_removed_when_it_returns() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("mirror");
+    let http = client();
+    let upstream = Server::start(&["--memory"]);
+    create_bucket(&http, &upstream).await;
+    for stream in ["doomed", "kept"] {
+        let url = upstream.url(&format!("/{BUCKET}/{stream}"));
+        assert_eq!(put(&http, &url, "text/plain", "one;").await.status(), 201);
+    }
+    let args = [
+        "--data-dir",
+        data.to_str().unwrap(),
+        "--mirror-from",
+        &upstream.url(&format!("/{BUCKET}")),
+    ];
+    let mirror = Server::start(&args);
+    wait_until_mirrored(&http, &upstream, &mirror, &["doomed", "kept"]).await;
+    mirror.kill();
+
+    let doomed = upstream.url(&format!("/{BUCKET}/doomed"));
+    assert_eq!(http.delete(&doomed).send().await.unwrap().status(), 204);
+    append(
+        &http,
+        &upstream.url(&format!("/{BUCKET}/kept")),
+        "text/plain",
+        "two;",
+    )
+    .await;
+
+    let mirror = Server::start(&args);
+    wait_until_mirrored(&http, &upstream, &mirror, &["kept"]).await;
+    wait_for_status(&http, &mirror.url(&format!("/{BUCKET}/doomed")), 404).await;
+}

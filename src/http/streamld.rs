@@ -263,7 +263,8 @@ fn target_of(iri: &str) -> Option<Target> {
     }
 }
 
-/// Follows every stream of a bucket, including streams created later.
+/// Follows every stream of a bucket, including streams created later; the streams the replica
+/// has (its `cursors`) that the bucket no longer holds get a `StreamDeleted` first.
 async fn bucket_pump(
     app: AppState,
     queue: Outbox,
@@ -277,6 +278,24 @@ async fn bucket_pump(
     // here; the replica subscribes again when it is ready.
     let mut pumps: HashMap<u64, Pump> = HashMap::new();
     let prefix = names::bucket_prefix(&bucket);
+    // The replica holds a cursor for every stream it has; those gone from the bucket since (it
+    // was away when they were deleted) are deleted on the replica too, before anything else.
+    let streams = app.service.bucket_streams(&bucket);
+    for name in cursors.keys() {
+        let Ok(key) = names::stream_key_in(&bucket, name) else {
+            continue;
+        };
+        if !streams.iter().any(|s| *s.name == *key) {
+            let stream = streamld::stream_iri(&origin, &key);
+            if queue
+                .send(Message::Deleted(StreamDeleted { stream }))
+                .await
+                .is_err()
+            {
+                return;
+            }
+        }
+    }
     let mut joined = true;
     loop {
         for stream in app.service.bucket_streams(&bucket) {
