@@ -130,8 +130,9 @@ async fn read_to_end(
     let mut whole = Bytes::new();
     let mut joined: Option<BytesMut> = None;
     while let Some(frame) = body.frame().await {
-        let frame = frame
-            .map_err(|e| Rejection::bad(Part::Body, format!("could not read the request body: {e}")))?;
+        let frame = frame.map_err(|e| {
+            Rejection::bad(Part::Body, format!("could not read the request body: {e}"))
+        })?;
         // Trailers carry no body bytes.
         let Ok(data) = frame.into_data() else {
             continue;

@@ -48,6 +48,16 @@ def test_a_stream_create_retried_with_its_request_token_is_201_noop(c, basin):
     subset(basin.stream_config(name), body["config"])
 
 
+def test_a_retry_spelling_the_same_config_differently_is_the_same_create(c, basin):
+    name, token = s2.unique_stream(), uuid.uuid4().hex
+    headers = basin.headers({"s2-request-token": token})
+    check(c.post("/v1/streams", json={"stream": name}, headers=headers), 201)
+    for config in ({}, {"future_knob": 1}):
+        again = c.post("/v1/streams", json={"stream": name, "config": config}, headers=headers)
+        assert json_of(again, 201)["name"] == name
+        assert again.headers["s2-provision-result"] == "noop"
+
+
 def test_a_stream_create_under_another_token_or_config_or_none_is_409(c, basin):
     name, token = s2.unique_stream(), uuid.uuid4().hex
     check(c.post("/v1/streams", json={"stream": name},

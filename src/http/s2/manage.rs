@@ -69,8 +69,13 @@ impl Provision {
 }
 
 /// The create request's identity across retries, when the client sent an `s2-request-token`
-/// (S2's SDKs send one with every create and keep it when they retry).
-fn creation_of(headers: &HeaderMap, config: Option<&Value>) -> Result<Option<String>, S2Error> {
+/// (S2's SDKs send one with every create and keep it when they retry). The configuration counts
+/// as parsed, so a retry that spells the same one differently (field order, `{}` for none,
+/// unknown fields) is the same request.
+fn creation_of<T: serde::Serialize + Default + serde::de::DeserializeOwned>(
+    headers: &HeaderMap,
+    config: Option<&Value>,
+) -> Result<Option<String>, S2Error> {
     let Some(token) = headers.get("s2-request-token") else {
         return Ok(None);
     };
@@ -87,7 +92,10 @@ fn creation_of(headers: &HeaderMap, config: Option<&Value>) -> Result<Option<Str
             ),
         ));
     }
-    Ok(Some(s2::creation_key(token, config)))
+    Ok(Some(s2::creation_key(
+        token,
+        Some(&config_json::<T>(config)),
+    )))
 }
 
 pub(super) async fn list_basins(
@@ -140,8 +148,8 @@ pub(super) async fn create_basin(
         if !s2::is_valid_basin_name(&request.basin) {
             return Err(bad("invalid", s2::BASIN_NAME_RULE));
         }
-        let creation = creation_of(&headers, request.config.as_ref())?;
         let config = validated_basin(&app, request.config)?;
+        let creation = creation_of::<BasinConfig>(&headers, config.as_ref())?;
         let creation = app
             .service
             .create_bucket(&request.basin, config, creation)
@@ -306,8 +314,8 @@ pub(super) async fn create_stream(
             },
         )?;
         valid_stream(&basin, &request.stream)?;
-        let creation = creation_of(&headers, request.config.as_ref())?;
         let config = validated::<StreamConfig>(request.config)?;
+        let creation = creation_of::<StreamConfig>(&headers, config.as_ref())?;
         let creation = app
             .service
             .create_s2_stream(&basin, &request.stream, config, creation)
