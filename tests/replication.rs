@@ -799,3 +799,91 @@ async fn a_stream_deleted_upstream_while_a_bucket_mirror_is_down_is_removed_when
     wait_until_mirrored(&http, &upstream, &mirror, &["kept"]).await;
     wait_for_status(&http, &mirror.url(&format!("/{BUCKET}/doomed")), 404).await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_recreated_upstream_while_a_bucket_mirror_is_down_is_rebuilt_and_the_bucket_keeps_flowing()
+ {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("mirror");
+    let http = client();
+    let upstream = Server::start(&["--memory"]);
+    create_bucket(&http, &upstream).await;
+    let (reborn, other) = (
+        upstream.url(&format!("/{BUCKET}/reborn")),
+        upstream.url(&format!("/{BUCKET}/other")),
+    );
+    assert_eq!(
+        put(&http, &reborn, "text/plain", "x1;x2;").await.status(),
+        201
+    );
+    assert_eq!(put(&http, &other, "text/plain", "o1;").await.status(), 201);
+    let args = [
+        "--data-dir",
+        data.to_str().unwrap(),
+        "--mirror-from",
+        &upstream.url(&format!("/{BUCKET}")),
+    ];
+    let mirror = Server::start(&args);
+    wait_until_mirrored(&http, &upstream, &mirror, &["reborn", "other"]).await;
+    mirror.kill();
+
+    // A new stream under the old name, with as many records as the mirror's cursor and longer
+    // ones: nothing about the cursor alone tells the mirror its copy is stale.
+    assert_eq!(http.delete(&reborn).send().await.unwrap().status(), 204);
+    assert_eq!(
+        put(&http, &reborn, "text/plain", "Y1;Y2;Y3;")
+            .await
+            .status(),
+        201
+    );
+
+    let mirror = Server::start(&args);
+    wait_until_mirrored(&http, &upstream, &mirror, &["reborn", "other"]).await;
+    // It goes on following the new stream, and the rest of the bucket.
+    append(&http, &reborn, "text/plain", "Y4;").await;
+    append(&http, &other, "text/plain", "o2;").await;
+    wait_until_mirrored(&http, &upstream, &mirror, &["reborn", "other"]).await;
+    let (_, _, body) = view(&http, &mirror.url(&format!("/{BUCKET}/reborn"))).await;
+    assert_eq!(body, b"Y1;Y2;Y3;Y4;");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_single_stream_mirror_follows_its_stream_deleted_and_recreated_and_drops_it_when_gone() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("mirror");
+    let http = client();
+    let upstream = Server::start(&["--memory"]);
+    create_bucket(&http, &upstream).await;
+    let source = upstream.url(&format!("/{BUCKET}/single"));
+    assert_eq!(
+        put(&http, &source, "text/plain", "one;").await.status(),
+        201
+    );
+    let args = [
+        "--data-dir",
+        data.to_str().unwrap(),
+        "--mirror-from",
+        &source,
+    ];
+    let mirror = Server::start(&args);
+    let copy = mirror.url(&format!("/{BUCKET}/single"));
+    wait_until_mirrored(&http, &upstream, &mirror, &["single"]).await;
+
+    // Deleted and created again during the session: the mirror follows the new stream.
+    assert_eq!(http.delete(&source).send().await.unwrap().status(), 204);
+    wait_for_status(&http, &copy, 404).await;
+    assert_eq!(
+        put(&http, &source, "text/plain", "new-one;").await.status(),
+        201
+    );
+    append(&http, &source, "text/plain", "new-two;").await;
+    wait_until_mirrored(&http, &upstream, &mirror, &["single"]).await;
+    let (_, _, body) = view(&http, &copy).await;
+    assert_eq!(body, b"new-one;new-two;");
+
+    // Deleted while the mirror is down: its upstream answers 404, and the copy goes too.
+    mirror.kill();
+    assert_eq!(http.delete(&source).send().await.unwrap().status(), 204);
+    let mirror = Server::start(&args);
+    wait_for_status(&http, &mirror.url(&format!("/{BUCKET}/single")), 404).await;
+}

@@ -34,6 +34,8 @@ pub enum MirrorError {
     Http(#[from] reqwest::Error),
     #[error("upstream {0} advertises no StreamLD websocket-replication Link")]
     NoEndpoint(String),
+    #[error("upstream {0} does not exist (404)")]
+    Missing(String),
     #[error("websocket: {0}")]
     WebSocket(#[from] tokio_tungstenite::tungstenite::Error),
     #[error("upstream sent an unusable message: {0}")]
@@ -118,7 +120,13 @@ pub async fn follow(service: Arc<StreamService>, url: String, token: Option<Stri
     loop {
         let started = tokio::time::Instant::now();
         match follow_once(&service, &http, &upstream, authorization.as_ref()).await {
-            Ok(()) => tracing::info!(upstream = %url, "replication session ended; reconnecting"),
+            Ok(Ended::Rejoin) => {
+                // Rebuilt a stream (or lost the one followed): join again without waiting long.
+                backoff = MIN_BACKOFF;
+            }
+            Ok(Ended::Closed) => {
+                tracing::info!(upstream = %url, "replication session ended; reconnecting")
+            }
             Err(e) => {
                 tracing::warn!(upstream = %url, error = %e, "replication session failed; reconnecting")
             }
@@ -148,6 +156,9 @@ async fn discover(http: &reqwest::Client, upstream: &Upstream) -> Result<String,
         .header("accept", "application/json")
         .send()
         .await?;
+    if response.status() == reqwest::StatusCode::NOT_FOUND {
+        return Err(MirrorError::Missing(upstream.url()));
+    }
     let links = response
         .headers()
         .get_all("link")
@@ -167,15 +178,34 @@ async fn discover(http: &reqwest::Client, upstream: &Upstream) -> Result<String,
         .ok_or_else(|| MirrorError::NoEndpoint(upstream.url()))
 }
 
+/// How a replication session ended without failing.
+enum Ended {
+    /// The upstream closed it.
+    Closed,
+    /// The mirror ended it to join again (see `Mirror::rejoin`).
+    Rejoin,
+}
+
 /// One connection: join with the cursors the mirror holds, then apply what arrives.
 async fn follow_once(
     service: &Arc<StreamService>,
     http: &reqwest::Client,
     upstream: &Upstream,
     authorization: Option<&reqwest::header::HeaderValue>,
-) -> Result<(), MirrorError> {
+) -> Result<Ended, MirrorError> {
     use tokio_tungstenite::tungstenite::client::IntoClientRequest as _;
-    let endpoint = discover(http, upstream).await?;
+    let endpoint = match discover(http, upstream).await {
+        Err(MirrorError::Missing(url)) => {
+            // The one stream this mirror follows is gone upstream (it may come back later).
+            if let Some(stream) = &upstream.stream {
+                service
+                    .mirror_remove(&stream_key(&upstream.bucket, stream)?)
+                    .await?;
+            }
+            return Err(MirrorError::Missing(url));
+        }
+        endpoint => endpoint?,
+    };
     let mut request = endpoint.as_str().into_client_request()?;
     if let Some(value) = authorization {
         request
@@ -218,11 +248,12 @@ async fn follow_once(
         upstream,
         states: HashMap::new(),
         upstream_tails: HashMap::new(),
+        rejoin: None,
     };
     while let Some(message) = incoming.next().await {
         let text = match message? {
             WsMessage::Text(text) => text,
-            WsMessage::Close(_) => return Ok(()),
+            WsMessage::Close(_) => return Ok(Ended::Closed),
             _ => continue,
         };
         match Message::parse(&text).map_err(|e| MirrorError::BadMessage(e.to_string()))? {
@@ -245,7 +276,9 @@ async fn follow_once(
                         }
                         other => {
                             mirror.apply_records(std::mem::take(&mut records)).await?;
-                            mirror.apply(other, &mut sink).await?;
+                            if mirror.rejoin.is_none() {
+                                mirror.apply(other, &mut sink).await?;
+                            }
                             break;
                         }
                     }
@@ -254,8 +287,12 @@ async fn follow_once(
             }
             other => mirror.apply(other, &mut sink).await?,
         }
+        if let Some(why) = &mirror.rejoin {
+            tracing::info!(upstream = %upstream.url(), reason = %why, "ending the replication session to join again");
+            return Ok(Ended::Rejoin);
+        }
     }
-    Ok(())
+    Ok(Ended::Closed)
 }
 
 fn record_of(event: &streamld::EventEnvelope) -> Result<Record, MirrorError> {
@@ -284,6 +321,10 @@ struct Mirror<'a> {
     states: HashMap<String, ReplicatedState>,
     /// The upstream's record tail per stream URL, as frames last reported it.
     upstream_tails: HashMap<String, u64>,
+    /// Why the session must end so the mirror joins again with the cursors it now holds: a
+    /// stream was rebuilt after diverging (in a bucket subscription the upstream's pump for it
+    /// cannot be pointed elsewhere), or the one stream followed was deleted.
+    rejoin: Option<String>,
 }
 
 type Sink = futures::stream::SplitSink<
@@ -359,6 +400,13 @@ impl Mirror<'_> {
         };
         self.states.insert(message.stream.clone(), state.clone());
         let stream = self.stream(&message.stream).await?;
+        if self.service.replicated_state(&stream).created_ms != state.created_ms {
+            // Deleted and created again upstream while the mirror was not looking: the copy
+            // holds the old stream's records.
+            return self
+                .rebuild_diverged(&message.stream, "the upstream stream was created anew")
+                .await;
+        }
         stream
             .upstream_tail
             .fetch_max(state.tail.seq, std::sync::atomic::Ordering::Relaxed);
@@ -392,6 +440,9 @@ impl Mirror<'_> {
         for (url, record) in records {
             if url != run_url && !run.is_empty() {
                 self.apply_run(&run_url, std::mem::take(&mut run)).await?;
+                if self.rejoin.is_some() {
+                    return Ok(());
+                }
             }
             run_url = url;
             run.push(record);
@@ -402,14 +453,43 @@ impl Mirror<'_> {
         Ok(())
     }
 
-    async fn apply_run(&self, url: &str, records: Vec<Record>) -> Result<(), MirrorError> {
+    async fn apply_run(&mut self, url: &str, records: Vec<Record>) -> Result<(), MirrorError> {
         let stream = self.stream(url).await?;
         if let Some(tail) = self.upstream_tails.get(url) {
             stream
                 .upstream_tail
                 .fetch_max(*tail, std::sync::atomic::Ordering::Relaxed);
         }
-        Ok(self.service.mirror_records(&stream, records).await?)
+        match self.service.mirror_records(&stream, records).await {
+            // The records do not continue the copy: it is not the upstream's stream any more.
+            Err(StreamError::Conflict(why)) => self.rebuild_diverged(url, why).await,
+            applied => Ok(applied?),
+        }
+    }
+
+    /// The mirror of `url` no longer matches its upstream: rebuild it from the upstream's state,
+    /// then end the session, so the mirror joins again with the rebuilt copy's cursor.
+    async fn rebuild_diverged(&mut self, url: &str, why: &str) -> Result<(), MirrorError> {
+        tracing::warn!(stream = %url, reason = why, "the mirror diverged from its upstream: rebuilding it");
+        self.rebuild_from_upstream(url).await?;
+        self.rejoin = Some(format!("rebuilt {url}: {why}"));
+        Ok(())
+    }
+
+    /// Starts the mirror of `url` over from the upstream's last state: at its retained start,
+    /// with its snapshot (fetched first: readers keep the old copy meanwhile).
+    async fn rebuild_from_upstream(&self, url: &str) -> Result<Arc<Stream>, MirrorError> {
+        let key = self.key_of(url)?;
+        let Some(state) = self.states.get(url) else {
+            return Err(MirrorError::BadMessage(format!(
+                "no state of {url} to rebuild it from"
+            )));
+        };
+        let blob = self.fetch_snapshot(url, state.snapshot.as_ref()).await?;
+        Ok(self
+            .service
+            .mirror_rebuild(&key, &self.upstream.base, state, blob)
+            .await?)
     }
 
     async fn apply(&mut self, message: Message, sink: &mut Sink) -> Result<(), MirrorError> {
@@ -418,7 +498,13 @@ impl Mirror<'_> {
             Message::Deleted(deleted) => {
                 let key = self.key_of(&deleted.stream)?;
                 self.states.remove(&deleted.stream);
-                Ok(self.service.mirror_remove(&key).await?)
+                self.service.mirror_remove(&key).await?;
+                if self.upstream.stream.is_some() {
+                    // The upstream follows a stream's one incarnation: a stream created again
+                    // under the name needs a new join, after discovery finds it.
+                    self.rejoin = Some(format!("{} was deleted upstream", deleted.stream));
+                }
+                Ok(())
             }
             Message::Gap(gap) => self.rebuild(gap, sink).await,
             Message::Frame(frame) => {
@@ -436,19 +522,8 @@ impl Mirror<'_> {
     /// upstream's retained start (its snapshot covers what came before), and join again there.
     async fn rebuild(&mut self, gap: GapSignal, sink: &mut Sink) -> Result<(), MirrorError> {
         let url = gap.stream.clone().unwrap_or_else(|| self.upstream.url());
-        let key = self.key_of(&url)?;
-        tracing::info!(stream = %key, oldest_available = ?gap.oldest_available, "gap: rebuilding the mirror from the upstream");
-        let Some(state) = self.states.get(&url).cloned() else {
-            return Err(MirrorError::BadMessage(format!(
-                "gap for {url} before its state"
-            )));
-        };
-        // Fetched first: readers keep the old stream meanwhile.
-        let blob = self.fetch_snapshot(&url, state.snapshot.as_ref()).await?;
-        let stream = self
-            .service
-            .mirror_rebuild(&key, &self.upstream.base, &state, blob)
-            .await?;
+        tracing::info!(stream = %url, oldest_available = ?gap.oldest_available, "gap: rebuilding the mirror from the upstream");
+        let stream = self.rebuild_from_upstream(&url).await?;
         let join = SubscriptionRequest {
             stream: url,
             after: Some(stream.durable().tail.seq),

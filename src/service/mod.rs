@@ -477,7 +477,9 @@ impl StreamService {
             closed: requested.closed,
             tail,
             last_timestamp_ms,
-            created_ms: now,
+            // A mirror is its upstream's stream: it keeps the upstream's creation time, which
+            // tells it apart from a later stream of the same name.
+            created_ms: mirror.map_or(now, |m| m.created_ms),
             retained_from,
             ..StreamMeta::new(name, &requested.content_type)
         };

@@ -21,6 +21,8 @@ pub struct MirrorStart {
     pub upstream: String,
     pub at: Offset,
     pub snapshot: Option<(SnapshotInfo, Bytes)>,
+    /// When the upstream created its stream; the mirror's stream keeps it.
+    pub created_ms: i64,
 }
 
 /// The create request for a mirror of `key` matching the upstream's `state`.
@@ -42,6 +44,7 @@ fn mirror_request(
             upstream: upstream.to_string(),
             at: state.retained_from,
             snapshot: state.snapshot.clone().zip(snapshot_blob),
+            created_ms: state.created_ms,
         }),
         ..Default::default()
     }
