@@ -290,6 +290,7 @@ def test_list_basins_by_prefix_in_name_order(c):
     got, has_more, body = listing(c, prefix=prefix)
     assert got == names and has_more is False
     assert all(b.get("state") == "active" for b in body["basins"])
+    assert all(b["location"] is None for b in body["basins"]), "S2's current BasinInfo"
 
 
 def test_list_basins_limit_sets_has_more(c):

@@ -4,8 +4,10 @@ use std::sync::Arc;
 
 use super::*;
 
+/// A `BasinInfo`: `location` for S2's current API, `scope` for its earlier one (both null: a
+/// Runnel server is one location).
 fn basin_info(name: &str, created_ms: i64) -> Value {
-    json!({ "name": name, "scope": null, "created_at": format_timestamp(created_ms), "deleted_at": null, "state": "active" })
+    json!({ "name": name, "location": null, "scope": null, "created_at": format_timestamp(created_ms), "deleted_at": null, "state": "active" })
 }
 
 fn config_json<T: serde::Serialize + Default + serde::de::DeserializeOwned>(
