@@ -887,3 +887,58 @@ async fn a_single_stream_mirror_follows_its_stream_deleted_and_recreated_and_dro
     let mirror = Server::start(&args);
     wait_for_status(&http, &mirror.url(&format!("/{BUCKET}/single")), 404).await;
 }
+
+#[tokio::test]
+async fn a_malformed_sse_cursor_is_refused_with_400_not_replayed_from_the_start() {
+    let server = Server::start(&["--memory"]);
+    let http = client();
+    create_bucket(&http, &server).await;
+    let stream = server.url(&format!("/{BUCKET}/news"));
+    assert_eq!(
+        put(&http, &stream, "application/json", r#"[{"n":1},{"n":2}]"#)
+            .await
+            .status(),
+        201
+    );
+    let sse = format!("{stream}/streamld");
+    for id in ["1x", "-1", "", "01"] {
+        let refused = http
+            .get(&sse)
+            .header("last-event-id", id)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(refused.status(), 400, "Last-Event-ID {id:?}");
+        assert!(
+            refused.text().await.unwrap().contains("Last-Event-ID"),
+            "the reason names the header"
+        );
+    }
+    for after in ["1x", "-1", ""] {
+        let refused = http
+            .get(format!("{sse}?after={after}"))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(refused.status(), 400, "?after={after}");
+        assert!(refused.text().await.unwrap().contains("after"));
+    }
+    // Last-Event-ID, a reconnecting EventSource's cursor, wins over ?after=.
+    let resumed = http
+        .get(format!("{sse}?after=0"))
+        .header("last-event-id", "1")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resumed.status(), 200);
+    let mut body = resumed.bytes_stream();
+    let chunk = tokio::time::timeout(Duration::from_secs(5), futures::StreamExt::next(&mut body))
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    assert!(
+        std::str::from_utf8(&chunk).unwrap().starts_with("id: 2\n"),
+        "{chunk:?}"
+    );
+}

@@ -50,10 +50,14 @@ pub async fn extension(
                     "http://{}",
                     request::header(&headers, "host")?.unwrap_or("localhost")
                 );
-                let after = Query::parse(query.as_deref())
-                    .get("after")?
-                    .and_then(|a| a.parse().ok());
-                Ok(super::streamld::sse(&app, &key, &origin, &headers, after).await?)
+                // A reconnecting EventSource's Last-Event-ID wins over `?after=`.
+                let after = match request::header(&headers, "last-event-id")? {
+                    Some(id) => Some(sse_cursor(id, "Last-Event-ID")?),
+                    None => (Query::parse(query.as_deref()).get("after")?)
+                        .map(|after| sse_cursor(after, "after"))
+                        .transpose()?,
+                };
+                Ok(super::streamld::sse(&app, &key, &origin, after.unwrap_or(0)).await?)
             }
             ("attrs", Method::PUT) => write_attrs(&app, &key, &headers, body).await,
             ("snapshot" | "retention" | "bootstrap" | "append-batch" | "attrs" | "streamld", _) => {
@@ -109,6 +113,15 @@ pub async fn extension_at(
 
 fn stream_key(bucket: &str, stream: &str) -> Result<String, Rejection> {
     names::bucket_stream_key(bucket, stream).map_err(|e| Rejection::bad_request(e.to_string()))
+}
+
+/// The StreamLD cursor in `value` (the `Last-Event-ID` header or the `after` parameter).
+fn sse_cursor(value: &str, what: &str) -> Result<u64, Rejection> {
+    crate::model::streamld::parse_cursor(value).ok_or_else(|| {
+        Rejection::bad_request(format!(
+            "{what} must be a StreamLD cursor, a non-negative integer such as an event id this stream sent (got {value:?})"
+        ))
+    })
 }
 
 /// The position named by `?record=N`, for the record variants of snapshot and retention.

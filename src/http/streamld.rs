@@ -383,7 +383,7 @@ async fn pump(
                 .record_offset(stream, next, durable.tail)
                 .await?;
             let chunk = app.service.read_at(stream, at, Some(READ_BATCH)).await?;
-            if chunk.records.first().is_some_and(|r| r.seq != next) {
+            if !streamld::continues(next, chunk.records.first().map(|r| r.seq)) {
                 return send(Message::Gap(gap(stream.durable().first))).await;
             }
             let upstream_next = streamld::sequence_of(stream.durable().tail.seq);
@@ -434,16 +434,9 @@ pub async fn sse(
     app: &AppState,
     key: &str,
     origin: &str,
-    headers: &HeaderMap,
-    after: Option<u64>,
+    after: u64,
 ) -> Result<Response, StreamError> {
     let stream = app.service.find(key, true).await?;
-    let after = headers
-        .get("last-event-id")
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.trim().parse::<u64>().ok())
-        .or(after)
-        .unwrap_or(0);
     let url = streamld::stream_iri(origin, key);
     let durable = stream.durable();
     if after < durable.first.seq || after > durable.tail.seq {
@@ -468,8 +461,16 @@ pub async fn sse(
                 return;
             }
             if next < durable.tail.seq {
+                // Records trimmed under the reader end the stream rather than being skipped:
+                // the client's reconnect (Last-Event-ID) is then answered with the GapSignal.
+                if next < durable.first.seq {
+                    return;
+                }
                 let Ok(at) = service.record_offset(&stream, next, durable.tail).await else { return };
                 let Ok(chunk) = service.read_at(&stream, at, Some(READ_BATCH)).await else { return };
+                if !streamld::continues(next, chunk.records.first().map(|r| r.seq)) {
+                    return;
+                }
                 let mut out = String::new();
                 for record in &chunk.records {
                     let event = streamld::envelope(&url, &stream.content_type, record);
@@ -480,7 +481,7 @@ pub async fn sse(
                     }
                     out.push_str(&format!("id: {}\nevent: event\ndata: {json}\n\n", event.sequence));
                 }
-                next = chunk.next.seq.max(next + 1);
+                next = chunk.next.seq;
                 yield Ok::<Bytes, std::io::Error>(Bytes::from(out));
                 continue;
             }

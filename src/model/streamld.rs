@@ -308,6 +308,20 @@ pub fn iri_path(iri: &str) -> Option<String> {
         .map(|p| p.into_owned())
 }
 
+/// A cursor a subscriber sends back (SSE `Last-Event-ID`, `?after=`): a non-negative decimal
+/// integer, written canonically (as Runnel writes event ids). Anything else is refused rather
+/// than read as "from the beginning", which would replay what the subscriber already has.
+pub fn parse_cursor(text: &str) -> Option<u64> {
+    super::headers::parse_canonical_u64(text.trim())
+}
+
+/// Whether a chunk of records read for a subscriber at cursor `next` (its next record ordinal)
+/// continues it: it starts with record `next` exactly. A chunk that starts later means retention
+/// trimmed records under the reader; delivering it would skip them silently.
+pub fn continues(next: u64, first_read: Option<u64>) -> bool {
+    first_read == Some(next)
+}
+
 /// StreamLD numbers events from 1; a record with ordinal `seq` is event `seq + 1`.
 pub fn sequence_of(seq: u64) -> u64 {
     seq + 1
@@ -403,6 +417,26 @@ pub fn frame(
 mod tests {
     use super::*;
     use proptest::prelude::*;
+
+    #[test]
+    fn cursors_are_canonical_non_negative_integers() {
+        assert_eq!(parse_cursor("0"), Some(0));
+        assert_eq!(parse_cursor("42"), Some(42));
+        assert_eq!(parse_cursor(" 7 "), Some(7));
+        for bad in ["", "1x", "-1", "+1", "01", "1.0", "18446744073709551616"] {
+            assert_eq!(parse_cursor(bad), None, "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn a_chunk_continues_a_reader_only_from_its_exact_next_record() {
+        assert!(continues(5, Some(5)));
+        assert!(
+            !continues(5, Some(7)),
+            "records 5 and 6 were trimmed under the reader"
+        );
+        assert!(!continues(5, None));
+    }
 
     #[test]
     fn stream_iris_name_their_key_whatever_it_holds() {
