@@ -942,3 +942,128 @@ async fn a_malformed_sse_cursor_is_refused_with_400_not_replayed_from_the_start(
         "{chunk:?}"
     );
 }
+
+/// The URL a `Link` header value gives for `rel` (a StreamLD binding's relation suffix).
+fn link_target(links: &str, rel: &str) -> Option<String> {
+    links
+        .split(',')
+        .find(|l| l.contains(&format!("streamld#{rel}")))
+        .and_then(|l| {
+            l.split_once('<')?
+                .1
+                .split_once('>')
+                .map(|(u, _)| u.to_string())
+        })
+}
+
+#[tokio::test]
+async fn over_http2_the_streamld_links_name_the_authority_the_request_used() {
+    let server = Server::start(&["--memory"]);
+    let http = client();
+    create_bucket(&http, &server).await;
+    let stream = server.url(&format!("/{BUCKET}/h2"));
+    assert_eq!(put(&http, &stream, "text/plain", "x").await.status(), 201);
+    let authority = server.base.trim_start_matches("http://").to_string();
+
+    // HTTP/2 carries the authority in the request URI (:authority), not in a Host header.
+    let h2 = reqwest::Client::builder()
+        .http2_prior_knowledge()
+        .build()
+        .unwrap();
+    let head = h2.head(&stream).send().await.unwrap();
+    assert_eq!(head.version(), reqwest::Version::HTTP_2);
+    let links = header(&head, "link").unwrap().to_string();
+    assert_eq!(
+        link_target(&links, "websocket-replication").as_deref(),
+        Some(format!("ws://{authority}/v1/streamld/replication").as_str()),
+        "{links}"
+    );
+    assert_eq!(
+        link_target(&links, "sse").as_deref(),
+        Some(format!("http://{authority}/{BUCKET}/h2/streamld").as_str()),
+        "{links}"
+    );
+    let bucket = h2
+        .get(server.url(&format!("/{BUCKET}")))
+        .send()
+        .await
+        .unwrap();
+    let links = header(&bucket, "link").unwrap().to_string();
+    assert_eq!(
+        link_target(&links, "websocket-replication").as_deref(),
+        Some(format!("ws://{authority}/v1/streamld/replication").as_str()),
+        "{links}"
+    );
+}
+
+#[tokio::test]
+async fn over_tls_the_streamld_links_and_locations_use_https_and_wss() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let dir = tempfile::tempdir().unwrap();
+    let cert = rcgen::generate_simple_self_signed(vec!["localhost".to_string()]).unwrap();
+    let (cert_path, key_path) = (dir.path().join("cert.pem"), dir.path().join("key.pem"));
+    std::fs::write(&cert_path, cert.cert.pem()).unwrap();
+    std::fs::write(&key_path, cert.key_pair.serialize_pem()).unwrap();
+    let server = Server::start(&[
+        "--memory",
+        "--tls-cert",
+        cert_path.to_str().unwrap(),
+        "--tls-key",
+        key_path.to_str().unwrap(),
+    ]);
+    let address = server.base.trim_start_matches("http://").to_string();
+    let port = address.rsplit_once(':').unwrap().1.to_string();
+    let mut roots = tokio_rustls::rustls::RootCertStore::empty();
+    roots.add(cert.cert.der().clone()).unwrap();
+    let provider = std::sync::Arc::new(tokio_rustls::rustls::crypto::ring::default_provider());
+    let config = tokio_rustls::rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    let connector = tokio_rustls::TlsConnector::from(std::sync::Arc::new(config));
+    // One HTTP/1.1 request over its own TLS connection; the response head, lower-cased.
+    let request = |method: &'static str, path: String, body: &'static str| {
+        let (connector, address, port) = (connector.clone(), address.clone(), port.clone());
+        async move {
+            let tcp = tokio::net::TcpStream::connect(&address).await.unwrap();
+            let name = rustls_pki_types::ServerName::try_from("localhost").unwrap();
+            let mut tls = connector.connect(name, tcp).await.unwrap();
+            let head = format!(
+                "{method} {path} HTTP/1.1\r\nhost: localhost:{port}\r\ncontent-type: text/plain\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+                body.len()
+            );
+            tls.write_all(head.as_bytes()).await.unwrap();
+            let mut response = Vec::new();
+            tokio::time::timeout(Duration::from_secs(10), tls.read_to_end(&mut response))
+                .await
+                .unwrap()
+                .unwrap();
+            let response = String::from_utf8_lossy(&response).to_string();
+            response.split("\r\n\r\n").next().unwrap().to_lowercase()
+        }
+    };
+    assert!(
+        request("PUT", format!("/{BUCKET}"), "")
+            .await
+            .starts_with("http/1.1 201")
+    );
+    let created = request("PUT", format!("/{BUCKET}/secure"), "x").await;
+    assert!(
+        created.contains(&format!(
+            "\r\nlocation: https://localhost:{port}/{BUCKET}/secure\r\n"
+        )),
+        "{created}"
+    );
+    let head = request("HEAD", format!("/{BUCKET}/secure"), "").await;
+    assert!(
+        head.contains(&format!("<wss://localhost:{port}/v1/streamld/replication>")),
+        "{head}"
+    );
+    assert!(
+        head.contains(&format!(
+            "<https://localhost:{port}/{BUCKET}/secure/streamld>"
+        )),
+        "{head}"
+    );
+}

@@ -5,11 +5,12 @@
 use std::sync::Arc;
 
 use axum::extract::{Extension, Path, Request, State};
-use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, header};
+use axum::http::{HeaderValue, Method, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use serde_json::json;
 
 use super::error::{Failure, Handled, empty};
+use super::origin::Origin;
 use super::request::{Query, Rejection};
 use super::{AppState, ds, text_error};
 use crate::model::names::{self, RESERVED_STREAM_ID};
@@ -25,7 +26,7 @@ pub async fn bucket(
     State(app): State<AppState>,
     Path(bucket): Path<String>,
     method: Method,
-    headers: HeaderMap,
+    origin: Origin,
 ) -> Response {
     let result = async {
         names::validate_bucket_id(&bucket).map_err(|e| Rejection::bad_request(e.to_string()))?;
@@ -42,11 +43,7 @@ pub async fn bucket(
                     "created_at_ms": info.created_ms,
                 });
                 let mut response = json_response(StatusCode::OK, body.to_string());
-                let host = headers
-                    .get(header::HOST)
-                    .and_then(|h| h.to_str().ok())
-                    .unwrap_or("localhost");
-                let link = super::streamld::links(host, &format!("/{bucket}"), false);
+                let link = super::streamld::links(&origin, &format!("/{bucket}"), false);
                 if let Ok(value) = HeaderValue::from_str(&link) {
                     response.headers_mut().insert(header::LINK, value);
                 }

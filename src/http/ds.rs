@@ -10,6 +10,7 @@ use axum::response::{IntoResponse, Response};
 use super::error::{Handled, empty, set, set_number, set_tail};
 use super::gather::{Gather, Pieces};
 use super::header_names;
+use super::origin::Origin;
 use super::request::{self, Query, Rejection};
 use super::{AppState, sse, text_error};
 use crate::model::headers as hv;
@@ -71,6 +72,7 @@ pub async fn base_stream_request(app: &AppState, request: Request) -> Response {
 pub async fn stream_request(app: &AppState, key: String, request: Request) -> Response {
     let (parts, body) = request.into_parts();
     let (method, uri, headers) = (parts.method, &parts.uri, &parts.headers);
+    let origin = Origin::of(headers, uri, &parts.extensions);
     let query = uri.query();
     let advertise =
         matches!(method, Method::GET | Method::HEAD) && names::bucket_of(&key).is_some();
@@ -78,7 +80,7 @@ pub async fn stream_request(app: &AppState, key: String, request: Request) -> Re
     // branch, and the append, by far the most frequent, would otherwise carry (and copy into
     // its box) the read's and the create's state too.
     let result = match method {
-        Method::PUT => Box::pin(create(app, key.clone(), uri, headers, body)).await,
+        Method::PUT => Box::pin(create(app, key.clone(), &origin, uri, headers, body)).await,
         Method::POST => append(app, &key, headers, body).await,
         Method::GET => Box::pin(read(app, &key, query, headers)).await,
         Method::HEAD => Box::pin(head(app, &key)).await,
@@ -88,14 +90,10 @@ pub async fn stream_request(app: &AppState, key: String, request: Request) -> Re
     };
     let mut response = result.unwrap_or_else(|failure| failure.into_response_at(uri));
     if advertise && response.status().is_success() {
-        let host = headers
-            .get(header::HOST)
-            .and_then(|h| h.to_str().ok())
-            .unwrap_or("localhost");
         set(
             &mut response,
             "link",
-            &super::streamld::links(host, uri.path(), true),
+            &super::streamld::links(&origin, uri.path(), true),
         );
     }
     response
@@ -153,6 +151,7 @@ fn fork_source_key(value: &str) -> Result<String, Rejection> {
 async fn create(
     app: &AppState,
     name: String,
+    origin: &Origin,
     uri: &Uri,
     headers: &HeaderMap,
     body: Body,
@@ -232,11 +231,10 @@ async fn create(
         set_record_range(&mut response, outcome.records);
     }
     if created {
-        let host = request::header(headers, "host")?.unwrap_or("localhost");
         set(
             &mut response,
             "location",
-            &format!("http://{host}{}", uri.path()),
+            &format!("{}{}", origin.http(), uri.path()),
         );
     }
     Ok(response)

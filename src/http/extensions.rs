@@ -3,7 +3,7 @@
 //! `/append-batch` and `/attrs`.
 
 use axum::body::Body;
-use axum::extract::{Path, RawQuery, State};
+use axum::extract::{Path, State};
 use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, Uri, header};
 use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
@@ -12,6 +12,7 @@ use serde_json::{Value, json};
 use super::buckets::json_response;
 use super::ds::{advertise_records, method_not_allowed, set_record_bounds};
 use super::error::{self, Failure, Handled, empty, set};
+use super::origin::Origin;
 use super::request::{self, Query, Rejection};
 use super::{AppState, text_error};
 use crate::model::batch::{self, FrameError};
@@ -24,12 +25,12 @@ use crate::service::{Bootstrap, Position};
 pub async fn extension(
     State(app): State<AppState>,
     Path((bucket, stream, extension)): Path<(String, String, String)>,
-    method: Method,
-    uri: Uri,
-    RawQuery(query): RawQuery,
-    headers: HeaderMap,
-    body: Body,
+    request: axum::extract::Request,
 ) -> Response {
+    let (parts, body) = request.into_parts();
+    let origin = Origin::of(&parts.headers, &parts.uri, &parts.extensions);
+    let (method, uri, headers) = (parts.method, parts.uri, parts.headers);
+    let query = uri.query().map(str::to_string);
     let result = async {
         let key = stream_key(&bucket, &stream)?;
         match (extension.as_str(), method) {
@@ -46,10 +47,6 @@ pub async fn extension(
             ("append-batch", Method::POST) => append_batch(&app, &key, &headers, body).await,
             ("attrs", Method::GET) => read_attrs(&app, &key).await,
             ("streamld", Method::GET) => {
-                let origin = format!(
-                    "http://{}",
-                    request::header(&headers, "host")?.unwrap_or("localhost")
-                );
                 // A reconnecting EventSource's Last-Event-ID wins over `?after=`.
                 let after = match request::header(&headers, "last-event-id")? {
                     Some(id) => Some(sse_cursor(id, "Last-Event-ID")?),
@@ -57,7 +54,7 @@ pub async fn extension(
                         .map(|after| sse_cursor(after, "after"))
                         .transpose()?,
                 };
-                Ok(super::streamld::sse(&app, &key, &origin, after.unwrap_or(0)).await?)
+                Ok(super::streamld::sse(&app, &key, &origin.http(), after.unwrap_or(0)).await?)
             }
             ("attrs", Method::PUT) => write_attrs(&app, &key, &headers, body).await,
             ("snapshot" | "retention" | "bootstrap" | "append-batch" | "attrs" | "streamld", _) => {

@@ -11,6 +11,7 @@ mod header_names;
 mod live;
 mod metrics;
 mod observe;
+mod origin;
 mod request;
 mod s2;
 mod sse;
@@ -156,6 +157,8 @@ where
 pub struct Handler {
     app: AppState,
     router: Router,
+    /// Its connection is TLS: requests are marked [`origin::OverTls`].
+    tls: bool,
 }
 
 impl Handler {
@@ -163,6 +166,15 @@ impl Handler {
         Handler {
             router: router(state.clone()),
             app: state,
+            tls: false,
+        }
+    }
+
+    /// This handler, for a TLS connection.
+    pub fn over_tls(&self) -> Handler {
+        Handler {
+            tls: true,
+            ..self.clone()
         }
     }
 }
@@ -179,7 +191,10 @@ impl tower::Service<axum::http::Request<hyper::body::Incoming>> for Handler {
     }
 
     fn call(&mut self, request: axum::http::Request<hyper::body::Incoming>) -> Self::Future {
-        let request = request.map(Body::new);
+        let mut request = request.map(Body::new);
+        if self.tls {
+            request.extensions_mut().insert(origin::OverTls);
+        }
         if request.method() == Method::POST && ds::is_base_stream(&request) {
             let app = self.app.clone();
             return futures::future::Either::Left(Box::pin(async move {

@@ -14,7 +14,7 @@ use std::time::Duration;
 use axum::body::Body;
 use axum::extract::ws::{Message as WsMessage, WebSocket, WebSocketUpgrade};
 use axum::extract::{Extension, State};
-use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
 use futures::{SinkExt, StreamExt};
@@ -23,6 +23,7 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
 use super::AppState;
+use super::origin::Origin;
 use crate::model::Offset;
 use crate::model::access::Operation;
 use crate::model::names;
@@ -36,15 +37,18 @@ const SEND_TIMEOUT: Duration = Duration::from_secs(30);
 /// Records per frame batch read from storage.
 const READ_BATCH: u64 = 1000;
 
-/// `Link` header values advertising the StreamLD endpoints of a bucketed stream (or bucket).
-pub fn links(host: &str, path: &str, stream: bool) -> String {
+/// `Link` header values advertising the StreamLD endpoints of a bucketed stream (or bucket) at
+/// `path` (as the request spelled it), on the origin the request used.
+pub fn links(origin: &Origin, path: &str, stream: bool) -> String {
     let websocket = format!(
-        "<ws://{host}/v1/streamld/replication>; rel=\"{}\"",
+        "<{}/v1/streamld/replication>; rel=\"{}\"",
+        origin.websocket(),
         streamld::REL_WEBSOCKET
     );
     if stream {
         format!(
-            "{websocket}, <http://{host}{path}/streamld>; rel=\"{}\"",
+            "{websocket}, <{}{path}/streamld>; rel=\"{}\"",
+            origin.http(),
             streamld::REL_SSE
         )
     } else {
@@ -55,14 +59,10 @@ pub fn links(host: &str, path: &str, stream: bool) -> String {
 pub async fn replication(
     State(app): State<AppState>,
     Extension(principal): Extension<Arc<Principal>>,
-    headers: HeaderMap,
+    origin: Origin,
     upgrade: WebSocketUpgrade,
 ) -> Response {
-    let host = headers
-        .get(header::HOST)
-        .and_then(|h| h.to_str().ok())
-        .unwrap_or("localhost");
-    let origin = format!("http://{host}");
+    let origin = origin.http();
     upgrade.on_upgrade(move |socket| session(app, principal, socket, origin))
 }
 

@@ -113,7 +113,11 @@ pub async fn serve(
             continue;
         };
         let _ = tcp.set_nodelay(true);
-        let service = TowerToHyperService::new(app.clone());
+        let service = TowerToHyperService::new(if tls.is_some() {
+            app.over_tls()
+        } else {
+            app.clone()
+        });
         let builder = builder.clone();
         let watcher = graceful.watcher();
         let tls = tls.clone();
