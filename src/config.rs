@@ -66,7 +66,7 @@ pub struct ServeArgs {
     /// How long one SSE connection stays open before the server ends it [default: 60].
     #[arg(long, env = "RUNNEL_SSE_MAX_DURATION_SECS")]
     pub sse_max_duration_secs: Option<u64>,
-    /// Mirror an upstream Runnel bucket (http://host:port/bucket) or stream
+    /// Mirror an upstream Runnel bucket (http://host:port/bucket, or https://) or stream
     /// (http://host:port/bucket/stream), read-only, over StreamLD replication. Repeatable; the
     /// environment variable takes a comma-separated list.
     #[arg(
@@ -121,6 +121,10 @@ pub struct ServeArgs {
     /// Token a mirror presents to its upstream (--mirror-from).
     #[arg(long, env = "RUNNEL_MIRROR_TOKEN", hide_env_values = true)]
     pub mirror_token: Option<String>,
+    /// PEM certificates a mirror trusts for an https upstream, besides the system's roots (for an
+    /// upstream whose certificate a private authority signed).
+    #[arg(long, env = "RUNNEL_MIRROR_CA_CERT")]
+    pub mirror_ca_cert: Option<PathBuf>,
     /// JSON file of S2 basins and streams to create, or to bring to the configuration it gives,
     /// at every start (the resource spec of s2-lite's --init-file); the server does not start if
     /// any of it fails.
@@ -157,6 +161,7 @@ pub struct FileConfig {
     auth_token: Option<String>,
     rate_limit: Option<u32>,
     mirror_token: Option<String>,
+    mirror_ca_cert: Option<PathBuf>,
     init_file: Option<PathBuf>,
 }
 
@@ -191,6 +196,8 @@ pub struct Settings {
     pub auth: Option<AuthSettings>,
     /// What a mirror presents to its upstream.
     pub mirror_token: Option<String>,
+    /// Certificates a mirror trusts for its upstream besides the system's.
+    pub mirror_ca_cert: Option<PathBuf>,
     /// S2 basins and streams to provision at start.
     pub init_file: Option<PathBuf>,
 }
@@ -361,6 +368,7 @@ impl ServeArgs {
                 .unwrap_or(DEFAULT_MIN_FREE_BYTES),
             auth,
             mirror_token: self.mirror_token.or(file.mirror_token),
+            mirror_ca_cert: self.mirror_ca_cert.or(file.mirror_ca_cert),
             init_file: self.init_file.or(file.init_file),
         })
     }

@@ -77,7 +77,7 @@ async fn issued(server: &Server, id: &str, scope: Value) -> String {
 
 /// Two buckets with a stream each, made by the operator.
 async fn setup(server: &Server) {
-    for bucket in ["team-a", "team-b"] {
+    for bucket in ["team-alpha", "team-bravo"] {
         let r = send(
             server,
             reqwest::Method::PUT,
@@ -114,9 +114,9 @@ async fn every_face_wants_a_token_but_health_checks_do_not() {
     setup(&server).await;
     use reqwest::Method;
     for (method, path) in [
-        (Method::GET, "/team-a/events?offset=-1"),
+        (Method::GET, "/team-alpha/events?offset=-1"),
         (Method::GET, "/v1/stream/x?offset=-1"),
-        (Method::POST, "/team-a/events"),
+        (Method::POST, "/team-alpha/events"),
         (Method::GET, "/v1/basins"),
         (Method::GET, "/metrics"),
         (Method::GET, "/v1/streamld/replication"),
@@ -148,7 +148,7 @@ async fn every_face_wants_a_token_but_health_checks_do_not() {
     let r = send(
         &server,
         Method::GET,
-        "/team-a/events?offset=-1",
+        "/team-alpha/events?offset=-1",
         Some(OPERATOR),
         &[],
         None,
@@ -162,12 +162,12 @@ async fn every_face_wants_a_token_but_health_checks_do_not() {
 async fn a_scoped_token_reads_its_bucket_and_nothing_else_and_learns_nothing_about_others() {
     let server = auth_server(&[]);
     setup(&server).await;
-    let reader = issued(&server, "reader", reader_of("team-a")).await;
+    let reader = issued(&server, "reader", reader_of("team-alpha")).await;
     use reqwest::Method;
     let r = send(
         &server,
         Method::GET,
-        "/team-a/events?offset=-1",
+        "/team-alpha/events?offset=-1",
         Some(&reader),
         &[],
         None,
@@ -177,7 +177,7 @@ async fn a_scoped_token_reads_its_bucket_and_nothing_else_and_learns_nothing_abo
     let r = send(
         &server,
         Method::POST,
-        "/team-a/events",
+        "/team-alpha/events",
         Some(&reader),
         &[("content-type", "text/plain")],
         None,
@@ -186,8 +186,8 @@ async fn a_scoped_token_reads_its_bucket_and_nothing_else_and_learns_nothing_abo
     assert_eq!(r.status(), 403, "read-only");
     // Another bucket: the same 403 whether the stream exists or not.
     for path in [
-        "/team-b/events?offset=-1",
-        "/team-b/missing?offset=-1",
+        "/team-bravo/events?offset=-1",
+        "/team-bravo/missing?offset=-1",
         "/nobucket/x?offset=-1",
     ] {
         let r = send(&server, Method::GET, path, Some(&reader), &[], None).await;
@@ -210,7 +210,7 @@ async fn a_scoped_token_reads_its_bucket_and_nothing_else_and_learns_nothing_abo
     let lister = issued(
         &server,
         "lister",
-        json!({"basins": {"prefix": "team-a"}, "streams": {"prefix": ""}, "op_groups": {"account": {"read": true}, "basin": {"read": true}}}),
+        json!({"basins": {"prefix": "team-alpha"}, "streams": {"prefix": ""}, "op_groups": {"account": {"read": true}, "basin": {"read": true}}}),
     )
     .await;
     let basins =
@@ -221,13 +221,13 @@ async fn a_scoped_token_reads_its_bucket_and_nothing_else_and_learns_nothing_abo
         .iter()
         .map(|b| b["name"].as_str().unwrap())
         .collect();
-    assert_eq!(names, ["team-a"]);
+    assert_eq!(names, ["team-alpha"]);
     let r = send(
         &server,
         Method::GET,
         "/v1/streams/events/records?seq_num=0",
         Some(&reader),
-        &[("s2-basin", "team-a")],
+        &[("s2-basin", "team-alpha")],
         None,
     )
     .await;
@@ -237,7 +237,7 @@ async fn a_scoped_token_reads_its_bucket_and_nothing_else_and_learns_nothing_abo
         Method::GET,
         "/v1/streams/events/records?seq_num=0",
         Some(&reader),
-        &[("s2-basin", "team-b")],
+        &[("s2-basin", "team-bravo")],
         None,
     )
     .await;
@@ -252,16 +252,30 @@ async fn tokens_are_listed_without_secrets_cannot_widen_and_stop_working_when_re
     use reqwest::Method;
     let issuer = issued(
         &server,
-        "team-a-admin",
+        "team-alpha-admin",
         json!({
-            "basins": {"exact": "team-a"}, "streams": {"prefix": ""}, "access_tokens": {"prefix": "team-a-"},
+            "basins": {"exact": "team-alpha"}, "streams": {"prefix": ""}, "access_tokens": {"prefix": "team-alpha-"},
             "op_groups": {"stream": {"read": true, "write": true}}, "ops": ["issue-access-token", "list-access-tokens"]
         }),
     )
     .await;
-    let wider = issue(&server, &issuer, "team-a-wide", reader_of("team-b"), None).await;
+    let wider = issue(
+        &server,
+        &issuer,
+        "team-alpha-wide",
+        reader_of("team-bravo"),
+        None,
+    )
+    .await;
     assert_eq!(wider.status(), 403);
-    let narrower = issue(&server, &issuer, "team-a-reader", reader_of("team-a"), None).await;
+    let narrower = issue(
+        &server,
+        &issuer,
+        "team-alpha-reader",
+        reader_of("team-alpha"),
+        None,
+    )
+    .await;
     assert_eq!(
         narrower.status(),
         403,
@@ -270,8 +284,8 @@ async fn tokens_are_listed_without_secrets_cannot_widen_and_stop_working_when_re
     let ok = issue(
         &server,
         &issuer,
-        "team-a-reader",
-        json!({"basins": {"exact": "team-a"}, "streams": {"prefix": ""}, "op_groups": {"stream": {"read": true}}}),
+        "team-alpha-reader",
+        json!({"basins": {"exact": "team-alpha"}, "streams": {"prefix": ""}, "op_groups": {"stream": {"read": true}}}),
         None,
     )
     .await;
@@ -301,7 +315,7 @@ async fn tokens_are_listed_without_secrets_cannot_widen_and_stop_working_when_re
         .collect();
     assert_eq!(
         ids,
-        ["team-a-admin", "team-a-reader"],
+        ["team-alpha-admin", "team-alpha-reader"],
         "only ids the issuer covers"
     );
     assert!(
@@ -312,7 +326,7 @@ async fn tokens_are_listed_without_secrets_cannot_widen_and_stop_working_when_re
     let r = send(
         &server,
         Method::GET,
-        "/team-a/events?offset=-1",
+        "/team-alpha/events?offset=-1",
         Some(&secret),
         &[],
         None,
@@ -322,7 +336,7 @@ async fn tokens_are_listed_without_secrets_cannot_widen_and_stop_working_when_re
     let r = send(
         &server,
         Method::DELETE,
-        "/v1/access-tokens/team-a-reader",
+        "/v1/access-tokens/team-alpha-reader",
         Some(OPERATOR),
         &[],
         None,
@@ -332,7 +346,7 @@ async fn tokens_are_listed_without_secrets_cannot_widen_and_stop_working_when_re
     let r = send(
         &server,
         Method::GET,
-        "/team-a/events?offset=-1",
+        "/team-alpha/events?offset=-1",
         Some(&secret),
         &[],
         None,
@@ -404,14 +418,21 @@ async fn an_expiring_token_ends_its_live_session_and_is_then_refused() {
     let at = expires
         .format(&time::format_description::well_known::Rfc3339)
         .unwrap();
-    let response = issue(&server, OPERATOR, "short", reader_of("team-a"), Some(at)).await;
+    let response = issue(
+        &server,
+        OPERATOR,
+        "short",
+        reader_of("team-alpha"),
+        Some(at),
+    )
+    .await;
     assert_eq!(response.status(), 201);
     let short = json_of(response).await["access_token"]
         .as_str()
         .unwrap()
         .to_string();
     let mut sse = client()
-        .get(server.url("/team-a/events?offset=-1&live=sse"))
+        .get(server.url("/team-alpha/events?offset=-1&live=sse"))
         .bearer_auth(&short)
         .timeout(Duration::from_secs(20))
         .send()
@@ -428,7 +449,7 @@ async fn an_expiring_token_ends_its_live_session_and_is_then_refused() {
     let r = send(
         &server,
         reqwest::Method::GET,
-        "/team-a/events?offset=-1",
+        "/team-alpha/events?offset=-1",
         Some(&short),
         &[],
         None,
@@ -468,13 +489,13 @@ async fn tokens_survive_a_restart() {
     let args = ["--data-dir", data, "--auth", "--auth-token", OPERATOR];
     let server = Server::start(&args);
     setup(&server).await;
-    let reader = issued(&server, "reader", reader_of("team-a")).await;
+    let reader = issued(&server, "reader", reader_of("team-alpha")).await;
     server.kill();
     let server = Server::start(&args);
     let r = send(
         &server,
         reqwest::Method::GET,
-        "/team-a/events?offset=-1",
+        "/team-alpha/events?offset=-1",
         Some(&reader),
         &[],
         None,
@@ -490,10 +511,10 @@ async fn a_mirror_authenticates_to_its_upstream_with_a_token() {
     let token = issued(
         &upstream,
         "mirror",
-        json!({"basins": {"exact": "team-a"}, "streams": {"prefix": ""}, "op_groups": {"stream": {"read": true}, "basin": {"read": true}}}),
+        json!({"basins": {"exact": "team-alpha"}, "streams": {"prefix": ""}, "op_groups": {"stream": {"read": true}, "basin": {"read": true}}}),
     )
     .await;
-    let source = format!("{}/team-a", upstream.base);
+    let source = format!("{}/team-alpha", upstream.base);
     let mirror = Server::start(&[
         "--memory",
         "--mirror-from",
@@ -504,7 +525,7 @@ async fn a_mirror_authenticates_to_its_upstream_with_a_token() {
     let deadline = Instant::now() + Duration::from_secs(15);
     loop {
         let r = client()
-            .get(mirror.url("/team-a/events?offset=-1"))
+            .get(mirror.url("/team-alpha/events?offset=-1"))
             .send()
             .await
             .unwrap();
@@ -518,7 +539,7 @@ async fn a_mirror_authenticates_to_its_upstream_with_a_token() {
     let unauthenticated = Server::start(&["--memory", "--mirror-from", &source]);
     tokio::time::sleep(Duration::from_secs(1)).await;
     let r = client()
-        .get(unauthenticated.url("/team-a/events?offset=-1"))
+        .get(unauthenticated.url("/team-alpha/events?offset=-1"))
         .send()
         .await
         .unwrap();

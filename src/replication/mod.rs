@@ -19,6 +19,8 @@ use crate::model::streamld::{self, GapSignal, Message, StreamState, Subscription
 use crate::model::{Offset, Record, names};
 use crate::service::{ReplicatedState, Stream, StreamError, StreamService};
 
+pub mod tls;
+
 const MIN_BACKOFF: Duration = Duration::from_millis(200);
 const MAX_BACKOFF: Duration = Duration::from_secs(30);
 /// Frames applied in one commit at most.
@@ -27,10 +29,10 @@ const APPLY_BATCH: usize = 1000;
 #[derive(Debug, thiserror::Error)]
 pub enum MirrorError {
     #[error(
-        "upstream {0} is not a bucket or bucketed stream URL (http://host:port/bucket[/stream])"
+        "upstream {0} is not a bucket or bucketed stream URL (http[s]://host:port/bucket[/stream])"
     )]
     BadUrl(String),
-    #[error("upstream request failed: {0}")]
+    #[error("upstream request failed: {}", with_causes(.0))]
     Http(#[from] reqwest::Error),
     #[error("upstream {0} advertises no StreamLD websocket-replication Link")]
     NoEndpoint(String),
@@ -42,6 +44,19 @@ pub enum MirrorError {
     BadMessage(String),
     #[error(transparent)]
     Stream(#[from] StreamError),
+}
+
+/// An error with the causes under it (reqwest's own message leaves out why a request failed,
+/// such as a certificate the mirror does not trust).
+fn with_causes(error: &dyn std::error::Error) -> String {
+    let mut text = error.to_string();
+    let mut cause = error.source();
+    while let Some(inner) = cause {
+        text.push_str(": ");
+        text.push_str(&inner.to_string());
+        cause = inner.source();
+    }
+    text
 }
 
 /// What a mirror follows.
@@ -57,7 +72,10 @@ struct Upstream {
 impl Upstream {
     fn parse(url: &str) -> Result<Upstream, MirrorError> {
         let bad = || MirrorError::BadUrl(url.to_string());
-        let (scheme, rest) = url.split_once("://").ok_or_else(bad)?;
+        let (scheme, rest) = url
+            .split_once("://")
+            .filter(|(scheme, _)| matches!(*scheme, "http" | "https"))
+            .ok_or_else(bad)?;
         let (host, path) = rest.split_once('/').ok_or_else(bad)?;
         let path = percent_encoding::percent_decode_str(path.trim_end_matches('/'))
             .decode_utf8()
@@ -90,9 +108,17 @@ fn encode(segment: &str) -> String {
     percent_encoding::utf8_percent_encode(segment, percent_encoding::NON_ALPHANUMERIC).to_string()
 }
 
-/// Follows `url` for as long as the server runs, reconnecting with backoff. With `token`, every
+/// How a mirror reaches its upstreams: the token it presents, if any, and the TLS it trusts for
+/// `https` and `wss` (see [`tls::client_config`]).
+#[derive(Clone)]
+pub struct Credentials {
+    pub token: Option<String>,
+    pub tls: Arc<tokio_rustls::rustls::ClientConfig>,
+}
+
+/// Follows `url` for as long as the server runs, reconnecting with backoff. With a token, every
 /// request to the upstream carries it as a bearer token.
-pub async fn follow(service: Arc<StreamService>, url: String, token: Option<String>) {
+pub async fn follow(service: Arc<StreamService>, url: String, credentials: Credentials) {
     let upstream = match Upstream::parse(&url) {
         Ok(upstream) => upstream,
         Err(e) => {
@@ -100,7 +126,7 @@ pub async fn follow(service: Arc<StreamService>, url: String, token: Option<Stri
             return;
         }
     };
-    let authorization = match token.as_deref().map(bearer).transpose() {
+    let authorization = match credentials.token.as_deref().map(bearer).transpose() {
         Ok(authorization) => authorization,
         Err(e) => {
             tracing::error!(error = %e, "cannot mirror");
@@ -111,15 +137,27 @@ pub async fn follow(service: Arc<StreamService>, url: String, token: Option<Stri
     if let Some(value) = &authorization {
         default_headers.insert(reqwest::header::AUTHORIZATION, value.clone());
     }
-    let http = reqwest::Client::builder()
+    let http = match reqwest::Client::builder()
         .timeout(Duration::from_secs(30))
         .default_headers(default_headers)
+        .use_preconfigured_tls((*credentials.tls).clone())
         .build()
-        .unwrap_or_default();
+    {
+        Ok(http) => http,
+        Err(e) => {
+            tracing::error!(error = %e, "cannot mirror: no HTTP client");
+            return;
+        }
+    };
     let mut backoff = MIN_BACKOFF;
     loop {
         let started = tokio::time::Instant::now();
-        match follow_once(&service, &http, &upstream, authorization.as_ref()).await {
+        let connection = Connection {
+            http: &http,
+            authorization: authorization.as_ref(),
+            tls: &credentials.tls,
+        };
+        match follow_once(&service, &connection, &upstream).await {
             Ok(Ended::Rejoin) => {
                 // Rebuilt a stream (or lost the one followed): join again without waiting long.
                 backoff = MIN_BACKOFF;
@@ -186,14 +224,21 @@ enum Ended {
     Rejoin,
 }
 
+/// What a session reaches the upstream with.
+struct Connection<'a> {
+    http: &'a reqwest::Client,
+    authorization: Option<&'a reqwest::header::HeaderValue>,
+    tls: &'a Arc<tokio_rustls::rustls::ClientConfig>,
+}
+
 /// One connection: join with the cursors the mirror holds, then apply what arrives.
 async fn follow_once(
     service: &Arc<StreamService>,
-    http: &reqwest::Client,
+    connection: &Connection<'_>,
     upstream: &Upstream,
-    authorization: Option<&reqwest::header::HeaderValue>,
 ) -> Result<Ended, MirrorError> {
     use tokio_tungstenite::tungstenite::client::IntoClientRequest as _;
+    let http = connection.http;
     let endpoint = match discover(http, upstream).await {
         Err(MirrorError::Missing(url)) => {
             // The one stream this mirror follows is gone upstream (it may come back later).
@@ -207,12 +252,14 @@ async fn follow_once(
         endpoint => endpoint?,
     };
     let mut request = endpoint.as_str().into_client_request()?;
-    if let Some(value) = authorization {
+    if let Some(value) = connection.authorization {
         request
             .headers_mut()
             .insert(reqwest::header::AUTHORIZATION, value.clone());
     }
-    let (socket, _) = tokio_tungstenite::connect_async(request).await?;
+    let tls = tokio_tungstenite::Connector::Rustls(connection.tls.clone());
+    let (socket, _) =
+        tokio_tungstenite::connect_async_tls_with_config(request, None, true, Some(tls)).await?;
     let (mut sink, mut incoming) = socket.split();
     let join = match &upstream.stream {
         Some(stream) => {
@@ -557,6 +604,7 @@ mod tests {
         );
         for bad in [
             "docs",
+            "ftp://h:1/docs",
             "http://h:1",
             "http://h:1/v1",
             "http://h:1/docs/%2E%2E",

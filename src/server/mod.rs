@@ -71,13 +71,19 @@ pub async fn serve(settings: Settings) -> anyhow::Result<()> {
         }
     });
 
-    for upstream in &settings.mirror_from {
-        tracing::info!(upstream = %upstream, "mirroring");
-        tokio::spawn(crate::replication::follow(
-            service.clone(),
-            upstream.clone(),
-            settings.mirror_token.clone(),
-        ));
+    if !settings.mirror_from.is_empty() {
+        let credentials = crate::replication::Credentials {
+            token: settings.mirror_token.clone(),
+            tls: crate::replication::tls::client_config(settings.mirror_ca_cert.as_deref())?,
+        };
+        for upstream in &settings.mirror_from {
+            tracing::info!(upstream = %upstream, "mirroring");
+            tokio::spawn(crate::replication::follow(
+                service.clone(),
+                upstream.clone(),
+                credentials.clone(),
+            ));
+        }
     }
 
     let state = AppState::new(
