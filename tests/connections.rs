@@ -4,10 +4,9 @@
 
 mod common;
 
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::{Server, client};
+use common::{Server, TlsServer, client};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
@@ -260,36 +259,12 @@ async fn sigterm_answers_long_polls_ends_live_readers_and_exits_cleanly() {
 
 #[tokio::test]
 async fn tls_serves_http1_and_offers_h2_by_alpn() {
-    let dir = tempfile::tempdir().unwrap();
-    let cert = rcgen::generate_simple_self_signed(vec!["localhost".to_string()]).unwrap();
-    let cert_path = dir.path().join("cert.pem");
-    let key_path = dir.path().join("key.pem");
-    std::fs::write(&cert_path, cert.cert.pem()).unwrap();
-    std::fs::write(&key_path, cert.key_pair.serialize_pem()).unwrap();
-    let server = Server::start(&[
-        "--memory",
-        "--tls-cert",
-        cert_path.to_str().unwrap(),
-        "--tls-key",
-        key_path.to_str().unwrap(),
-    ]);
-
-    let mut roots = tokio_rustls::rustls::RootCertStore::empty();
-    roots.add(cert.cert.der().clone()).unwrap();
-    let provider = Arc::new(tokio_rustls::rustls::crypto::ring::default_provider());
-    let connect = |alpn: Vec<Vec<u8>>| {
-        let mut config =
-            tokio_rustls::rustls::ClientConfig::builder_with_provider(provider.clone())
-                .with_safe_default_protocol_versions()
-                .unwrap()
-                .with_root_certificates(roots.clone())
-                .with_no_client_auth();
-        config.alpn_protocols = alpn;
-        tokio_rustls::TlsConnector::from(Arc::new(config))
-    };
+    let tls_server = TlsServer::start(&["--memory"]);
+    let server = &tls_server.server;
+    let connect = |alpn: Vec<Vec<u8>>| tls_server.connector(alpn);
     let name = rustls_pki_types::ServerName::try_from("localhost").unwrap();
 
-    let tcp = TcpStream::connect(addr(&server)).await.unwrap();
+    let tcp = TcpStream::connect(addr(server)).await.unwrap();
     let mut tls = connect(vec![b"http/1.1".to_vec()])
         .connect(name.clone(), tcp)
         .await
@@ -305,7 +280,7 @@ async fn tls_serves_http1_and_offers_h2_by_alpn() {
         String::from_utf8_lossy(&response)
     );
 
-    let tcp = TcpStream::connect(addr(&server)).await.unwrap();
+    let tcp = TcpStream::connect(addr(server)).await.unwrap();
     let tls = connect(vec![b"h2".to_vec(), b"http/1.1".to_vec()])
         .connect(name, tcp)
         .await

@@ -6,33 +6,9 @@ mod common;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::Server;
+use common::{Server, TlsServer};
 
 const BUCKET: &str = "secured";
-
-/// An upstream serving TLS for `localhost` with a self-signed certificate, and that
-/// certificate's PEM file (kept in `dir`).
-fn tls_upstream(dir: &std::path::Path) -> (Server, std::path::PathBuf) {
-    let cert = rcgen::generate_simple_self_signed(vec!["localhost".to_string()]).unwrap();
-    let cert_path = dir.join("cert.pem");
-    let key_path = dir.join("key.pem");
-    std::fs::write(&cert_path, cert.cert.pem()).unwrap();
-    std::fs::write(&key_path, cert.key_pair.serialize_pem()).unwrap();
-    let server = Server::start(&[
-        "--memory",
-        "--tls-cert",
-        cert_path.to_str().unwrap(),
-        "--tls-key",
-        key_path.to_str().unwrap(),
-    ]);
-    (server, cert_path)
-}
-
-/// `https://localhost:PORT`: the name the certificate is for.
-fn https_base(server: &Server) -> String {
-    let port = server.base.rsplit(':').next().unwrap();
-    format!("https://localhost:{port}")
-}
 
 fn trusting_client(cert: &std::path::Path) -> reqwest::Client {
     let pem = std::fs::read(cert).unwrap();
@@ -63,10 +39,9 @@ async fn wait_for_content(http: &reqwest::Client, url: &str, expected: &str) {
 
 #[tokio::test]
 async fn a_mirror_follows_an_https_upstream_it_trusts_through_mirror_ca_cert() {
-    let dir = tempfile::tempdir().unwrap();
-    let (upstream, cert) = tls_upstream(dir.path());
-    let base = https_base(&upstream);
-    let https = trusting_client(&cert);
+    let upstream = TlsServer::start(&["--memory"]);
+    let (base, cert) = (upstream.https_base(), &upstream.cert_path);
+    let https = trusting_client(cert);
     send(https.put(format!("{base}/{BUCKET}"))).await;
     let stream = format!("{base}/{BUCKET}/log");
     send(

@@ -9,7 +9,7 @@ mod common;
 use std::path::Path;
 use std::time::Duration;
 
-use common::{Server, client, header};
+use common::{Server, TlsServer, client, header};
 
 const BUCKET: &str = "mirrored";
 
@@ -999,29 +999,11 @@ async fn over_http2_the_streamld_links_name_the_authority_the_request_used() {
 #[tokio::test]
 async fn over_tls_the_streamld_links_and_locations_use_https_and_wss() {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let dir = tempfile::tempdir().unwrap();
-    let cert = rcgen::generate_simple_self_signed(vec!["localhost".to_string()]).unwrap();
-    let (cert_path, key_path) = (dir.path().join("cert.pem"), dir.path().join("key.pem"));
-    std::fs::write(&cert_path, cert.cert.pem()).unwrap();
-    std::fs::write(&key_path, cert.key_pair.serialize_pem()).unwrap();
-    let server = Server::start(&[
-        "--memory",
-        "--tls-cert",
-        cert_path.to_str().unwrap(),
-        "--tls-key",
-        key_path.to_str().unwrap(),
-    ]);
+    let tls_server = TlsServer::start(&["--memory"]);
+    let server = &tls_server.server;
     let address = server.base.trim_start_matches("http://").to_string();
     let port = address.rsplit_once(':').unwrap().1.to_string();
-    let mut roots = tokio_rustls::rustls::RootCertStore::empty();
-    roots.add(cert.cert.der().clone()).unwrap();
-    let provider = std::sync::Arc::new(tokio_rustls::rustls::crypto::ring::default_provider());
-    let config = tokio_rustls::rustls::ClientConfig::builder_with_provider(provider)
-        .with_safe_default_protocol_versions()
-        .unwrap()
-        .with_root_certificates(roots)
-        .with_no_client_auth();
-    let connector = tokio_rustls::TlsConnector::from(std::sync::Arc::new(config));
+    let connector = tls_server.connector(Vec::new());
     // One HTTP/1.1 request over its own TLS connection; the response head, lower-cased.
     let request = |method: &'static str, path: String, body: &'static str| {
         let (connector, address, port) = (connector.clone(), address.clone(), port.clone());

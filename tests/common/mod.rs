@@ -123,3 +123,59 @@ pub fn client() -> reqwest::Client {
 pub fn header<'a>(response: &'a reqwest::Response, name: &str) -> Option<&'a str> {
     response.headers().get(name).and_then(|v| v.to_str().ok())
 }
+
+/// A server speaking TLS for `localhost`, with a fresh self-signed certificate.
+pub struct TlsServer {
+    pub server: Server,
+    /// The certificate as PEM, for clients and mirrors to trust.
+    pub cert_path: std::path::PathBuf,
+    cert: rcgen::CertifiedKey,
+    _dir: tempfile::TempDir,
+}
+
+impl TlsServer {
+    /// Starts a server with `args` plus `--tls-cert` and `--tls-key`.
+    pub fn start(args: &[&str]) -> TlsServer {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let cert = rcgen::generate_simple_self_signed(vec!["localhost".to_string()])
+            .expect("self-signed certificate");
+        let cert_path = dir.path().join("cert.pem");
+        let key_path = dir.path().join("key.pem");
+        std::fs::write(&cert_path, cert.cert.pem()).expect("write cert");
+        std::fs::write(&key_path, cert.key_pair.serialize_pem()).expect("write key");
+        let mut all = args.to_vec();
+        all.extend([
+            "--tls-cert",
+            cert_path.to_str().expect("utf-8 path"),
+            "--tls-key",
+            key_path.to_str().expect("utf-8 path"),
+        ]);
+        TlsServer {
+            server: Server::start(&all),
+            cert_path,
+            cert,
+            _dir: dir,
+        }
+    }
+
+    /// A TLS client configuration that trusts this server, offering `alpn`.
+    pub fn connector(&self, alpn: Vec<Vec<u8>>) -> tokio_rustls::TlsConnector {
+        use tokio_rustls::rustls;
+        let mut roots = rustls::RootCertStore::empty();
+        roots.add(self.cert.cert.der().clone()).expect("trust root");
+        let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
+        let mut config = rustls::ClientConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .expect("protocol versions")
+            .with_root_certificates(roots)
+            .with_no_client_auth();
+        config.alpn_protocols = alpn;
+        tokio_rustls::TlsConnector::from(std::sync::Arc::new(config))
+    }
+
+    /// `https://localhost:PORT`, the name the certificate is for.
+    pub fn https_base(&self) -> String {
+        let port = self.server.base.rsplit(':').next().expect("a port");
+        format!("https://localhost:{port}")
+    }
+}
