@@ -764,6 +764,33 @@ async fn wait_for_status(http: &reqwest::Client, url: &str, status: u16) {
     }
 }
 
+/// The flags of a mirror of the upstream's bucket that keeps its copy in `data`, so that it can
+/// be killed and started again.
+fn durable_bucket_mirror(data: &Path, upstream: &Server) -> Vec<String> {
+    vec![
+        "--data-dir".into(),
+        data.to_str().unwrap().into(),
+        "--mirror-from".into(),
+        upstream.url(&format!("/{BUCKET}")),
+    ]
+}
+
+fn strs(args: &[String]) -> Vec<&str> {
+    args.iter().map(String::as_str).collect()
+}
+
+/// Starts a mirror with `args`, waits until its `streams` match the upstream's, and SIGKILLs it.
+async fn mirror_then_kill(
+    http: &reqwest::Client,
+    upstream: &Server,
+    args: &[String],
+    streams: &[&str],
+) {
+    let mirror = Server::start(&strs(args));
+    wait_until_mirrored(http, upstream, &mirror, streams).await;
+    mirror.kill();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stream_deleted_upstream_while_a_bucket_mirror_is_down_is_removed_when_it_returns() {
     let dir = tempfile::tempdir().unwrap();
@@ -775,15 +802,8 @@ async fn a_stream_deleted_upstream_while_a_bucket_mirror_is_down_is_removed_when
         let url = upstream.url(&format!("/{BUCKET}/{stream}"));
         assert_eq!(put(&http, &url, "text/plain", "one;").await.status(), 201);
     }
-    let args = [
-        "--data-dir",
-        data.to_str().unwrap(),
-        "--mirror-from",
-        &upstream.url(&format!("/{BUCKET}")),
-    ];
-    let mirror = Server::start(&args);
-    wait_until_mirrored(&http, &upstream, &mirror, &["doomed", "kept"]).await;
-    mirror.kill();
+    let args = durable_bucket_mirror(&data, &upstream);
+    mirror_then_kill(&http, &upstream, &args, &["doomed", "kept"]).await;
 
     let doomed = upstream.url(&format!("/{BUCKET}/doomed"));
     assert_eq!(http.delete(&doomed).send().await.unwrap().status(), 204);
@@ -795,7 +815,7 @@ async fn a_stream_deleted_upstream_while_a_bucket_mirror_is_down_is_removed_when
     )
     .await;
 
-    let mirror = Server::start(&args);
+    let mirror = Server::start(&strs(&args));
     wait_until_mirrored(&http, &upstream, &mirror, &["kept"]).await;
     wait_for_status(&http, &mirror.url(&format!("/{BUCKET}/doomed")), 404).await;
 }
@@ -817,15 +837,8 @@ async fn a_stream_recreated_upstream_while_a_bucket_mirror_is_down_is_rebuilt_an
         201
     );
     assert_eq!(put(&http, &other, "text/plain", "o1;").await.status(), 201);
-    let args = [
-        "--data-dir",
-        data.to_str().unwrap(),
-        "--mirror-from",
-        &upstream.url(&format!("/{BUCKET}")),
-    ];
-    let mirror = Server::start(&args);
-    wait_until_mirrored(&http, &upstream, &mirror, &["reborn", "other"]).await;
-    mirror.kill();
+    let args = durable_bucket_mirror(&data, &upstream);
+    mirror_then_kill(&http, &upstream, &args, &["reborn", "other"]).await;
 
     // A new stream under the old name, with as many records as the mirror's cursor and longer
     // ones: nothing about the cursor alone tells the mirror its copy is stale.
@@ -837,7 +850,7 @@ async fn a_stream_recreated_upstream_while_a_bucket_mirror_is_down_is_rebuilt_an
         201
     );
 
-    let mirror = Server::start(&args);
+    let mirror = Server::start(&strs(&args));
     wait_until_mirrored(&http, &upstream, &mirror, &["reborn", "other"]).await;
     // It goes on following the new stream, and the rest of the bucket.
     append(&http, &reborn, "text/plain", "Y4;").await;
