@@ -303,7 +303,10 @@ async fn follow_once(
             WsMessage::Close(_) => return Ok(Ended::Closed),
             _ => continue,
         };
-        match Message::parse(&text).map_err(|e| MirrorError::BadMessage(e.to_string()))? {
+        let Some(message) = known_message(&text)? else {
+            continue;
+        };
+        match message {
             Message::State(state) => mirror.apply_state(&state).await?,
             Message::Frame(frame) => {
                 // Apply a run of frames in one commit: take whatever else has already arrived.
@@ -314,9 +317,10 @@ async fn follow_once(
                     else {
                         break;
                     };
-                    match Message::parse(&next)
-                        .map_err(|e| MirrorError::BadMessage(e.to_string()))?
-                    {
+                    let Some(message) = known_message(&next)? else {
+                        continue;
+                    };
+                    match message {
                         Message::Frame(frame) => {
                             mirror.note_upstream_tail(&frame);
                             records.push((frame.event.stream_id.clone(), record_of(&frame.event)?))
@@ -340,6 +344,19 @@ async fn follow_once(
         }
     }
     Ok(Ended::Closed)
+}
+
+/// A message from the upstream; `None` for a type this mirror does not know, which a newer
+/// upstream may send and which is skipped rather than ending the session.
+fn known_message(text: &str) -> Result<Option<Message>, MirrorError> {
+    match Message::parse(text) {
+        Ok(message) => Ok(Some(message)),
+        Err(streamld::MessageError::UnknownType(kind)) => {
+            tracing::debug!(kind = %kind, "skipping a replication message of an unknown type");
+            Ok(None)
+        }
+        Err(e) => Err(MirrorError::BadMessage(e.to_string())),
+    }
 }
 
 fn record_of(event: &streamld::EventEnvelope) -> Result<Record, MirrorError> {
@@ -585,6 +602,16 @@ impl Mirror<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_message_of_an_unknown_type_is_skipped_and_a_malformed_one_refused() {
+        let unknown = r#"{"@type": "runnel:SomethingNewer", "stream": "http://h/b/s"}"#;
+        assert!(known_message(unknown).unwrap().is_none());
+        let gap = r#"{"@type": "GapSignal", "oldestAvailable": 3}"#;
+        assert!(matches!(known_message(gap), Ok(Some(Message::Gap(_)))));
+        assert!(known_message("not json").is_err());
+        assert!(known_message(r#"{"@type": "GapSignal", "oldestAvailable": "x"}"#).is_err());
+    }
 
     #[test]
     fn upstream_urls_name_a_bucket_or_one_of_its_streams() {
