@@ -439,6 +439,57 @@ async fn a_mirror_follows_live_resumes_after_crashes_and_rebuilds_after_a_gap() 
 }
 
 #[tokio::test]
+async fn the_sse_binding_keeps_a_quiet_connection_alive_ends_at_its_max_duration_and_answers_204_once_closed()
+ {
+    // Tests run with a 500 ms long-poll timeout, which bounds the keep-alive interval.
+    let server = Server::start(&["--memory", "--sse-max-duration-secs", "2"]);
+    let http = client();
+    create_bucket(&http, &server).await;
+    let stream = server.url(&format!("/{BUCKET}/quiet"));
+    assert_eq!(put(&http, &stream, "text/plain", "a;").await.status(), 201);
+    let started = std::time::Instant::now();
+    let response = http
+        .get(format!("{stream}/streamld"))
+        .header("last-event-id", "1")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 200);
+    let mut body = response.bytes_stream();
+    let mut seen = String::new();
+    let ended = tokio::time::timeout(Duration::from_secs(10), async {
+        while let Some(chunk) = futures::StreamExt::next(&mut body).await {
+            seen.push_str(std::str::from_utf8(&chunk.unwrap()).unwrap());
+        }
+    })
+    .await;
+    assert!(ended.is_ok(), "the body ends at --sse-max-duration-secs");
+    assert!(started.elapsed() >= Duration::from_secs(2));
+    assert!(seen.contains(": keep-alive\n\n"), "{seen:?}");
+    assert!(!seen.contains("id:"), "nothing after cursor 1: {seen:?}");
+
+    let closed = http
+        .post(&stream)
+        .header("content-type", "text/plain")
+        .header("stream-closed", "true")
+        .send()
+        .await
+        .unwrap();
+    assert!(closed.status().is_success(), "{}", closed.status());
+    let done = http
+        .get(format!("{stream}/streamld"))
+        .header("last-event-id", "1")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(
+        done.status(),
+        204,
+        "a closed stream read to its end: stop reconnecting"
+    );
+}
+
+#[tokio::test]
 async fn the_sse_binding_sends_one_event_per_record_resumes_and_signals_gaps() {
     let server = Server::start(&["--memory"]);
     let http = client();

@@ -19,13 +19,19 @@ use crate::service::{ReadChunk, Wake};
 /// How often an idle connection gets a control event, so proxies and clients see it is alive.
 const KEEPALIVE: Duration = Duration::from_secs(15);
 
+/// How long a live SSE body may stay quiet before it gets a keep-alive, and when it ends
+/// (`--sse-max-duration-secs`); the client then reconnects from its last event.
+pub(super) fn live_timing(app: &AppState) -> (Duration, Instant) {
+    let keepalive = KEEPALIVE.min(app.config.long_poll_timeout.max(Duration::from_millis(100)));
+    (keepalive, Instant::now() + app.config.sse_max_duration)
+}
+
 pub fn respond(app: &AppState, read: Read) -> Response {
     let base64 = read.view == View::Canonical && sse_needs_base64(&read.stream.content_type);
     let envelope = read.view == View::Records(RecordView::Envelope);
     let json = read.stream.json;
     let service = app.service.clone();
-    let deadline = Instant::now() + app.config.sse_max_duration;
-    let keepalive = KEEPALIVE.min(app.config.long_poll_timeout.max(Duration::from_millis(100)));
+    let (keepalive, deadline) = live_timing(app);
 
     let mut tail = service.watch_tail(&read.stream, keepalive, Some(deadline));
     let events = async_stream::stream! {

@@ -28,7 +28,7 @@ use crate::model::Offset;
 use crate::model::access::Operation;
 use crate::model::names;
 use crate::model::streamld::{self, GapSignal, Message, SnapshotRef, StreamDeleted, StreamState};
-use crate::service::{Principal, ReplicatedState, Stream, StreamError};
+use crate::service::{Principal, ReplicatedState, Stream, StreamError, Wake};
 
 /// Messages queued per session before its pumps wait for the replica.
 const SESSION_QUEUE: usize = 256;
@@ -451,12 +451,17 @@ pub async fn sse(
         )
             .into_response());
     }
+    if durable.closed && after == durable.tail.seq {
+        // Nothing will ever follow: 204 tells an EventSource to stop reconnecting.
+        return Ok(StatusCode::NO_CONTENT.into_response());
+    }
     let service = app.service.clone();
+    let (keepalive, deadline) = super::sse::live_timing(app);
+    let mut tail = service.watch_tail(&stream, keepalive, Some(deadline));
     let events = async_stream::stream! {
         let mut next = after;
-        let mut watch = stream.subscribe();
         loop {
-            let durable = *watch.borrow_and_update();
+            let durable = stream.durable();
             if durable.removed {
                 return;
             }
@@ -483,10 +488,17 @@ pub async fn sse(
                 }
                 next = chunk.next.seq;
                 yield Ok::<Bytes, std::io::Error>(Bytes::from(out));
+                tail.sent();
                 continue;
             }
-            if durable.closed || watch.changed().await.is_err() {
+            if durable.closed {
                 return;
+            }
+            match tail.next(durable.tail).await {
+                Wake::Moved(_) => {}
+                // A comment line: EventSource ignores it, proxies see the connection alive.
+                Wake::Idle => yield Ok(Bytes::from_static(b": keep-alive\n\n")),
+                Wake::Ended => return,
             }
         }
     };
