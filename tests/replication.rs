@@ -439,6 +439,46 @@ async fn a_mirror_follows_live_resumes_after_crashes_and_rebuilds_after_a_gap() 
 }
 
 #[tokio::test]
+async fn a_new_mirror_of_a_trimmed_stream_starts_at_the_retained_start_without_a_rebuild() {
+    let http = client();
+    let upstream = Server::start(&["--memory"]);
+    create_bucket(&http, &upstream).await;
+    let trimmed = upstream.url(&format!("/{BUCKET}/trimmed"));
+    assert_eq!(
+        put(&http, &trimmed, "text/plain", "a;b;").await.status(),
+        201
+    );
+    let head = http.head(&trimmed).send().await.unwrap();
+    let tail = header(&head, "stream-next-offset").unwrap().to_string();
+    for step in ["snapshot", "retention"] {
+        let r = http
+            .put(format!("{trimmed}/{step}/{tail}"))
+            .body("a;b;")
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 204, "{step}");
+    }
+    append(&http, &trimmed, "text/plain", "c;").await;
+
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("mirror.log");
+    let mirror = Server::start_logged(
+        &[
+            "--memory",
+            "--mirror-from",
+            &upstream.url(&format!("/{BUCKET}")),
+        ],
+        &log,
+    );
+    wait_until_mirrored(&http, &upstream, &mirror, &["trimmed"]).await;
+    append(&http, &trimmed, "text/plain", "d;").await;
+    wait_until_mirrored(&http, &upstream, &mirror, &["trimmed"]).await;
+    let logged = std::fs::read_to_string(&log).unwrap();
+    assert!(!logged.contains("rebuilding"), "{logged}");
+}
+
+#[tokio::test]
 async fn the_sse_binding_keeps_a_quiet_connection_alive_ends_at_its_max_duration_and_answers_204_once_closed()
  {
     // Tests run with a 500 ms long-poll timeout, which bounds the keep-alive interval.

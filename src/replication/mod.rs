@@ -542,6 +542,25 @@ impl Mirror<'_> {
 
     /// Starts the mirror of `url` over from the upstream's last state: at its retained start,
     /// with its snapshot (fetched first: readers keep the old copy meanwhile).
+    /// The mirror of `url`, when it can go on from its own tail after a gap: its tail is among
+    /// the records the upstream still holds. So it is for a new mirror of a trimmed stream: the
+    /// join went out before the copy existed (cursor 0, behind the upstream's start), and the
+    /// copy was then made at the upstream's retained start.
+    async fn resumable(&self, url: &str) -> Result<Option<Arc<Stream>>, MirrorError> {
+        let Some(state) = self.states.get(url) else {
+            return Ok(None);
+        };
+        match self.service.find(&self.key_of(url)?, false).await {
+            Ok(stream) => {
+                let tail = stream.durable().tail.seq;
+                let held = state.retained_from.seq..=state.tail.seq;
+                Ok(held.contains(&tail).then_some(stream))
+            }
+            Err(StreamError::NotFound) => Ok(None),
+            Err(e) => Err(e.into()),
+        }
+    }
+
     async fn rebuild_from_upstream(&self, url: &str) -> Result<Arc<Stream>, MirrorError> {
         let key = self.key_of(url)?;
         let Some(state) = self.states.get(url) else {
@@ -586,8 +605,16 @@ impl Mirror<'_> {
     /// upstream's retained start (its snapshot covers what came before), and join again there.
     async fn rebuild(&mut self, gap: GapSignal, sink: &mut Sink) -> Result<(), MirrorError> {
         let url = gap.stream.clone().unwrap_or_else(|| self.upstream.url());
-        tracing::info!(stream = %url, oldest_available = ?gap.oldest_available, "gap: rebuilding the mirror from the upstream");
-        let stream = self.rebuild_from_upstream(&url).await?;
+        let stream = match self.resumable(&url).await? {
+            Some(stream) => {
+                tracing::info!(stream = %url, "gap: the mirror's tail is within what the upstream holds; joining again from it");
+                stream
+            }
+            None => {
+                tracing::info!(stream = %url, oldest_available = ?gap.oldest_available, "gap: rebuilding the mirror from the upstream");
+                self.rebuild_from_upstream(&url).await?
+            }
+        };
         let join = SubscriptionRequest {
             stream: url,
             after: Some(stream.durable().tail.seq),
