@@ -72,7 +72,6 @@ pub async fn base_stream_request(app: &AppState, request: Request) -> Response {
 pub async fn stream_request(app: &AppState, key: String, request: Request) -> Response {
     let (parts, body) = request.into_parts();
     let (method, uri, headers) = (parts.method, &parts.uri, &parts.headers);
-    let origin = Origin::of(headers, uri, &parts.extensions);
     let query = uri.query();
     let advertise =
         matches!(method, Method::GET | Method::HEAD) && names::bucket_of(&key).is_some();
@@ -80,7 +79,17 @@ pub async fn stream_request(app: &AppState, key: String, request: Request) -> Re
     // branch, and the append, by far the most frequent, would otherwise carry (and copy into
     // its box) the read's and the create's state too.
     let result = match method {
-        Method::PUT => Box::pin(create(app, key.clone(), &origin, uri, headers, body)).await,
+        Method::PUT => {
+            Box::pin(create(
+                app,
+                key.clone(),
+                uri,
+                headers,
+                &parts.extensions,
+                body,
+            ))
+            .await
+        }
         Method::POST => append(app, &key, headers, body).await,
         Method::GET => Box::pin(read(app, &key, query, headers)).await,
         Method::HEAD => Box::pin(head(app, &key)).await,
@@ -90,6 +99,8 @@ pub async fn stream_request(app: &AppState, key: String, request: Request) -> Re
     };
     let mut response = result.unwrap_or_else(|failure| failure.into_response_at(uri));
     if advertise && response.status().is_success() {
+        // Worked out here, not up front: appends, the bulk of requests, never need it.
+        let origin = Origin::of(headers, uri, &parts.extensions);
         set(
             &mut response,
             "link",
@@ -151,9 +162,9 @@ fn fork_source_key(value: &str) -> Result<String, Rejection> {
 async fn create(
     app: &AppState,
     name: String,
-    origin: &Origin,
     uri: &Uri,
     headers: &HeaderMap,
+    extensions: &axum::http::Extensions,
     body: Body,
 ) -> Handled {
     let ttl_secs = request::header(headers, "stream-ttl")?
@@ -234,7 +245,11 @@ async fn create(
         set(
             &mut response,
             "location",
-            &format!("{}{}", origin.http(), uri.path()),
+            &format!(
+                "{}{}",
+                Origin::of(headers, uri, extensions).http(),
+                uri.path()
+            ),
         );
     }
     Ok(response)
