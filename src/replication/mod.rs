@@ -540,8 +540,6 @@ impl Mirror<'_> {
         Ok(())
     }
 
-    /// Starts the mirror of `url` over from the upstream's last state: at its retained start,
-    /// with its snapshot (fetched first: readers keep the old copy meanwhile).
     /// The mirror of `url`, when it can go on from its own tail after a gap: its tail is among
     /// the records the upstream still holds. So it is for a new mirror of a trimmed stream: the
     /// join went out before the copy existed (cursor 0, behind the upstream's start), and the
@@ -561,6 +559,8 @@ impl Mirror<'_> {
         }
     }
 
+    /// Starts the mirror of `url` over from the upstream's last state: at its retained start,
+    /// with its snapshot (fetched first: readers keep the old copy meanwhile).
     async fn rebuild_from_upstream(&self, url: &str) -> Result<Arc<Stream>, MirrorError> {
         let key = self.key_of(url)?;
         let Some(state) = self.states.get(url) else {
