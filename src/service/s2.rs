@@ -5,6 +5,7 @@
 use std::collections::HashSet;
 use std::sync::Arc;
 
+use serde::Deserialize as _;
 use serde_json::{Value, json};
 
 use super::stream::State;
@@ -85,7 +86,7 @@ fn config_value(config: &StreamConfig) -> Value {
 
 fn stream_config(value: Option<&Value>) -> StreamConfig {
     value
-        .and_then(|v| serde_json::from_value(v.clone()).ok())
+        .and_then(|v| StreamConfig::deserialize(v).ok())
         .unwrap_or_default()
 }
 
@@ -94,7 +95,7 @@ fn stream_config(value: Option<&Value>) -> StreamConfig {
 pub fn parse_config<T: serde::de::DeserializeOwned + s2::CheckedConfig>(
     value: &Value,
 ) -> StreamResult<T> {
-    let config: T = serde_json::from_value(value.clone())
+    let config = T::deserialize(value)
         .map_err(|e| StreamError::BadRequest(format!("invalid config: {e}")))?;
     config
         .check()
@@ -116,10 +117,15 @@ impl StreamService {
         }
     }
 
-    /// The basin's S2 configuration.
+    /// The basin's S2 configuration. Every records request asks for it, so it looks up the one
+    /// bucket and nothing else (no count of its streams, no copy of its stored JSON).
     pub fn basin_config(&self, basin: &str) -> StreamResult<BasinConfig> {
-        let info = self.bucket_info(basin)?;
-        Ok(info
+        let registry = self.lock_registry();
+        let meta = registry
+            .buckets
+            .get(basin)
+            .ok_or(StreamError::BucketNotFound)?;
+        Ok(meta
             .s2_config
             .as_ref()
             .map(parse_config)
