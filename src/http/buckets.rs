@@ -37,9 +37,10 @@ pub async fn bucket(
             }
             Method::GET | Method::HEAD => {
                 let info = app.service.bucket_info(&bucket)?;
+                let streams = app.service.bucket_stream_count(&bucket)?;
                 let body = json!({
                     "bucket_id": bucket,
-                    "streams": info.streams,
+                    "streams": streams,
                     "created_at_ms": info.created_ms,
                 });
                 let mut response = json_response(StatusCode::OK, body.to_string());

@@ -12,8 +12,6 @@ use crate::storage::Change;
 pub struct BucketInfo {
     pub created_ms: i64,
     pub s2_config: Option<serde_json::Value>,
-    /// Streams in the bucket that clients can see.
-    pub streams: usize,
 }
 
 /// One stream as a bucket listing shows it.
@@ -71,23 +69,31 @@ impl StreamService {
         Ok(Creation::New)
     }
 
+    /// The bucket's own facts; `BucketNotFound` doubles as the existence check. It touches no
+    /// stream: S2 requests ask it on every call.
     pub fn bucket_info(&self, bucket: &str) -> StreamResult<BucketInfo> {
-        let (meta, members) = {
-            let registry = self.lock_registry();
-            let meta = registry
-                .buckets
-                .get(bucket)
-                .cloned()
-                .ok_or(StreamError::BucketNotFound)?;
-            (meta, members(&registry, bucket))
-        };
-        let now = now_ms();
-        let streams = members.iter().filter(|s| visible(s, now)).count();
+        let registry = self.lock_registry();
+        let meta = registry
+            .buckets
+            .get(bucket)
+            .ok_or(StreamError::BucketNotFound)?;
         Ok(BucketInfo {
             created_ms: meta.created_ms,
-            s2_config: meta.s2_config,
-            streams,
+            s2_config: meta.s2_config.clone(),
         })
+    }
+
+    /// How many of the bucket's streams clients can see. It looks at every one of them.
+    pub fn bucket_stream_count(&self, bucket: &str) -> StreamResult<usize> {
+        let members = {
+            let registry = self.lock_registry();
+            if !registry.buckets.contains_key(bucket) {
+                return Err(StreamError::BucketNotFound);
+            }
+            members(&registry, bucket)
+        };
+        let now = now_ms();
+        Ok(members.iter().filter(|s| visible(s, now)).count())
     }
 
     /// Deletes an empty bucket. Streams kept only for their forks still count: their data lives on.
