@@ -27,8 +27,8 @@ use crate::model::headers::format_timestamp;
 use crate::model::s2::{self, BasinConfig, EventId, Format, StreamConfig};
 use crate::model::{Offset, names};
 use crate::service::{
-    CheckedAppend, Creation, Ensured, Principal, S2Append, S2Batch, S2Limits, S2Position, S2Record,
-    S2Start, Stream, StreamError, StreamSummary, now_ms,
+    CheckedAppend, Creation, Ensured, Principal, S2Ack, S2Append, S2Batch, S2Limits, S2Position,
+    S2Record, S2Start, Stream, StreamError, StreamSummary, now_ms,
 };
 
 /// How often an idle SSE session hears a `ping`.
@@ -199,16 +199,25 @@ fn bad(code: &str, message: impl std::fmt::Display) -> S2Error {
 }
 
 fn json_response(status: StatusCode, body: Value) -> Response {
-    (
-        status,
-        [(header::CONTENT_TYPE, "application/json")],
-        body.to_string(),
-    )
-        .into_response()
+    json_text_response(status, body.to_string())
+}
+
+fn json_text_response(status: StatusCode, body: String) -> Response {
+    (status, [(header::CONTENT_TYPE, "application/json")], body).into_response()
 }
 
 fn position_json(position: S2Position) -> Value {
     json!({ "seq_num": position.seq_num, "timestamp": position.timestamp })
+}
+
+/// An `AppendAck` as JSON, written out directly: every JSON append answers with one, and
+/// building it as a `Value` allocated four maps per append.
+fn ack_json(ack: &S2Ack) -> String {
+    let (s, e, t) = (ack.start, ack.end, ack.tail);
+    format!(
+        r#"{{"start":{{"seq_num":{},"timestamp":{}}},"end":{{"seq_num":{},"timestamp":{}}},"tail":{{"seq_num":{},"timestamp":{}}}}}"#,
+        s.seq_num, s.timestamp, e.seq_num, e.timestamp, t.seq_num, t.timestamp
+    )
 }
 
 /// Refuses what the caller's token does not allow (for resources named in a request body,
@@ -332,5 +341,29 @@ fn limit_of(query: &Query) -> Result<usize, S2Error> {
                 }
             })
             .map_err(|_| bad("bad_query", "limit must be an integer")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_append_ack_written_by_hand_is_the_json_of_its_three_positions() {
+        let at = |seq_num, timestamp| S2Position { seq_num, timestamp };
+        let ack = S2Ack {
+            start: at(7, 1_700_000_000_000),
+            end: at(9, 1_700_000_000_001),
+            tail: at(u64::MAX, 0),
+        };
+        let parsed: Value = serde_json::from_str(&ack_json(&ack)).expect("ack is JSON");
+        assert_eq!(
+            parsed,
+            json!({
+                "start": position_json(ack.start),
+                "end": position_json(ack.end),
+                "tail": position_json(ack.tail),
+            })
+        );
     }
 }

@@ -204,10 +204,7 @@ async fn append(
     if wants_protobuf(headers) {
         return Ok(s2s::protobuf_response(&s2s::ack_message(&ack)));
     }
-    Ok(json_response(
-        StatusCode::OK,
-        json!({ "start": position_json(ack.start), "end": position_json(ack.end), "tail": position_json(ack.tail) }),
-    ))
+    Ok(json_text_response(StatusCode::OK, ack_json(&ack)))
 }
 
 /// A JSON `AppendInput`, its bytes decoded per `s2-format`.
