@@ -7,7 +7,7 @@
 //! messages. A replica that stops reading for longer than `SEND_TIMEOUT` is disconnected; it
 //! resumes from its persisted cursor when it reconnects.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -19,7 +19,7 @@ use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
 use futures::{SinkExt, StreamExt};
 use serde_json::Value;
-use tokio::sync::mpsc;
+use tokio::sync::{broadcast, mpsc};
 use tokio_util::sync::CancellationToken;
 
 use super::AppState;
@@ -272,20 +272,33 @@ async fn bucket_pump(
     bucket: String,
     cursors: std::collections::BTreeMap<String, u64>,
 ) {
-    let mut changes = app.service.streams_changed();
+    // Subscribed before the first look at the bucket, so no stream slips between the two.
+    let mut appearing = app.service.streams_appearing();
     // One pump per stream incarnation (internal id): a stream recreated under the same name is a
     // new stream, followed from its start; a pump that ended (gap, deletion) is not restarted
     // here; the replica subscribes again when it is ready.
     let mut pumps: HashMap<u64, Pump> = HashMap::new();
     let prefix = names::bucket_prefix(&bucket);
+    let mut follow = |id: u64, key: &str, after: u64| {
+        pumps.entry(id).or_insert_with(|| {
+            Pump::spawn(stream_pump(
+                app.clone(),
+                queue.clone(),
+                origin.clone(),
+                key.to_string(),
+                after,
+            ))
+        });
+    };
     // The replica holds a cursor for every stream it has; those gone from the bucket since (it
     // was away when they were deleted) are deleted on the replica too, before anything else.
     let streams = app.service.bucket_streams(&bucket);
+    let present: HashSet<&str> = streams.iter().map(|s| &*s.name).collect();
     for name in cursors.keys() {
         let Ok(key) = names::stream_key_in(&bucket, name) else {
             continue;
         };
-        if !streams.iter().any(|s| *s.name == *key) {
+        if !present.contains(key.as_str()) {
             let stream = streamld::stream_iri(&origin, &key);
             if queue
                 .send(Message::Deleted(StreamDeleted { stream }))
@@ -296,29 +309,29 @@ async fn bucket_pump(
             }
         }
     }
-    let mut joined = true;
+    for stream in &streams {
+        let after = cursors
+            .get(&stream.name[prefix.len()..])
+            .copied()
+            .unwrap_or(0);
+        follow(stream.id, &stream.name, after);
+    }
+    drop(streams);
+    // Streams that appear later are followed from their start.
     loop {
-        for stream in app.service.bucket_streams(&bucket) {
-            if pumps.contains_key(&stream.id) {
-                continue;
+        match appearing.recv().await {
+            Ok(appeared) if appeared.name.starts_with(&prefix) => {
+                follow(appeared.id, &appeared.name, 0);
             }
-            let id = &stream.name[prefix.len()..];
-            let after = if joined {
-                cursors.get(id).copied().unwrap_or(0)
-            } else {
-                0
-            };
-            let pump = Pump::spawn(stream_pump(
-                app.clone(),
-                queue.clone(),
-                origin.clone(),
-                stream.name.to_string(),
-                after,
-            ));
-            pumps.insert(stream.id, pump);
+            Ok(_) => {}
+            Err(broadcast::error::RecvError::Lagged(_)) => {
+                for stream in app.service.bucket_streams(&bucket) {
+                    follow(stream.id, &stream.name, 0);
+                }
+            }
+            Err(broadcast::error::RecvError::Closed) => break,
         }
-        joined = false;
-        if changes.changed().await.is_err() || queue.is_closed() {
+        if queue.is_closed() {
             break;
         }
     }

@@ -42,7 +42,7 @@ pub use cache::CacheLimits;
 pub use error::{StreamError, StreamResult};
 pub use fork::ForkRequest;
 pub use read::{ReadChunk, TailWatch, Wake};
-pub use replication::{MirrorStart, ReplicatedState};
+pub use replication::{Appeared, MirrorStart, ReplicatedState};
 pub use s2::{
     CheckedAppend, S2Ack, S2Append, S2Batch, S2Limits, S2Position, S2Record, S2Start,
     parse_config as parse_s2_config,
@@ -88,8 +88,9 @@ pub struct StreamService {
     /// Bounds the commits queued in the engine; a permit is held until its commit is durable.
     commit_permits: Arc<Semaphore>,
     cache_budget: Arc<cache::CacheBudget>,
-    /// Bumped whenever a stream is created or removed, for bucket replication sessions.
-    streams_changed: tokio::sync::watch::Sender<u64>,
+    /// Every stream that comes into being (created, or swapped in by a mirror's rebuild), for
+    /// bucket replication sessions: they start following it without rescanning their bucket.
+    appeared: tokio::sync::broadcast::Sender<Appeared>,
     /// Cancelled when the server starts shutting down: live waits end at once.
     shutdown: CancellationToken,
     /// Set just before `shutdown` is cancelled: what a live reader checks on every event, where
@@ -208,7 +209,7 @@ impl StreamService {
             next_id: AtomicU64::new(recovered.next_id),
             commit_permits: Arc::new(Semaphore::new(config.max_inflight_commits)),
             cache_budget: cache::CacheBudget::new(config.cache),
-            streams_changed: tokio::sync::watch::Sender::new(0),
+            appeared: tokio::sync::broadcast::Sender::new(replication::APPEARED_BACKLOG),
             shutdown: CancellationToken::new(),
             stopping: Arc::new(AtomicBool::new(false)),
             tokens: Mutex::new(tokens::TokenRegistry::new(recovered.tokens)),
@@ -342,7 +343,8 @@ impl StreamService {
             return match commit.await {
                 Ok(()) => {
                     stream.publish(|d| d.ready = true);
-                    self.streams_changed.send_modify(|v| *v += 1);
+                    // No session listening is not an error.
+                    let _ = self.appeared.send(Appeared::of(&stream));
                     let info = self.info(&stream);
                     let body_start = plan.as_ref().map_or(0, |p| p.tail().seq);
                     Ok(CreateOutcome {
@@ -605,7 +607,6 @@ impl StreamService {
             commit.await?;
             if removal == Removal::Hard {
                 stream.publish(|d| d.removed = true);
-                self.streams_changed.send_modify(|v| *v += 1);
                 self.release_source(stream).await;
             }
             Ok(Some(removal))

@@ -6,12 +6,32 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
 use bytes::Bytes;
-use tokio::sync::watch;
+use tokio::sync::broadcast;
 
 use super::{CreateRequest, Stream, StreamError, StreamResult, StreamService};
 use crate::model::stream::SnapshotInfo;
 use crate::model::{Offset, Record, names};
-use crate::storage::Change;
+use crate::storage::{Change, StreamId};
+
+/// How many stream arrivals a bucket replication session may fall behind before it must look
+/// at the whole bucket again.
+pub const APPEARED_BACKLOG: usize = 1024;
+
+/// A stream that came into being: created, or swapped in by a mirror's rebuild.
+#[derive(Clone, Debug)]
+pub struct Appeared {
+    pub id: StreamId,
+    pub name: Arc<str>,
+}
+
+impl Appeared {
+    pub(super) fn of(stream: &Stream) -> Appeared {
+        Appeared {
+            id: stream.id,
+            name: stream.name.clone(),
+        }
+    }
+}
 
 /// Where a new mirror starts: at its upstream's retained start, so every offset matches, with
 /// the upstream's snapshot (its description and blob) standing for what came before.
@@ -75,9 +95,10 @@ impl StreamService {
         }
     }
 
-    /// Wakes on every stream creation and removal.
-    pub fn streams_changed(&self) -> watch::Receiver<u64> {
-        self.streams_changed.subscribe()
+    /// Hears of every stream from now on that comes into being. A receiver that falls more
+    /// than [`APPEARED_BACKLOG`] behind is told it lagged, and should look at the registry again.
+    pub fn streams_appearing(&self) -> broadcast::Receiver<Appeared> {
+        self.appeared.subscribe()
     }
 
     /// The streams of a bucket that clients can see, by key.
@@ -331,7 +352,7 @@ impl StreamService {
             old.lock().removed = true;
         }
         old.publish(|d| d.removed = true);
-        self.streams_changed.send_modify(|v| *v += 1);
+        let _ = self.appeared.send(Appeared::of(&new));
         Ok(new)
     }
 
