@@ -12,6 +12,7 @@ use serde_json::{Value, json};
 use super::buckets::json_response;
 use super::ds::{advertise_records, method_not_allowed, set_record_bounds};
 use super::error::{self, Failure, Handled, empty, set};
+use super::gather::Gather;
 use super::origin::Origin;
 use super::request::{self, Query, Rejection};
 use super::{AppState, text_error};
@@ -249,7 +250,7 @@ async fn bootstrap(app: &AppState, key: &str, query: Option<&str>) -> Handled {
         }
         let mut at = start;
         while at.seq < tail.seq {
-            let chunk = match service.read_at(&parts_stream, at, Some(tail.seq - at.seq)).await {
+            let chunk = match service.read_history_at(&parts_stream, at, Some(tail.seq - at.seq)).await {
                 Ok(chunk) if !chunk.records.is_empty() => chunk,
                 Ok(_) => break,
                 Err(e) => {
@@ -258,9 +259,18 @@ async fn bootstrap(app: &AppState, key: &str, query: Option<&str>) -> Handled {
                     return;
                 }
             };
-            for record in chunk.records.into_iter().filter(|r| !r.command) {
-                yield Ok(record_header.clone());
-                yield Ok(record.body);
+            // One frame per chunk rather than two per record: small parts are copied together.
+            let parts = || chunk.records.iter().filter(|r| !r.command);
+            let mut gather = Gather::sized_for(
+                parts().map(|r| r.body.len()),
+                parts().count() * record_header.len(),
+            );
+            for record in parts() {
+                gather.push_slice(&record_header);
+                gather.push(&record.body);
+            }
+            for piece in gather.finish() {
+                yield Ok(piece);
             }
             at = chunk.next;
         }

@@ -105,6 +105,16 @@ impl Pieces {
     }
 }
 
+/// The pieces themselves, for a body that streams them among other frames.
+impl IntoIterator for Pieces {
+    type Item = Bytes;
+    type IntoIter = std::collections::vec_deque::IntoIter<Bytes>;
+
+    fn into_iter(self) -> Self::IntoIter {
+        self.pieces.into_iter()
+    }
+}
+
 impl Body for Pieces {
     type Data = Bytes;
     type Error = Infallible;

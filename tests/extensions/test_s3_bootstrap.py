@@ -104,6 +104,26 @@ def test_s3_2_bootstrap_binary_parts_are_untouched(c, bucket):
         assert part.body == msg, f"message {i} changed: {msg[:40]!r} -> {part.body[:40]!r}"
 
 
+def test_s3_2_bootstrap_keeps_every_part_whole_and_in_order_across_large_messages_and_reads(c, bucket):
+    """Large messages and runs of small ones, more than one internal read's worth (several MiB):
+    every part comes back whole, in order, however the server frames the body."""
+    path = spath(bucket, "mixed")
+    create_stream(c, path, OCTET)
+    rng = random.Random(SEED)
+    msgs = []
+    for i in range(7):
+        msgs.append(bytes([i]) * (1024 * 1024))          # large: sent as stored
+        msgs += [bytes(rng.randrange(256) for _ in range(rng.randrange(1, 300)))
+                 for _ in range(20)]                        # small: copied together
+        msgs.append(bytes([255 - i]) * (16 * 1024 + i))   # just above the copy threshold
+    append_all(c, path, msgs)
+    r, parts = bootstrap(c, path)
+    assert parts[0].body == b""
+    assert len(parts) == 1 + len(msgs)
+    for i, (part, msg) in enumerate(zip(parts[1:], msgs)):
+        assert part.body == msg, f"message {i} ({len(msg)} bytes) came back as {len(part.body)}"
+
+
 def test_s3_2_bootstrap_json_stream_has_one_value_per_part(c, bucket):
     path = spath(bucket, "j")
     create_stream(c, path, JSON_CT, body=[{"a": 1}, {"b": [1, 2]}])
