@@ -9,7 +9,7 @@ use runnel::model::json::{self, EmptyArray};
 use runnel::model::record::lay_out;
 use runnel::model::sse::data_event;
 use runnel::model::{Offset, ReadFrom};
-use runnel::storage::codec::{decode_record, encode_record};
+use runnel::storage::codec::{decode_stored, encode_record, encode_run, runs};
 
 fn offsets(c: &mut Criterion) {
     let mut group = c.benchmark_group("offset");
@@ -61,7 +61,24 @@ fn record_encoding(c: &mut Criterion) {
         b.iter(|| encode_record(black_box(&record)))
     });
     group.bench_function("decode 256 B", |b| {
-        b.iter(|| decode_record(7, black_box(encoded.clone())))
+        b.iter(|| decode_stored(7, black_box(encoded.clone())))
+    });
+    group.finish();
+
+    // An append-batch of 512 frames: encoded into runs, and one run decoded.
+    let bodies = vec![Bytes::from(vec![b'x'; 256]); 512];
+    let batch = lay_out(Offset::new(0, 0), 1_764_000_000_000, bodies);
+    let run = runs(&batch).next().expect("one run at least");
+    let last = run.last().expect("a run is never empty").seq;
+    let encoded = Bytes::from(encode_run(run));
+    let mut group = c.benchmark_group("run");
+    group.throughput(Throughput::Bytes(512 * 256));
+    group.bench_function("encode 512 x 256 B", |b| {
+        b.iter(|| runs(black_box(&batch)).map(encode_run).count())
+    });
+    group.throughput(Throughput::Bytes(encoded.len() as u64));
+    group.bench_function("decode one run", |b| {
+        b.iter(|| decode_stored(last, black_box(encoded.clone())))
     });
     group.finish();
 }

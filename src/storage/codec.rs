@@ -1,7 +1,7 @@
 //! The on-disk encoding of keys and values.
 //!
-//! Keys are big-endian so one stream's records sort together by `seq`. Record values carry a
-//! version byte so the layout can evolve. Producer states, written with every producer's append,
+//! Keys are big-endian so one stream's records sort together by `seq`. A value holds one record
+//! or a run of consecutive ones, and starts with a version byte so the layout can evolve. Producer states, written with every producer's append,
 //! are a small fixed binary layout (earlier versions wrote JSON, which still reads); metadata is
 //! JSON, which tolerates added fields.
 
@@ -76,16 +76,87 @@ pub fn decode_trim(value: &[u8]) -> Result<(u64, u64), StorageError> {
     Ok((u64::from_be_bytes(*before), u64::from_be_bytes(purged)))
 }
 
-/// Layout: version, flags, pos (8), timestamp (8), arrival (8), header count (4), then per header
-/// name length (4), name, value length (4), value; then the body to the end.
+/// A value holding one record: version, then the record's fields (see [`put_fields`]) and its
+/// body to the end of the value. Keyed by the record's seq.
+///
+/// A value holding a run of records with consecutive seqs, written by one commit: version, the
+/// first record's seq (8), the record count (4), then per record its fields, body length (4) and
+/// body. Keyed by the run's last seq, so a range scan from any seq starts at the run holding it
+/// and a trim deletes exactly the runs that end below it. A 512-frame append-batch is then a
+/// few inserts into the engine instead of 512.
+const RUN_VERSION: u8 = 3;
+
+/// A run closes once its records take this many encoded bytes, which bounds what a read of one
+/// record in it loads and decodes.
+pub const RUN_BYTES: usize = 64 * 1024;
+
+/// Splits records into the runs stored as one value each: consecutive seqs, closed at
+/// [`RUN_BYTES`]. A record that is large on its own is a run by itself.
+pub fn runs(records: &[Record]) -> impl Iterator<Item = &[Record]> {
+    let mut rest = records;
+    std::iter::from_fn(move || {
+        let first = rest.first()?;
+        let mut bytes = encoded_len(first);
+        let mut len = 1;
+        while let Some(next) = rest.get(len) {
+            bytes += encoded_len(next);
+            if next.seq != rest[len - 1].seq.wrapping_add(1) || bytes > RUN_BYTES {
+                break;
+            }
+            len += 1;
+        }
+        let (run, after) = rest.split_at(len);
+        rest = after;
+        Some(run)
+    })
+}
+
+/// The key of a run: its stream and its last seq.
+pub fn run_key(id: StreamId, run: &[Record]) -> [u8; 16] {
+    record_key(id, run.last().map_or(0, |r| r.seq))
+}
+
+/// The stored value of a run from [`runs`]: the single-record layout for a lone record.
+pub fn encode_run(run: &[Record]) -> Vec<u8> {
+    let [first, ..] = run else {
+        return Vec::new();
+    };
+    if run.len() == 1 {
+        return encode_record(first);
+    }
+    let mut out = Vec::with_capacity(13 + run.iter().map(encoded_len).sum::<usize>());
+    out.push(RUN_VERSION);
+    out.extend_from_slice(&first.seq.to_be_bytes());
+    out.extend_from_slice(&(run.len() as u32).to_be_bytes());
+    for record in run {
+        put_fields(&mut out, record);
+        out.extend_from_slice(&(record.body.len() as u32).to_be_bytes());
+        out.extend_from_slice(&record.body);
+    }
+    out
+}
+
 pub fn encode_record(record: &Record) -> Vec<u8> {
-    let header_bytes: usize = record
+    let mut out = Vec::with_capacity(1 + encoded_len(record));
+    out.push(RECORD_VERSION);
+    put_fields(&mut out, record);
+    out.extend_from_slice(&record.body);
+    out
+}
+
+/// What a record takes in a run, near enough: its fields, a length and its body.
+fn encoded_len(record: &Record) -> usize {
+    let headers: usize = record
         .headers
         .iter()
         .map(|(n, v)| 8 + n.len() + v.len())
         .sum();
-    let mut out = Vec::with_capacity(30 + header_bytes + record.body.len());
-    out.push(RECORD_VERSION);
+    33 + headers + record.body.len()
+}
+
+/// Flags, pos (8), timestamp (8), arrival (8), header count (4), then per header name length
+/// (4), name, value length (4), value.
+fn put_fields(out: &mut Vec<u8>, record: &Record) {
     let flag = |set: bool, bit: u8| if set { bit } else { 0 };
     out.push(flag(record.starts_unit, FLAG_STARTS_UNIT) | flag(record.command, FLAG_COMMAND));
     out.extend_from_slice(&record.pos.to_be_bytes());
@@ -98,11 +169,38 @@ pub fn encode_record(record: &Record) -> Vec<u8> {
         out.extend_from_slice(&(value.len() as u32).to_be_bytes());
         out.extend_from_slice(value);
     }
-    out.extend_from_slice(&record.body);
-    out
 }
 
-pub fn decode_record(seq: u64, value: Bytes) -> Result<Record, StorageError> {
+/// The records of a stored value keyed by `key_seq`: one record, or a whole run. Bodies and
+/// headers are slices of `value`, not copies.
+pub fn decode_stored(key_seq: u64, value: Bytes) -> Result<Vec<Record>, StorageError> {
+    if value.first() != Some(&RUN_VERSION) {
+        return Ok(vec![decode_record(key_seq, value)?]);
+    }
+    let corrupt = || StorageError::Corrupt(format!("run ending at {key_seq} is malformed"));
+    let mut reader = Reader {
+        data: &value,
+        at: 1,
+    };
+    let first = reader.u64().ok_or_else(corrupt)?;
+    let count = reader.u32().ok_or_else(corrupt)?;
+    if count == 0 || first.checked_add(u64::from(count) - 1) != Some(key_seq) {
+        return Err(corrupt());
+    }
+    let mut records = Vec::with_capacity(count as usize);
+    for seq in first..=key_seq {
+        let mut record = read_fields(&mut reader, &value, RECORD_VERSION).ok_or_else(corrupt)?;
+        record.seq = seq;
+        record.body = reader.sized(&value).ok_or_else(corrupt)?;
+        records.push(record);
+    }
+    if reader.at != value.len() {
+        return Err(corrupt());
+    }
+    Ok(records)
+}
+
+fn decode_record(seq: u64, value: Bytes) -> Result<Record, StorageError> {
     let corrupt = || StorageError::Corrupt(format!("record {seq} is truncated or malformed"));
     let mut reader = Reader {
         data: &value,
@@ -114,30 +212,36 @@ pub fn decode_record(seq: u64, value: Bytes) -> Result<Record, StorageError> {
             "record {seq} has an unknown version"
         )));
     }
-    let flags = reader.take(1).ok_or_else(corrupt)?[0];
-    let pos = reader.u64().ok_or_else(corrupt)?;
-    let timestamp_ms = reader.u64().ok_or_else(corrupt)? as i64;
-    let arrival_ms = if version == RECORD_VERSION {
-        reader.u64().ok_or_else(corrupt)? as i64
-    } else {
+    let mut record = read_fields(&mut reader, &value, version).ok_or_else(corrupt)?;
+    record.seq = seq;
+    record.body = value.slice(reader.at..);
+    Ok(record)
+}
+
+/// The fields [`put_fields`] writes (without the arrival time in version 1), as a record with
+/// seq 0 and an empty body.
+fn read_fields(reader: &mut Reader, whole: &Bytes, version: u8) -> Option<Record> {
+    let flags = reader.take(1)?[0];
+    let pos = reader.u64()?;
+    let timestamp_ms = reader.u64()? as i64;
+    let arrival_ms = if version == RECORD_VERSION_WITHOUT_ARRIVAL {
         timestamp_ms
+    } else {
+        reader.u64()? as i64
     };
-    let count = reader.u32().ok_or_else(corrupt)?;
+    let count = reader.u32()?;
     let mut headers = Vec::new();
     for _ in 0..count {
-        let name = reader.sized(&value).ok_or_else(corrupt)?;
-        let header_value = reader.sized(&value).ok_or_else(corrupt)?;
-        headers.push((name, header_value));
+        headers.push((reader.sized(whole)?, reader.sized(whole)?));
     }
-    let body = value.slice(reader.at..);
-    Ok(Record {
-        seq,
+    Some(Record {
+        seq: 0,
         pos,
         timestamp_ms,
         arrival_ms,
         starts_unit: flags & FLAG_STARTS_UNIT != 0,
         headers,
-        body,
+        body: Bytes::new(),
         command: flags & FLAG_COMMAND != 0,
     })
 }
@@ -294,8 +398,28 @@ mod tests {
         }
 
         #[test]
+        fn runs_round_trip_whatever_their_split(
+            first in 0u64..u64::MAX / 2,
+            bodies in proptest::collection::vec(0usize..40_000, 1..12),
+        ) {
+            let bodies = bodies.into_iter().map(|len| Bytes::from(vec![7; len])).collect();
+            let records = crate::model::record::lay_out(
+                crate::model::Offset::new(first, first), 0, bodies);
+            let mut decoded = Vec::new();
+            for run in runs(&records) {
+                prop_assert!(run.len() == 1 || run.iter().map(encoded_len).sum::<usize>() <= RUN_BYTES);
+                let key_seq = record_seq(&run_key(9, run)).unwrap();
+                decoded.extend(decode_stored(key_seq, Bytes::from(encode_run(run))).unwrap());
+            }
+            prop_assert_eq!(decoded, records);
+        }
+
+        #[test]
         fn garbage_never_panics(value in any::<Vec<u8>>()) {
-            let _ = decode_record(0, Bytes::from(value.clone()));
+            let mut run = vec![RUN_VERSION];
+            run.extend_from_slice(&value);
+            let _ = decode_stored(u64::MAX, Bytes::from(run));
+            let _ = decode_stored(0, Bytes::from(value.clone()));
             let _ = decode_producer(&value);
         }
 
@@ -307,6 +431,37 @@ mod tests {
             let state = ProducerState { epoch, last_seq, records, earlier };
             prop_assert_eq!(decode_producer(&encode_producer(&state)).unwrap(), state);
         }
+    }
+
+    #[test]
+    fn a_run_breaks_at_a_gap_in_seqs_and_under_its_size_bound() {
+        let record = |seq: u64, len: usize| Record {
+            seq,
+            pos: seq,
+            timestamp_ms: 0,
+            arrival_ms: 0,
+            starts_unit: true,
+            headers: Vec::new(),
+            body: Bytes::from(vec![0; len]),
+            command: false,
+        };
+        let gap = [record(1, 1), record(2, 1), record(4, 1)];
+        let lens: Vec<usize> = runs(&gap).map(<[Record]>::len).collect();
+        assert_eq!(lens, [2, 1]);
+        let large = [
+            record(1, 10),
+            record(2, RUN_BYTES),
+            record(3, 10),
+            record(4, 10),
+        ];
+        let lens: Vec<usize> = runs(&large).map(<[Record]>::len).collect();
+        assert_eq!(lens, [1, 1, 2]);
+        let run = &large[2..];
+        assert_eq!(record_seq(&run_key(5, run)).unwrap(), 4);
+        assert!(
+            decode_stored(5, Bytes::from(encode_run(run))).is_err(),
+            "a run is checked against the key it is stored under"
+        );
     }
 
     #[test]

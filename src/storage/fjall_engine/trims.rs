@@ -11,8 +11,9 @@ use super::writer::Submission;
 use crate::storage::codec;
 use crate::storage::{StorageError, StreamId};
 
-/// The most trimmed records one group deletes. Deleting a key costs about a microsecond or two
-/// in the writer, so a chunk adds a few milliseconds at most to the appends sharing its group.
+/// The most stored values (a record, or a run of them) one group deletes. Deleting a key costs
+/// about a microsecond or two in the writer, so a chunk adds a few milliseconds at most to the
+/// appends sharing its group.
 pub(super) const PURGE_CHUNK: usize = 2048;
 
 /// Where each trimmed stream's trim stands, shared by the writer, readers and the purger.
@@ -58,7 +59,9 @@ pub(super) struct TrimTable {
 pub(super) struct Trim {
     /// Records with `seq < before` are trimmed: never read again.
     pub(super) before: u64,
-    /// Records with `seq < purged` are deleted too. Never above `before`.
+    /// Stored values (records and runs, keyed by their last seq) with a key below `purged` are
+    /// deleted too. Never above `before`; a run that reaches `before` stays whole, its records
+    /// below `before` hidden like any trimmed ones until a later trim passes its end.
     pub(super) purged: u64,
 }
 

@@ -10,7 +10,7 @@ use tokio::sync::oneshot;
 
 use super::trims::{PURGE_CHUNK, Trim, Trims};
 use super::{CommitStats, Keyspaces, NEXT_ID_KEY, SyncMode, io};
-use crate::storage::codec::{self, encode_record};
+use crate::storage::codec::{self, encode_run};
 use crate::storage::{Change, StorageError, StreamId};
 
 /// The most batches one sync may cover; bounds the latency of the first batch in a group.
@@ -176,12 +176,8 @@ impl Writer {
                     }
                 }
                 Change::PutRecords(id, records) => {
-                    for record in records {
-                        batch.insert(
-                            &ks.records,
-                            codec::record_key(*id, record.seq),
-                            encode_record(record),
-                        );
+                    for run in codec::runs(records) {
+                        batch.insert(&ks.records, codec::run_key(*id, run), encode_run(run));
                     }
                 }
                 Change::PutProducer(id, name, state) => {
