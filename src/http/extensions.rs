@@ -7,7 +7,7 @@ use axum::extract::{Path, State};
 use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, Uri, header};
 use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
-use serde_json::{Value, json};
+use serde_json::json;
 
 use super::buckets::json_response;
 use super::ds::{advertise_records, method_not_allowed, set_record_bounds};
@@ -20,7 +20,7 @@ use crate::model::batch::{self, FrameError};
 use crate::model::content_type::{self, DEFAULT_CONTENT_TYPE};
 use crate::model::headers::parse_canonical_u64;
 use crate::model::{Offset, attrs, names};
-use crate::service::{Bootstrap, Position};
+use crate::service::{AppendAck, Bootstrap, Position, StreamError, StreamResult};
 
 /// `/{bucket}/{stream}/{extension}`
 pub async fn extension(
@@ -325,37 +325,50 @@ async fn append_batch(app: &AppState, key: &str, headers: &HeaderMap, body: Body
         other => Rejection::bad_request(other.to_string()),
     })?;
     let results = app.service.append_batch(key, &content_type, frames).await?;
-    let acks: Vec<Value> = results
-        .iter()
-        .map(|result| match result {
+    Ok(json_response(StatusCode::OK, batch_results_json(&results)))
+}
+
+/// The JSON array of per-frame results. A success is written by hand: a 512-frame batch built
+/// and serialised 512 `Value` maps, a quarter of the request's CPU time. Failures are rare and
+/// go through `json!`.
+fn batch_results_json(results: &[StreamResult<AppendAck>]) -> String {
+    use std::fmt::Write;
+    let mut out = String::with_capacity(2 + results.len() * 96);
+    out.push('[');
+    for (i, result) in results.iter().enumerate() {
+        if i > 0 {
+            out.push(',');
+        }
+        match result {
+            // Offsets render as digits and `_`: nothing to escape.
             Ok(ack) => {
-                let mut ack_json =
-                    json!({ "status": 204, "stream_next_offset": ack.tail.to_string() });
+                let _ = write!(out, r#"{{"status":204,"stream_next_offset":"{}""#, ack.tail);
                 if ack.record_aware {
-                    ack_json["stream_record_start"] = json!(ack.records.0);
-                    ack_json["stream_record_next"] = json!(ack.records.1);
+                    let (start, next) = ack.records;
+                    let _ = write!(
+                        out,
+                        r#","stream_record_start":{start},"stream_record_next":{next}"#
+                    );
                 }
-                ack_json
+                out.push('}');
             }
             Err(e) => {
                 let (status, _) = error::describe(e);
-                let mut ack_json = json!({
+                let mut failure = json!({
                     "status": status.as_u16(),
                     "error_code": error::error_code(e),
                     "error": e.to_string(),
                 });
-                if let crate::service::StreamError::Closed { tail } = e {
-                    ack_json["stream_closed"] = json!(true);
-                    ack_json["stream_next_offset"] = json!(tail.to_string());
+                if let StreamError::Closed { tail } = e {
+                    failure["stream_closed"] = json!(true);
+                    failure["stream_next_offset"] = json!(tail.to_string());
                 }
-                ack_json
+                out.push_str(&failure.to_string());
             }
-        })
-        .collect();
-    Ok(json_response(
-        StatusCode::OK,
-        Value::Array(acks).to_string(),
-    ))
+        }
+    }
+    out.push(']');
+    out
 }
 
 async fn read_attrs(app: &AppState, key: &str) -> Handled {
@@ -382,4 +395,45 @@ async fn write_attrs(app: &AppState, key: &str, headers: &HeaderMap, body: Body)
     let attrs = attrs::parse(&body).map_err(|e| Rejection::bad_request(e.to_string()))?;
     app.service.set_attrs(key, attrs).await?;
     Ok(empty(StatusCode::NO_CONTENT))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::Value;
+
+    fn ack(record_aware: bool) -> AppendAck {
+        AppendAck {
+            tail: Offset::new(3, 300),
+            closed: false,
+            producer: None,
+            duplicate: false,
+            records: (2, 3),
+            record_aware,
+            timestamp_ms: 0,
+        }
+    }
+
+    #[test]
+    fn batch_results_are_one_json_array_with_a_result_per_frame_in_order() {
+        let closed = StreamError::Closed {
+            tail: Offset::new(9, 900),
+        };
+        let results = [Ok(ack(false)), Ok(ack(true)), Err(closed)];
+        let parsed: Value = serde_json::from_str(&batch_results_json(&results)).unwrap();
+        let tail = Offset::new(3, 300).to_string();
+        assert_eq!(
+            parsed,
+            json!([
+                {"status": 204, "stream_next_offset": tail},
+                {"status": 204, "stream_next_offset": tail,
+                 "stream_record_start": 2, "stream_record_next": 3},
+                {"status": 409, "error_code": "stream_closed",
+                 "error": results[2].as_ref().unwrap_err().to_string(),
+                 "stream_closed": true,
+                 "stream_next_offset": Offset::new(9, 900).to_string()},
+            ])
+        );
+        assert_eq!(batch_results_json(&[]), "[]");
+    }
 }
