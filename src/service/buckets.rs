@@ -72,15 +72,25 @@ impl StreamService {
     /// The bucket's own facts; `BucketNotFound` doubles as the existence check. It touches no
     /// stream: S2 requests ask it on every call.
     pub fn bucket_info(&self, bucket: &str) -> StreamResult<BucketInfo> {
+        self.with_bucket(bucket, |meta| {
+            Ok(BucketInfo {
+                created_ms: meta.created_ms,
+                s2_config: meta.s2_config.clone(),
+            })
+        })
+    }
+
+    /// Runs `f` on the bucket's metadata, under the registry lock: keep it short.
+    pub(super) fn with_bucket<T>(
+        &self,
+        bucket: &str,
+        f: impl FnOnce(&BucketMeta) -> StreamResult<T>,
+    ) -> StreamResult<T> {
         let registry = self.lock_registry();
-        let meta = registry
+        f(registry
             .buckets
             .get(bucket)
-            .ok_or(StreamError::BucketNotFound)?;
-        Ok(BucketInfo {
-            created_ms: meta.created_ms,
-            s2_config: meta.s2_config.clone(),
-        })
+            .ok_or(StreamError::BucketNotFound)?)
     }
 
     /// How many of the bucket's streams clients can see. It looks at every one of them.

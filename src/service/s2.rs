@@ -120,17 +120,10 @@ impl StreamService {
     /// The basin's S2 configuration. Every records request asks for it, so it looks up the one
     /// bucket and nothing else (no count of its streams, no copy of its stored JSON).
     pub fn basin_config(&self, basin: &str) -> StreamResult<BasinConfig> {
-        let registry = self.lock_registry();
-        let meta = registry
-            .buckets
-            .get(basin)
-            .ok_or(StreamError::BucketNotFound)?;
-        Ok(meta
-            .s2_config
-            .as_ref()
-            .map(parse_config)
-            .transpose()?
-            .unwrap_or_default())
+        self.with_bucket(basin, |meta| {
+            let config = meta.s2_config.as_ref().map(parse_config).transpose()?;
+            Ok(config.unwrap_or_default())
+        })
     }
 
     /// Finds an S2 stream, creating it first when the basin says so for this operation.

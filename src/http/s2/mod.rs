@@ -206,18 +206,42 @@ fn json_text_response(status: StatusCode, body: String) -> Response {
     (status, [(header::CONTENT_TYPE, "application/json")], body).into_response()
 }
 
-fn position_json(position: S2Position) -> Value {
-    json!({ "seq_num": position.seq_num, "timestamp": position.timestamp })
+/// S2's `StreamPosition` on the wire.
+#[derive(serde::Serialize)]
+struct PositionBody {
+    seq_num: u64,
+    timestamp: u64,
 }
 
-/// An `AppendAck` as JSON, written out directly: every JSON append answers with one, and
-/// building it as a `Value` allocated four maps per append.
+impl From<S2Position> for PositionBody {
+    fn from(p: S2Position) -> Self {
+        PositionBody {
+            seq_num: p.seq_num,
+            timestamp: p.timestamp,
+        }
+    }
+}
+
+/// S2's `AppendAck` on the wire. Serialised straight from the struct: every JSON append answers
+/// with one, and building it as a `Value` allocated four maps per append.
+#[derive(serde::Serialize)]
+struct AckBody {
+    start: PositionBody,
+    end: PositionBody,
+    tail: PositionBody,
+}
+
+fn position_json(position: S2Position) -> Value {
+    json!(PositionBody::from(position))
+}
+
 fn ack_json(ack: &S2Ack) -> String {
-    let (s, e, t) = (ack.start, ack.end, ack.tail);
-    format!(
-        r#"{{"start":{{"seq_num":{},"timestamp":{}}},"end":{{"seq_num":{},"timestamp":{}}},"tail":{{"seq_num":{},"timestamp":{}}}}}"#,
-        s.seq_num, s.timestamp, e.seq_num, e.timestamp, t.seq_num, t.timestamp
-    )
+    let body = AckBody {
+        start: ack.start.into(),
+        end: ack.end.into(),
+        tail: ack.tail.into(),
+    };
+    serde_json::to_string(&body).expect("numbers always serialise")
 }
 
 /// Refuses what the caller's token does not allow (for resources named in a request body,
@@ -349,7 +373,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn an_append_ack_written_by_hand_is_the_json_of_its_three_positions() {
+    fn an_append_ack_is_the_json_of_its_three_positions() {
         let at = |seq_num, timestamp| S2Position { seq_num, timestamp };
         let ack = S2Ack {
             start: at(7, 1_700_000_000_000),
@@ -360,10 +384,11 @@ mod tests {
         assert_eq!(
             parsed,
             json!({
-                "start": position_json(ack.start),
-                "end": position_json(ack.end),
-                "tail": position_json(ack.tail),
+                "start": {"seq_num": 7, "timestamp": 1_700_000_000_000u64},
+                "end": {"seq_num": 9, "timestamp": 1_700_000_000_001u64},
+                "tail": {"seq_num": u64::MAX, "timestamp": 0},
             })
         );
+        assert_eq!(position_json(ack.start), parsed["start"]);
     }
 }
