@@ -144,14 +144,18 @@ pub fn encode_record(record: &Record) -> Vec<u8> {
     out
 }
 
-/// What a record takes in a run, near enough: its fields, a length and its body.
+/// The bytes of a record in a run without its headers and body: flags, pos, timestamp, arrival,
+/// header count and body length.
+const FIXED_IN_RUN: usize = 33;
+
+/// What a record takes in a run: its fields, its headers, a length and its body.
 fn encoded_len(record: &Record) -> usize {
     let headers: usize = record
         .headers
         .iter()
         .map(|(n, v)| 8 + n.len() + v.len())
         .sum();
-    33 + headers + record.body.len()
+    FIXED_IN_RUN + headers + record.body.len()
 }
 
 /// Flags, pos (8), timestamp (8), arrival (8), header count (4), then per header name length
@@ -184,7 +188,13 @@ pub fn decode_stored(key_seq: u64, value: Bytes) -> Result<Vec<Record>, StorageE
     };
     let first = reader.u64().ok_or_else(corrupt)?;
     let count = reader.u32().ok_or_else(corrupt)?;
-    if count == 0 || first.checked_add(u64::from(count) - 1) != Some(key_seq) {
+    // Every record takes at least its fixed fields: a count beyond that is corrupt, and must not
+    // size an allocation.
+    let fits = value.len() / FIXED_IN_RUN;
+    if count == 0
+        || count as usize > fits
+        || first.checked_add(u64::from(count) - 1) != Some(key_seq)
+    {
         return Err(corrupt());
     }
     let mut records = Vec::with_capacity(count as usize);
@@ -431,6 +441,15 @@ mod tests {
             let state = ProducerState { epoch, last_seq, records, earlier };
             prop_assert_eq!(decode_producer(&encode_producer(&state)).unwrap(), state);
         }
+    }
+
+    #[test]
+    fn a_run_claiming_more_records_than_its_bytes_hold_is_corrupt() {
+        let mut run = vec![RUN_VERSION];
+        run.extend_from_slice(&0u64.to_be_bytes());
+        run.extend_from_slice(&u32::MAX.to_be_bytes());
+        let key_seq = u64::from(u32::MAX) - 1;
+        assert!(decode_stored(key_seq, Bytes::from(run)).is_err());
     }
 
     #[test]

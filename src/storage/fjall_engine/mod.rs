@@ -342,7 +342,8 @@ impl Engine for FjallEngine {
                 Some(guard) => {
                     let (key, value) = guard.into_inner().map_err(io)?;
                     let seq = codec::record_seq(&key)?;
-                    decode_stored(seq, Bytes::copy_from_slice(&value))?.pop()
+                    // Not copied: the record only tells the service its stream's tail, and goes.
+                    decode_stored(seq, Bytes::from_owner(value))?.pop()
                 }
                 None => None,
             };
