@@ -1,9 +1,10 @@
 //! The on-disk encoding of keys and values.
 //!
-//! Keys are big-endian so one stream's records sort together by `seq`. A value holds one record
-//! or a run of consecutive ones, and starts with a version byte so the layout can evolve. Producer states, written with every producer's append,
-//! are a small fixed binary layout (earlier versions wrote JSON, which still reads); metadata is
-//! JSON, which tolerates added fields.
+//! Keys are big-endian so one stream's records sort together by `seq`. A record value holds one
+//! record or a run of consecutive ones, and starts with a version byte so the layout can evolve.
+//! Producer states, written with every producer's append, are a small fixed binary layout
+//! (earlier versions wrote JSON, which still reads); metadata is JSON, which tolerates added
+//! fields.
 
 use bytes::Bytes;
 
@@ -76,9 +77,6 @@ pub fn decode_trim(value: &[u8]) -> Result<(u64, u64), StorageError> {
     Ok((u64::from_be_bytes(*before), u64::from_be_bytes(purged)))
 }
 
-/// A value holding one record: version, then the record's fields (see [`put_fields`]) and its
-/// body to the end of the value. Keyed by the record's seq.
-///
 /// A value holding a run of records with consecutive seqs, written by one commit: version, the
 /// first record's seq (8), the record count (4), then per record its fields, body length (4) and
 /// body. Keyed by the run's last seq, so a range scan from any seq starts at the run holding it
@@ -136,6 +134,8 @@ pub fn encode_run(run: &[Record]) -> Vec<u8> {
     out
 }
 
+/// A value holding one record: version, then the record's fields (see [`put_fields`]) and its
+/// body to the end of the value. Keyed by the record's seq.
 pub fn encode_record(record: &Record) -> Vec<u8> {
     let mut out = Vec::with_capacity(1 + encoded_len(record));
     out.push(RECORD_VERSION);
