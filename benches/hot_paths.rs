@@ -9,7 +9,7 @@ use runnel::model::json::{self, EmptyArray};
 use runnel::model::record::lay_out;
 use runnel::model::sse::data_event;
 use runnel::model::{Offset, ReadFrom};
-use runnel::storage::codec::{decode_stored, encode_record, encode_run, runs};
+use runnel::storage::codec::{decode_stored, encode_record, runs};
 
 fn offsets(c: &mut Criterion) {
     let mut group = c.benchmark_group("offset");
@@ -69,12 +69,16 @@ fn record_encoding(c: &mut Criterion) {
     let bodies = vec![Bytes::from(vec![b'x'; 256]); 512];
     let batch = lay_out(Offset::new(0, 0), 1_764_000_000_000, bodies);
     let run = runs(&batch).next().expect("one run at least");
-    let last = run.last().expect("a run is never empty").seq;
-    let encoded = Bytes::from(encode_run(run));
+    let last = run.records().last().expect("a run is never empty").seq;
+    let encoded = Bytes::from(run.encode());
     let mut group = c.benchmark_group("run");
     group.throughput(Throughput::Bytes(512 * 256));
     group.bench_function("encode 512 x 256 B", |b| {
-        b.iter(|| runs(black_box(&batch)).map(encode_run).count())
+        b.iter(|| {
+            runs(black_box(&batch))
+                .map(|run| run.encode().len())
+                .sum::<usize>()
+        })
     });
     group.throughput(Throughput::Bytes(encoded.len() as u64));
     group.bench_function("decode one run", |b| {

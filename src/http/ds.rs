@@ -277,7 +277,7 @@ async fn append(app: &AppState, name: &str, headers: &HeaderMap, body: Body) -> 
         request::header(headers, &header_names::PRODUCER_SEQ)?,
     )?;
     let close = hv::is_closed_flag(request::header(headers, &header_names::STREAM_CLOSED)?);
-    let content_type = request::header(headers, &header::CONTENT_TYPE)?.map(str::to_owned);
+    let content_type = request::header(headers, &header::CONTENT_TYPE)?;
     let body = request::body(headers, body, app.config.max_body_bytes).await?;
     if body.is_empty() && !close {
         return Err(Rejection::bad_request(
@@ -301,7 +301,7 @@ async fn append(app: &AppState, name: &str, headers: &HeaderMap, body: Body) -> 
         body,
         close,
         producer,
-        stream_seq: request::header(headers, &header_names::STREAM_SEQ)?.map(str::to_owned),
+        stream_seq: request::header(headers, &header_names::STREAM_SEQ)?,
         record_match,
     };
     let ack = app.service.append(name, request).await?;

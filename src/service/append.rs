@@ -19,12 +19,12 @@ use crate::storage::{Change, StorageError};
 
 /// An append (or close) request, with header syntax already checked by the face.
 #[derive(Clone, Debug, Default)]
-pub struct AppendRequest {
-    pub content_type: Option<String>,
+pub struct AppendRequest<'a> {
+    pub content_type: Option<&'a str>,
     pub body: Bytes,
     pub close: bool,
     pub producer: Option<ProducerClaim>,
-    pub stream_seq: Option<String>,
+    pub stream_seq: Option<&'a str>,
     /// `Stream-Record-Match`: append only if the record tail is this.
     pub record_match: Option<u64>,
 }
@@ -61,7 +61,7 @@ enum Decision {
 }
 
 impl StreamService {
-    pub async fn append(&self, name: &str, request: AppendRequest) -> StreamResult<AppendAck> {
+    pub async fn append(&self, name: &str, request: AppendRequest<'_>) -> StreamResult<AppendAck> {
         let stream = self.find(name, true).await?;
         Self::writable(&stream)?;
         self.engine.room()?;
@@ -142,7 +142,7 @@ impl StreamService {
             let mut producers = Vec::new();
             for (frame, bodies) in frames.into_iter().zip(parsed) {
                 let request = AppendRequest {
-                    content_type: Some(content_type.to_string()),
+                    content_type: Some(content_type),
                     body: frame,
                     ..Default::default()
                 };
@@ -232,7 +232,7 @@ fn parse_bodies(stream: &Stream, body: &Bytes) -> Result<Vec<Bytes>, String> {
 fn decide(
     stream: &Arc<Stream>,
     state: &mut State,
-    request: &AppendRequest,
+    request: &AppendRequest<'_>,
     bodies: Result<Vec<Bytes>, String>,
 ) -> StreamResult<Decision> {
     if state.removed {
@@ -279,7 +279,7 @@ fn decide(
     }
 
     if !request.body.is_empty() {
-        let given = request.content_type.as_deref().unwrap_or_default();
+        let given = request.content_type.unwrap_or_default();
         if !content_type::same_media_type(given, &stream.content_type) {
             return Err(StreamError::ContentTypeMismatch);
         }
@@ -327,7 +327,7 @@ fn decide(
     {
         return Err(StreamError::StreamSeqRegression {
             last: last.clone(),
-            received: received.clone(),
+            received: (*received).to_owned(),
         });
     }
 
@@ -341,7 +341,7 @@ fn decide(
     meta.tail = new_tail;
     meta.last_timestamp_ms = timestamp;
     if let Some(seq) = &request.stream_seq {
-        meta.extra_mut().last_stream_seq = Some(seq.clone());
+        meta.extra_mut().last_stream_seq = Some((*seq).to_owned());
     }
     if request.close {
         meta.closed = true;

@@ -54,9 +54,9 @@ impl Engine for GatedEngine {
     }
 }
 
-fn text(body: &str) -> AppendRequest {
+fn text(body: &str) -> AppendRequest<'static> {
     AppendRequest {
-        content_type: Some("text/plain".into()),
+        content_type: Some("text/plain"),
         body: Bytes::copy_from_slice(body.as_bytes()),
         ..Default::default()
     }

@@ -88,50 +88,67 @@ const RUN_VERSION: u8 = 3;
 /// record in it loads and decodes.
 pub const RUN_BYTES: usize = 64 * 1024;
 
+/// Consecutive records stored as one value, as [`runs`] splits them: never empty.
+#[derive(Clone, Copy, Debug)]
+pub struct Run<'a> {
+    first: &'a Record,
+    last: &'a Record,
+    records: &'a [Record],
+}
+
+impl<'a> Run<'a> {
+    pub fn records(&self) -> &'a [Record] {
+        self.records
+    }
+
+    /// The key the run is stored under: its stream and its last seq.
+    pub fn key(&self, id: StreamId) -> [u8; 16] {
+        record_key(id, self.last.seq)
+    }
+
+    /// The stored value: the single-record layout for a lone record.
+    pub fn encode(&self) -> Vec<u8> {
+        if self.records.len() == 1 {
+            return encode_record(self.first);
+        }
+        let mut out = Vec::with_capacity(13 + self.records.iter().map(encoded_len).sum::<usize>());
+        out.push(RUN_VERSION);
+        out.extend_from_slice(&self.first.seq.to_be_bytes());
+        out.extend_from_slice(&(self.records.len() as u32).to_be_bytes());
+        for record in self.records {
+            put_fields(&mut out, record);
+            out.extend_from_slice(&(record.body.len() as u32).to_be_bytes());
+            out.extend_from_slice(&record.body);
+        }
+        out
+    }
+}
+
 /// Splits records into the runs stored as one value each: consecutive seqs, closed at
 /// [`RUN_BYTES`]. A record that is large on its own is a run by itself.
-pub fn runs(records: &[Record]) -> impl Iterator<Item = &[Record]> {
+pub fn runs(records: &[Record]) -> impl Iterator<Item = Run<'_>> {
     let mut rest = records;
     std::iter::from_fn(move || {
-        let first = rest.first()?;
+        let (first, _) = rest.split_first()?;
+        let mut last = first;
         let mut bytes = encoded_len(first);
         let mut len = 1;
         while let Some(next) = rest.get(len) {
             bytes += encoded_len(next);
-            if next.seq != rest[len - 1].seq.wrapping_add(1) || bytes > RUN_BYTES {
+            if next.seq != last.seq.wrapping_add(1) || bytes > RUN_BYTES {
                 break;
             }
+            last = next;
             len += 1;
         }
-        let (run, after) = rest.split_at(len);
+        let (records, after) = rest.split_at(len);
         rest = after;
-        Some(run)
+        Some(Run {
+            first,
+            last,
+            records,
+        })
     })
-}
-
-/// The key of a run: its stream and its last seq.
-pub fn run_key(id: StreamId, run: &[Record]) -> [u8; 16] {
-    record_key(id, run.last().map_or(0, |r| r.seq))
-}
-
-/// The stored value of a run from [`runs`]: the single-record layout for a lone record.
-pub fn encode_run(run: &[Record]) -> Vec<u8> {
-    let [first, ..] = run else {
-        return Vec::new();
-    };
-    if run.len() == 1 {
-        return encode_record(first);
-    }
-    let mut out = Vec::with_capacity(13 + run.iter().map(encoded_len).sum::<usize>());
-    out.push(RUN_VERSION);
-    out.extend_from_slice(&first.seq.to_be_bytes());
-    out.extend_from_slice(&(run.len() as u32).to_be_bytes());
-    for record in run {
-        put_fields(&mut out, record);
-        out.extend_from_slice(&(record.body.len() as u32).to_be_bytes());
-        out.extend_from_slice(&record.body);
-    }
-    out
 }
 
 /// A value holding one record: version, then the record's fields (see [`put_fields`]) and its
@@ -417,9 +434,10 @@ mod tests {
                 crate::model::Offset::new(first, first), 0, bodies);
             let mut decoded = Vec::new();
             for run in runs(&records) {
-                prop_assert!(run.len() == 1 || run.iter().map(encoded_len).sum::<usize>() <= RUN_BYTES);
-                let key_seq = record_seq(&run_key(9, run)).unwrap();
-                decoded.extend(decode_stored(key_seq, Bytes::from(encode_run(run))).unwrap());
+                let held = run.records();
+                prop_assert!(held.len() == 1 || held.iter().map(encoded_len).sum::<usize>() <= RUN_BYTES);
+                let key_seq = record_seq(&run.key(9)).unwrap();
+                decoded.extend(decode_stored(key_seq, Bytes::from(run.encode())).unwrap());
             }
             prop_assert_eq!(decoded, records);
         }
@@ -465,7 +483,7 @@ mod tests {
             command: false,
         };
         let gap = [record(1, 1), record(2, 1), record(4, 1)];
-        let lens: Vec<usize> = runs(&gap).map(<[Record]>::len).collect();
+        let lens: Vec<usize> = runs(&gap).map(|run| run.records().len()).collect();
         assert_eq!(lens, [2, 1]);
         let large = [
             record(1, 10),
@@ -473,12 +491,12 @@ mod tests {
             record(3, 10),
             record(4, 10),
         ];
-        let lens: Vec<usize> = runs(&large).map(<[Record]>::len).collect();
+        let lens: Vec<usize> = runs(&large).map(|run| run.records().len()).collect();
         assert_eq!(lens, [1, 1, 2]);
-        let run = &large[2..];
-        assert_eq!(record_seq(&run_key(5, run)).unwrap(), 4);
+        let run = runs(&large).last().unwrap();
+        assert_eq!(record_seq(&run.key(5)).unwrap(), 4);
         assert!(
-            decode_stored(5, Bytes::from(encode_run(run))).is_err(),
+            decode_stored(5, Bytes::from(run.encode())).is_err(),
             "a run is checked against the key it is stored under"
         );
     }

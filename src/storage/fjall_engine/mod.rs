@@ -110,9 +110,9 @@ impl Drop for FjallEngine {
 pub struct CommitStats {
     pub batches: AtomicU64,
     pub groups: AtomicU64,
-    /// The most trimmed records one group deleted: what trimming added to the latency of every
-    /// append sharing that group.
-    pub most_records_purged: AtomicU64,
+    /// The most stored values (a record, or a run of them) one group deleted for trims: the
+    /// deletions trimming added to the latency of every append sharing that group.
+    pub most_values_purged: AtomicU64,
 }
 
 const NEXT_ID_KEY: &[u8] = b"next_id";
@@ -492,10 +492,10 @@ mod tests {
             engine.read(2, 0, at.seq, usize::MAX).await.unwrap().len() as u64,
             at.seq
         );
-        let most = engine.stats().most_records_purged.load(Ordering::Relaxed);
+        let most = engine.stats().most_values_purged.load(Ordering::Relaxed);
         assert!(
             most <= PURGE_CHUNK as u64,
-            "one group deleted {most} records; every append in it waited for that"
+            "one group deleted {most} stored values; every append in it waited for that"
         );
         // Structural bound above; this wall-clock one is generous (debug build, shared CPU).
         assert!(
@@ -574,7 +574,7 @@ mod tests {
                 (before - purged) as usize
             );
         }
-        let most = writer.stats.most_records_purged.load(Ordering::Relaxed);
+        let most = writer.stats.most_values_purged.load(Ordering::Relaxed);
         assert_eq!(most, chunk, "no group deleted more than one chunk");
         write(&writer, vec![purge(1)]);
         assert_eq!(stored_trim(&writer, 1), Some((before, before)), "done");

@@ -10,7 +10,7 @@ use tokio::sync::oneshot;
 
 use super::trims::{PURGE_CHUNK, Trim, Trims};
 use super::{CommitStats, Keyspaces, NEXT_ID_KEY, SyncMode, io};
-use crate::storage::codec::{self, encode_run};
+use crate::storage::codec;
 use crate::storage::{Change, StorageError, StreamId};
 
 /// The most batches one sync may cover; bounds the latency of the first batch in a group.
@@ -177,7 +177,7 @@ impl Writer {
                 }
                 Change::PutRecords(id, records) => {
                     for run in codec::runs(records) {
-                        batch.insert(&ks.records, codec::run_key(*id, run), encode_run(run));
+                        batch.insert(&ks.records, run.key(*id), run.encode());
                     }
                 }
                 Change::PutProducer(id, name, state) => {
@@ -231,7 +231,7 @@ impl Writer {
             purged += self.purge_chunk(id, group, &mut batch, &mut finished)?;
         }
         self.stats
-            .most_records_purged
+            .most_values_purged
             .fetch_max(purged, Ordering::Relaxed);
         let durability = match self.sync {
             SyncMode::Fsync => Some(PersistMode::SyncAll),
@@ -287,9 +287,9 @@ impl Writer {
         Ok(())
     }
 
-    /// Adds to `batch` the deletion of the next [`PURGE_CHUNK`] trimmed records of stream `id`,
-    /// from where the last chunk stopped, and the trim state that records the progress. Returns
-    /// how many records it deletes. When that finishes a stream that is gone, its id goes to
+    /// Adds to `batch` the deletion of the next [`PURGE_CHUNK`] stored values (records, or runs
+    /// of them) below stream `id`'s trim point, from where the last chunk stopped, and the trim
+    /// state that records the progress. Returns how many values it deletes. When that finishes a stream that is gone, its id goes to
     /// `finished`: its state is to be forgotten once the batch is committed.
     fn purge_chunk(
         &self,
@@ -348,7 +348,7 @@ impl Writer {
             self.trims.set(id, trim);
             batch.insert(&ks.trims, key, trim.encode());
         }
-        metrics::counter!("runnel_trimmed_records_deleted_total").increment(deleted as u64);
+        metrics::counter!("runnel_trim_deleted_values_total").increment(deleted as u64);
         Ok(deleted as u64)
     }
 }
