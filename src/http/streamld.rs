@@ -19,7 +19,7 @@ use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
 use futures::{SinkExt, StreamExt};
 use serde_json::Value;
-use tokio::sync::{broadcast, mpsc};
+use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
 use super::AppState;
@@ -273,7 +273,7 @@ async fn bucket_pump(
     cursors: std::collections::BTreeMap<String, u64>,
 ) {
     // Subscribed before the first look at the bucket, so no stream slips between the two.
-    let mut appearing = app.service.streams_appearing();
+    let mut appearing = app.service.streams_appearing_in(&bucket);
     // One pump per stream incarnation (internal id): a stream recreated under the same name is a
     // new stream, followed from its start; a pump that ended (gap, deletion) is not restarted
     // here; the replica subscribes again when it is ready.
@@ -318,18 +318,9 @@ async fn bucket_pump(
     }
     drop(streams);
     // Streams that appear later are followed from their start.
-    loop {
-        match appearing.recv().await {
-            Ok(appeared) if appeared.name.starts_with(&prefix) => {
-                follow(appeared.id, &appeared.name, 0);
-            }
-            Ok(_) => {}
-            Err(broadcast::error::RecvError::Lagged(_)) => {
-                for stream in app.service.bucket_streams(&bucket) {
-                    follow(stream.id, &stream.name, 0);
-                }
-            }
-            Err(broadcast::error::RecvError::Closed) => break,
+    while let Some(appeared) = appearing.next(&app.service).await {
+        for stream in appeared {
+            follow(stream.id, &stream.name, 0);
         }
         if queue.is_closed() {
             break;

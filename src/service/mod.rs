@@ -42,7 +42,7 @@ pub use cache::CacheLimits;
 pub use error::{StreamError, StreamResult};
 pub use fork::ForkRequest;
 pub use read::{ReadChunk, TailWatch, Wake};
-pub use replication::{Appeared, MirrorStart, ReplicatedState};
+pub use replication::{Appeared, AppearingIn, MirrorStart, ReplicatedState};
 pub use s2::{
     CheckedAppend, S2Ack, S2Append, S2Batch, S2Limits, S2Position, S2Record, S2Start,
     parse_config as parse_s2_config,

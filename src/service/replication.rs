@@ -84,6 +84,37 @@ pub struct ReplicatedState {
     pub created_ms: i64,
 }
 
+/// The streams that come into being in one bucket, from the moment the watch was made.
+pub struct AppearingIn {
+    arrivals: broadcast::Receiver<Appeared>,
+    bucket: String,
+    prefix: String,
+}
+
+impl AppearingIn {
+    /// Waits for streams to appear in the bucket: each one as it is created; or, when this watch
+    /// fell more than [`APPEARED_BACKLOG`] arrivals behind and so missed some, every stream the
+    /// bucket holds (a caller follows each stream once, by id). `None` once the service is gone.
+    pub async fn next(&mut self, service: &StreamService) -> Option<Vec<Appeared>> {
+        loop {
+            match self.arrivals.recv().await {
+                Ok(appeared) if appeared.name.starts_with(&self.prefix) => {
+                    return Some(vec![appeared]);
+                }
+                Ok(_) => {}
+                Err(broadcast::error::RecvError::Lagged(_)) => {
+                    // Arrivals still queued are in the look at the bucket below: listen again
+                    // from now on, before looking, so none is missed and none comes twice.
+                    self.arrivals = self.arrivals.resubscribe();
+                    let streams = service.bucket_streams(&self.bucket);
+                    return Some(streams.iter().map(|s| Appeared::of(s)).collect());
+                }
+                Err(broadcast::error::RecvError::Closed) => return None,
+            }
+        }
+    }
+}
+
 impl StreamService {
     /// Refuses writes to a stream that mirrors another server.
     pub(super) fn writable(stream: &Stream) -> StreamResult<()> {
@@ -95,10 +126,13 @@ impl StreamService {
         }
     }
 
-    /// Hears of every stream from now on that comes into being. A receiver that falls more
-    /// than [`APPEARED_BACKLOG`] behind is told it lagged, and should look at the registry again.
-    pub fn streams_appearing(&self) -> broadcast::Receiver<Appeared> {
-        self.appeared.subscribe()
+    /// Hears of every stream of `bucket` that comes into being from now on.
+    pub fn streams_appearing_in(&self, bucket: &str) -> AppearingIn {
+        AppearingIn {
+            arrivals: self.appeared.subscribe(),
+            bucket: bucket.to_string(),
+            prefix: names::bucket_prefix(bucket),
+        }
     }
 
     /// The streams of a bucket that clients can see, by key.

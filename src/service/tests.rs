@@ -775,3 +775,55 @@ async fn a_removal_whose_reason_no_longer_holds_under_the_stream_lock_removes_no
     assert!(matches!(removed, Some(Removal::Hard)));
     assert!(service.find("s", false).await.is_err());
 }
+
+#[tokio::test]
+async fn a_bucket_watch_that_fell_behind_is_given_the_whole_bucket_then_arrivals_again() {
+    let service =
+        StreamService::open(Arc::new(MemoryEngine::new()), ServiceConfig::default()).unwrap();
+    service.create_bucket("watched", None, None).await.unwrap();
+    service.create_bucket("other", None, None).await.unwrap();
+    let mut watch = service.streams_appearing_in("watched");
+    service
+        .create_s2_stream("other", "elsewhere", None, None)
+        .await
+        .unwrap();
+    service
+        .create_s2_stream("watched", "first", None, None)
+        .await
+        .unwrap();
+    let appeared = watch.next(&service).await.unwrap();
+    let names: Vec<&str> = appeared.iter().map(|a| &*a.name).collect();
+    assert_eq!(
+        names,
+        ["/watched/first"],
+        "streams of other buckets are skipped"
+    );
+
+    // More arrivals than the watch keeps while nobody reads it: it lagged.
+    let missed = replication::APPEARED_BACKLOG + 5;
+    for i in 0..missed {
+        service
+            .create_s2_stream("watched", &format!("s{i}"), None, None)
+            .await
+            .unwrap();
+    }
+    service
+        .create_s2_stream("other", "elsewhere-too", None, None)
+        .await
+        .unwrap();
+    let appeared = watch.next(&service).await.unwrap();
+    assert_eq!(appeared.len(), missed + 1, "every stream the bucket holds");
+    assert!(appeared.iter().all(|a| a.name.starts_with("/watched/")));
+
+    service
+        .create_s2_stream("watched", "after", None, None)
+        .await
+        .unwrap();
+    let next = watch.next(&service).await.unwrap();
+    let names: Vec<&str> = next.iter().map(|a| &*a.name).collect();
+    assert_eq!(
+        names,
+        ["/watched/after"],
+        "one arrival at a time again, none of the missed ones twice"
+    );
+}
