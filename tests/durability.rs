@@ -334,3 +334,29 @@ fn belongs_to(message: &str, writer: usize, json: bool) -> bool {
         message.starts_with(&format!("w{writer}-")) && message.ends_with(';')
     }
 }
+
+/// `--sync none` skips the fsync, not the write: what it acknowledged is in the OS, so a crash
+/// of Runnel alone (SIGKILL) loses none of it.
+#[tokio::test]
+async fn with_sync_none_acknowledged_appends_survive_sigkill() {
+    let dir = tempfile::tempdir().unwrap();
+    let http = client();
+    let data_dir = dir.path().to_str().unwrap();
+    let server = Server::start(&["--data-dir", data_dir, "--sync", "none"]);
+    let path = "/v1/stream/unsynced";
+    create(&http, &server, path, &[("content-type", "text/plain")], "").await;
+    for body in ["one;", "two;", "three;"] {
+        let response = http
+            .post(server.url(path))
+            .header("content-type", "text/plain")
+            .body(body)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status(), 204);
+    }
+    server.kill();
+
+    let server = Server::on_disk(dir.path());
+    assert_eq!(read_all(&http, &server, path).await, "one;two;three;");
+}

@@ -235,7 +235,9 @@ impl Writer {
             .fetch_max(purged, Ordering::Relaxed);
         let durability = match self.sync {
             SyncMode::Fsync => Some(PersistMode::SyncAll),
-            SyncMode::None => None,
+            // Out of the journal's buffer and into the OS at every commit: a crash of Runnel loses
+            // nothing acknowledged, a crash of the machine may.
+            SyncMode::None => Some(PersistMode::Buffer),
         };
         let started = std::time::Instant::now();
         let committed = batch.durability(durability).commit().map_err(io);
