@@ -205,10 +205,7 @@ impl StreamService {
         };
         let (tail, timestamp) = (last.next_offset(), last.timestamp_ms);
         let commit = {
-            let mut state = stream.lock();
-            if state.removed {
-                return Err(StreamError::NotFound);
-            }
+            let mut state = stream.lock_present()?;
             if records[0].offset() != state.meta.tail {
                 return Err(StreamError::Conflict(
                     "replicated records do not continue the mirror's tail",
@@ -231,11 +228,7 @@ impl StreamService {
         snapshot_blob: Option<Bytes>,
     ) -> StreamResult<()> {
         let (commit, changed) = {
-            let mut state = stream.lock();
-            if state.removed {
-                // Deleted since the caller found it: writing its metadata would bring it back.
-                return Err(StreamError::NotFound);
-            }
+            let mut state = stream.lock_present()?;
             let mut changes = Vec::new();
             let at_tail = state.meta.tail == upstream.tail;
             let mut changed = false;

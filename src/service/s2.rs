@@ -289,7 +289,7 @@ impl StreamService {
     ) -> StreamResult<Value> {
         let stream = self.find(key, false).await?;
         let (config, commit) = {
-            let mut state = stream.lock();
+            let mut state = stream.lock_present()?;
             let stored = state
                 .meta
                 .extra()
@@ -441,10 +441,10 @@ impl StreamService {
 
     /// Refuses a key other than the one the stream's records are sealed with; the first key used
     /// becomes the stream's key.
-    async fn check_key(&self, stream: &Stream, key: &RecordKey) -> StreamResult<()> {
+    pub(super) async fn check_key(&self, stream: &Stream, key: &RecordKey) -> StreamResult<()> {
         let fingerprint = key.fingerprint();
         let commit = {
-            let mut state = stream.lock();
+            let mut state = stream.lock_present()?;
             match &state.meta.extra().key_fingerprint {
                 Some(known) if *known == fingerprint => return Ok(()),
                 Some(_) => return Err(CipherError::DecryptionFailed.into()),
@@ -837,11 +837,7 @@ impl StreamService {
         at: Offset,
     ) -> StreamResult<()> {
         let commit = {
-            let mut state = stream.lock();
-            if state.removed {
-                // Deleted since the caller found it: writing its metadata would bring it back.
-                return Err(StreamError::NotFound);
-            }
+            let mut state = stream.lock_present()?;
             if at <= state.meta.retained_from {
                 return Ok(());
             }

@@ -83,7 +83,7 @@ impl StreamService {
         let at = self.retained_boundary(&stream, at).await?;
         let digest = digest(&content_type, &blob);
         let commit = {
-            let mut state = stream.lock();
+            let mut state = stream.lock_present()?;
             let current = state.meta.extra().snapshot.as_ref();
             if let Some(expected) = expected_digest
                 && current.is_none_or(|s| s.digest != expected)
@@ -160,7 +160,7 @@ impl StreamService {
         let stream = self.find(name, false).await?;
         Self::writable(&stream)?;
         let commit = {
-            let mut state = stream.lock();
+            let mut state = stream.lock_present()?;
             if state
                 .meta
                 .extra()
@@ -252,7 +252,7 @@ impl StreamService {
         let stream = self.find(name, false).await?;
         Self::writable(&stream)?;
         let commit = {
-            let mut state = stream.lock();
+            let mut state = stream.lock_present()?;
             if state.meta.extra().attrs == attrs {
                 return Ok(());
             }

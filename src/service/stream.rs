@@ -106,6 +106,16 @@ impl Stream {
             .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
+    /// Locks the state to change it, refusing a stream removed since it was looked up: storing
+    /// its metadata again would bring it back after a restart.
+    pub(super) fn lock_present(&self) -> Result<MutexGuard<'_, State>, super::StreamError> {
+        let state = self.lock();
+        if state.removed {
+            return Err(super::StreamError::NotFound);
+        }
+        Ok(state)
+    }
+
     pub fn durable(&self) -> Durable {
         self.durable.get()
     }

@@ -827,3 +827,33 @@ async fn a_bucket_watch_that_fell_behind_is_given_the_whole_bucket_then_arrivals
         "one arrival at a time again, none of the missed ones twice"
     );
 }
+
+#[tokio::test]
+async fn a_change_to_a_stream_deleted_since_it_was_found_does_not_bring_it_back() {
+    let engine: SharedEngine = Arc::new(MemoryEngine::new());
+    let service = StreamService::open(engine.clone(), ServiceConfig::default()).unwrap();
+    service.create(create_text("doomed")).await.unwrap();
+    service.append("doomed", text("record")).await.unwrap();
+    // Found by a request that a deletion then overtakes before it takes the stream's lock.
+    let found = service.find("doomed", false).await.unwrap();
+    service.delete("doomed").await.unwrap();
+
+    let key =
+        crate::model::cipher::RecordKey::from_base64(&format!("{}=", "A".repeat(43))).unwrap();
+    assert!(matches!(
+        service.check_key(&found, &key).await,
+        Err(StreamError::NotFound)
+    ));
+    assert!(matches!(
+        service.move_retention(&found, Offset::new(1, 6)).await,
+        Err(StreamError::NotFound)
+    ));
+    let reopened = StreamService::open(engine, ServiceConfig::default()).unwrap();
+    assert!(
+        matches!(
+            reopened.find("doomed", false).await,
+            Err(StreamError::NotFound)
+        ),
+        "deleted for good, after a restart too"
+    );
+}
