@@ -10,6 +10,10 @@ use super::{StreamError, StreamResult, StreamService};
 use crate::model::{Offset, Record};
 use crate::service::Stream;
 
+/// The most streams a fork chain holds, the root included. Reads, deletions and cascades walk
+/// the chain; the bound keeps each walk short and its nesting far from the stack's limit.
+pub const MAX_FORK_CHAIN: usize = 128;
+
 #[derive(Clone, Debug)]
 pub struct ForkRequest {
     pub source: String,
@@ -45,6 +49,13 @@ impl StreamService {
                 StreamError::Gone => StreamError::ForkSourceGone,
                 other => other,
             })?;
+        let chain = std::iter::successors(Some(&source), |s| s.source.as_ref()).count();
+        if chain >= MAX_FORK_CHAIN {
+            return Err(StreamError::BadRequest(format!(
+                "Stream-Forked-From: the source's fork chain holds {chain} streams, the most a chain \
+                 may hold; fork a stream nearer its root"
+            )));
+        }
         let anchor = match request.offset {
             Some(offset) => self.boundary(&source, offset).await.map_err(|e| match e {
                 StreamError::BadOffset(reason) => {

@@ -857,3 +857,41 @@ async fn a_change_to_a_stream_deleted_since_it_was_found_does_not_bring_it_back(
         "deleted for good, after a restart too"
     );
 }
+
+#[tokio::test]
+async fn a_fork_chain_stops_at_its_bound_and_deleting_it_whole_cascades_to_the_root() {
+    let engine: SharedEngine = Arc::new(MemoryEngine::new());
+    let service = StreamService::open(engine.clone(), ServiceConfig::default()).unwrap();
+    service.create(create_text("c0")).await.unwrap();
+    service.append("c0", text("root")).await.unwrap();
+    let fork_of = |n: usize| CreateRequest {
+        fork: Some(ForkRequest {
+            source: format!("c{}", n - 1),
+            offset: None,
+            sub_offset: 0,
+        }),
+        ..create_text(&format!("c{n}"))
+    };
+    for n in 1..fork::MAX_FORK_CHAIN {
+        service.create(fork_of(n)).await.unwrap();
+    }
+    let refused = service.create(fork_of(fork::MAX_FORK_CHAIN)).await;
+    assert!(
+        matches!(&refused, Err(StreamError::BadRequest(m)) if m.contains("fork chain")),
+        "{refused:?}"
+    );
+    assert!(matches!(
+        service
+            .find(&format!("c{}", fork::MAX_FORK_CHAIN), false)
+            .await,
+        Err(StreamError::NotFound)
+    ));
+
+    // Every stream but the last is kept by its fork: soft deletes, then one cascade.
+    for n in 0..fork::MAX_FORK_CHAIN {
+        service.delete(&format!("c{n}")).await.unwrap();
+    }
+    assert_eq!(service.counts().0, 0, "the whole chain is gone");
+    let reopened = StreamService::open(engine, ServiceConfig::default()).unwrap();
+    assert_eq!(reopened.counts().0, 0, "after a restart too");
+}
