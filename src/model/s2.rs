@@ -439,8 +439,12 @@ pub enum TimestampError {
     Required,
 }
 
+/// The latest timestamp a record can hold: records keep milliseconds since the epoch in an `i64`.
+pub const MAX_TIMESTAMP: u64 = i64::MAX as u64;
+
 /// The timestamp a record gets: the client's or the arrival time per the stream's mode, capped at
-/// the arrival time unless uncapped, and never below `floor` (the stream's latest timestamp).
+/// the arrival time unless uncapped, never below `floor` (the stream's latest timestamp), and at
+/// most [`MAX_TIMESTAMP`], so what an append acknowledges is what reads return.
 pub fn assign_timestamp(
     timestamping: &Timestamping,
     client: Option<u64>,
@@ -453,7 +457,7 @@ pub fn assign_timestamp(
         (_, Some(client)) if timestamping.uncapped.unwrap_or(false) => client,
         (_, Some(client)) => client.min(arrival),
     };
-    Ok(chosen.max(floor))
+    Ok(chosen.max(floor).min(MAX_TIMESTAMP))
 }
 
 /// The longest `s2-request-token` a create may carry.
@@ -623,6 +627,11 @@ mod tests {
             uncapped: Some(true),
         };
         assert_eq!(assign_timestamp(&uncapped, Some(500), 100, 0), Ok(500));
+        assert_eq!(
+            assign_timestamp(&uncapped, Some(u64::MAX), 100, 0),
+            Ok(MAX_TIMESTAMP),
+            "no later than a record can hold"
+        );
         let require = Timestamping {
             mode: Some(TimestampingMode::ClientRequire),
             uncapped: None,

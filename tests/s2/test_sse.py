@@ -257,6 +257,14 @@ def test_last_event_id_overrides_the_query_start(basin, five):
     assert event_id(batches(events)[-1]) == (4, 11, 999 + 2 * ONE)
 
 
+def test_last_event_id_totals_saturate_rather_than_wrap(basin, five):
+    top = 2**64 - 1
+    with basin.sse(five, headers={"last-event-id": f"0,{top},0"}, seq_num=0, bytes=2 * ONE) as s:
+        events = s.expect_ok().rest()
+    assert s2.seq_nums(batch_records(events)) == [1, 2]
+    assert event_id(batches(events)[-1]) == (2, top, 2 * ONE)
+
+
 @pytest.mark.parametrize("bad", ["x", "1", "1,2", "1,2,x", "-1,0,0", "a,b,c"])
 def test_malformed_last_event_id_is_400_bad_header(basin, five, bad):
     with basin.sse(five, headers={"last-event-id": bad}, seq_num=0) as s:

@@ -92,6 +92,15 @@ def test_uncapped_keeps_future_timestamps(basin):
     assert timestamps(basin, stream) == [future]
 
 
+def test_an_uncapped_timestamp_past_what_a_record_holds_is_acknowledged_as_stored(basin):
+    stream = stream_with(basin, "client-prefer", uncapped=True)
+    ack = basin.ack(stream, [rec("a", timestamp=2**64 - 1)])
+    latest = 2**63 - 1  # milliseconds since the epoch in a signed 64-bit integer
+    assert ack["end"]["timestamp"] == latest
+    assert ack["tail"]["timestamp"] == latest
+    assert timestamps(basin, stream) == [latest]
+
+
 def test_uncapped_can_be_turned_on_by_reconfiguration(c, basin, stream):
     s2.json_of(c.patch(s2.stream_path(stream), json={"timestamping": {"uncapped": True}},
                        headers=basin.headers()))

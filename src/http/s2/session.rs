@@ -67,8 +67,9 @@ pub(super) fn events(
             };
             let (limit_reached, at_tail) = (batch.limit_reached, batch.at_tail);
             if let Some(last) = batch.records.last() {
-                count += batch.records.len() as u64;
-                bytes += batch.metered;
+                // The totals start from the client's Last-Event-ID, which may be anything.
+                count = count.saturating_add(batch.records.len() as u64);
+                bytes = bytes.saturating_add(batch.metered);
                 remaining.count = remaining.count.map(|c| c.saturating_sub(batch.records.len() as u64));
                 remaining.bytes = remaining.bytes.map(|b| b.saturating_sub(batch.metered));
                 let id = EventId { last_seq: last.seq, count, bytes };
