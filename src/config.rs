@@ -15,6 +15,7 @@ pub const DEFAULT_LONG_POLL_TIMEOUT_MS: u64 = 30_000;
 pub const DEFAULT_MAX_BODY_BYTES: usize = 64 << 20;
 pub const DEFAULT_SSE_MAX_DURATION_SECS: u64 = 60;
 pub const DEFAULT_HEADER_READ_TIMEOUT_SECS: u64 = 10;
+pub const DEFAULT_BODY_IDLE_TIMEOUT_SECS: u64 = 30;
 pub const DEFAULT_MAX_HEADER_BYTES: usize = 64 << 10;
 pub const DEFAULT_MAX_CONNECTIONS: usize = 10_000;
 pub const DEFAULT_SHUTDOWN_TIMEOUT_SECS: u64 = 10;
@@ -86,6 +87,10 @@ pub struct ServeArgs {
     /// connection is kept open [default: 10].
     #[arg(long, env = "RUNNEL_HEADER_READ_TIMEOUT_SECS")]
     pub header_read_timeout_secs: Option<u64>,
+    /// How long a request body may send nothing before the request is refused with 408 (S2
+    /// append sessions excepted) [default: 30].
+    #[arg(long, env = "RUNNEL_BODY_IDLE_TIMEOUT_SECS")]
+    pub body_idle_timeout_secs: Option<u64>,
     /// Largest request head in bytes; larger ones get 431 [default: 65536].
     #[arg(long, env = "RUNNEL_MAX_HEADER_BYTES")]
     pub max_header_bytes: Option<usize>,
@@ -151,6 +156,7 @@ pub struct FileConfig {
     tls_cert: Option<PathBuf>,
     tls_key: Option<PathBuf>,
     header_read_timeout_secs: Option<u64>,
+    body_idle_timeout_secs: Option<u64>,
     max_header_bytes: Option<usize>,
     max_connections: Option<usize>,
     shutdown_timeout_secs: Option<u64>,
@@ -185,6 +191,7 @@ pub struct Settings {
     /// Certificate chain and key files, when serving TLS.
     pub tls: Option<TlsFiles>,
     pub header_read_timeout: Duration,
+    pub body_idle_timeout: Duration,
     pub max_header_bytes: usize,
     pub max_connections: usize,
     pub shutdown_timeout: Duration,
@@ -343,6 +350,12 @@ impl ServeArgs {
                     .unwrap_or(DEFAULT_HEADER_READ_TIMEOUT_SECS)
                     .clamp(1, u64::from(u32::MAX)),
             ),
+            body_idle_timeout: Duration::from_secs(
+                self.body_idle_timeout_secs
+                    .or(file.body_idle_timeout_secs)
+                    .unwrap_or(DEFAULT_BODY_IDLE_TIMEOUT_SECS)
+                    .clamp(1, u64::from(u32::MAX)),
+            ),
             max_header_bytes: self
                 .max_header_bytes
                 .or(file.max_header_bytes)
@@ -437,7 +450,7 @@ mod tests {
     #[test]
     fn huge_durations_are_bounded_so_deadlines_cannot_overflow() {
         let f = file(
-            "sse_max_duration_secs = 18446744073709551615\nheader_read_timeout_secs = 18446744073709551615\n",
+            "sse_max_duration_secs = 18446744073709551615\nheader_read_timeout_secs = 18446744073709551615\nbody_idle_timeout_secs = 18446744073709551615\n",
         );
         let settings = ServeArgs {
             config: Some(f.path().to_owned()),
@@ -448,6 +461,7 @@ mod tests {
         let now = tokio::time::Instant::now();
         assert!(now.checked_add(settings.sse_max_duration).is_some());
         assert!(now.checked_add(settings.header_read_timeout).is_some());
+        assert!(now.checked_add(settings.body_idle_timeout).is_some());
     }
 
     #[test]

@@ -84,6 +84,37 @@ async fn an_idle_keep_alive_connection_is_closed_after_the_header_timeout() {
 }
 
 #[tokio::test]
+async fn a_request_body_that_stalls_gets_408_the_connection_closes_and_nothing_is_appended() {
+    let server = Server::start(&["--memory", "--body-idle-timeout-secs", "1"]);
+    create(&server, "/v1/stream/stalled").await;
+    let mut stream = TcpStream::connect(addr(&server)).await.unwrap();
+    // Three bytes of the hundred it announces, then nothing.
+    stream
+        .write_all(
+            b"POST /v1/stream/stalled HTTP/1.1\r\nhost: x\r\n\
+              content-type: application/octet-stream\r\ncontent-length: 100\r\n\r\nabc",
+        )
+        .await
+        .unwrap();
+    let mut buffer = [0u8; 1024];
+    let n = tokio::time::timeout(Duration::from_secs(10), stream.read(&mut buffer))
+        .await
+        .expect("answered within the idle timeout and then some")
+        .unwrap();
+    let head = String::from_utf8_lossy(&buffer[..n]);
+    assert!(head.starts_with("HTTP/1.1 408"), "{head}");
+    assert!(head.contains("stalled"), "{head}");
+    assert!(closed_within(&mut stream, Duration::from_secs(5)).await);
+    let read = client()
+        .get(server.url("/v1/stream/stalled?offset=-1"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(read.status(), 200);
+    assert!(read.bytes().await.unwrap().is_empty(), "nothing appended");
+}
+
+#[tokio::test]
 async fn an_oversized_request_head_gets_431() {
     let server = Server::start(&["--memory", "--max-header-bytes", "16384"]);
     let response = client()

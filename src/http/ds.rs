@@ -218,7 +218,7 @@ async fn create(
         ttl_secs,
         expires_at_ms,
         closed: hv::is_closed_flag(request::header(headers, &header_names::STREAM_CLOSED)?),
-        body: request::body(headers, body, app.config.max_body_bytes).await?,
+        body: request::body(headers, body, app.config.body).await?,
         fork,
         attrs: request::header(headers, "stream-attrs")?
             .map(|v| attrs::parse(v.as_bytes()))
@@ -278,7 +278,7 @@ async fn append(app: &AppState, name: &str, headers: &HeaderMap, body: Body) -> 
     )?;
     let close = hv::is_closed_flag(request::header(headers, &header_names::STREAM_CLOSED)?);
     let content_type = request::header(headers, &header::CONTENT_TYPE)?;
-    let body = request::body(headers, body, app.config.max_body_bytes).await?;
+    let body = request::body(headers, body, app.config.body).await?;
     if body.is_empty() && !close {
         return Err(Rejection::bad_request(
             "an append needs a body (or Stream-Closed: true to close)",

@@ -144,7 +144,7 @@ async fn publish_snapshot(
         .unwrap_or(DEFAULT_CONTENT_TYPE)
         .to_string();
     let expected = request::header(headers, "stream-snapshot-match")?.map(str::to_owned);
-    let blob = request::body(headers, body, app.config.max_body_bytes).await?;
+    let blob = request::body(headers, body, app.config.body).await?;
     let (at, digest) = app
         .service
         .publish_snapshot(key, at, content_type, blob, expected.as_deref())
@@ -319,7 +319,12 @@ async fn append_batch(app: &AppState, key: &str, headers: &HeaderMap, body: Body
     let content_type = request::header(headers, "content-type")?
         .ok_or_else(|| Rejection::bad_request("append-batch needs a Content-Type"))?
         .to_string();
-    let body = request::body(headers, body, batch::MAX_BATCH_BYTES).await?;
+    let body = request::body(
+        headers,
+        body,
+        app.config.body.at_most(batch::MAX_BATCH_BYTES),
+    )
+    .await?;
     let frames = batch::parse_frames(&body).map_err(|e| match e {
         FrameError::TooMany => Rejection::too_large(e.to_string()),
         other => Rejection::bad_request(other.to_string()),
@@ -384,14 +389,18 @@ async fn write_attrs(app: &AppState, key: &str, headers: &HeaderMap, body: Body)
         )
         .into());
     }
-    let body = request::body(headers, body, attrs::MAX_ATTRS_BYTES + 1)
-        .await
-        .map_err(|mut r| {
-            if r.status == StatusCode::PAYLOAD_TOO_LARGE {
-                r.status = StatusCode::BAD_REQUEST; // §5.1: oversized attributes are a 400
-            }
-            r
-        })?;
+    let body = request::body(
+        headers,
+        body,
+        app.config.body.at_most(attrs::MAX_ATTRS_BYTES + 1),
+    )
+    .await
+    .map_err(|mut r| {
+        if r.status == StatusCode::PAYLOAD_TOO_LARGE {
+            r.status = StatusCode::BAD_REQUEST; // §5.1: oversized attributes are a 400
+        }
+        r
+    })?;
     let attrs = attrs::parse(&body).map_err(|e| Rejection::bad_request(e.to_string()))?;
     app.service.set_attrs(key, attrs).await?;
     Ok(empty(StatusCode::NO_CONTENT))

@@ -34,14 +34,15 @@ use crate::service::StreamService;
 
 pub use auth::AuthConfig;
 pub use metrics::install_recorder as install_metrics_recorder;
+pub use request::BodyLimits;
 
 /// Settings of the HTTP faces.
 #[derive(Clone, Debug)]
 pub struct HttpConfig {
     /// How long a long-poll read waits for data before answering 204.
     pub long_poll_timeout: Duration,
-    /// The largest request body accepted (413 beyond).
-    pub max_body_bytes: usize,
+    /// The largest request body accepted (413 beyond), and how long a body may stall (408).
+    pub body: request::BodyLimits,
     /// How long one SSE connection stays open before the server ends it (clients reconnect).
     pub sse_max_duration: Duration,
     /// Bearer-token authentication, when on (`--auth`).

@@ -38,6 +38,18 @@ impl Rejection {
         }
     }
 
+    /// 408: the body stopped arriving.
+    fn stalled(idle: std::time::Duration) -> Self {
+        Rejection {
+            status: StatusCode::REQUEST_TIMEOUT,
+            reason: format!(
+                "the request body stalled: no bytes for {} s",
+                idle.as_secs_f64()
+            ),
+            part: Part::Body,
+        }
+    }
+
     fn bad(part: Part, reason: impl Into<String>) -> Self {
         Rejection {
             status: StatusCode::BAD_REQUEST,
@@ -98,8 +110,26 @@ impl Query {
     }
 }
 
-/// Reads the whole body, refusing more than `limit` bytes with 413.
-pub async fn body(headers: &HeaderMap, body: Body, limit: usize) -> Result<Bytes, Rejection> {
+/// How much of a request body the server takes, and how long it waits for the next bytes.
+#[derive(Clone, Copy, Debug)]
+pub struct BodyLimits {
+    pub max_bytes: usize,
+    /// A body that sends nothing for this long is cut off with 408, so a client that stalls
+    /// mid-body does not hold its connection (and a connection slot) open.
+    pub idle: std::time::Duration,
+}
+
+impl BodyLimits {
+    /// The same idle timeout with another size limit.
+    pub fn at_most(self, max_bytes: usize) -> BodyLimits {
+        BodyLimits { max_bytes, ..self }
+    }
+}
+
+/// Reads the whole body, refusing more than `limits.max_bytes` with 413 and a stalled body with
+/// 408.
+pub async fn body(headers: &HeaderMap, body: Body, limits: BodyLimits) -> Result<Bytes, Rejection> {
+    let limit = limits.max_bytes;
     let too_large =
         || Rejection::too_large(format!("request body exceeds the limit of {limit} bytes"));
     let declared = header(headers, &axum::http::header::CONTENT_LENGTH)?
@@ -114,7 +144,7 @@ pub async fn body(headers: &HeaderMap, body: Body, limit: usize) -> Result<Bytes
     let expected = declared
         .and_then(|len| usize::try_from(len).ok())
         .unwrap_or(0);
-    read_to_end(body, limit, expected)
+    read_to_end(body, limits, expected)
         .await?
         .ok_or_else(too_large)
 }
@@ -124,12 +154,17 @@ pub async fn body(headers: &HeaderMap, body: Body, limit: usize) -> Result<Bytes
 /// in several frames is joined into a buffer of the `expected` size (its Content-Length).
 async fn read_to_end(
     mut body: Body,
-    limit: usize,
+    limits: BodyLimits,
     expected: usize,
 ) -> Result<Option<Bytes>, Rejection> {
+    let limit = limits.max_bytes;
     let mut whole = Bytes::new();
     let mut joined: Option<BytesMut> = None;
-    while let Some(frame) = body.frame().await {
+    loop {
+        let next = tokio::time::timeout(limits.idle, body.frame())
+            .await
+            .map_err(|_| Rejection::stalled(limits.idle))?;
+        let Some(frame) = next else { break };
         let frame = frame.map_err(|e| {
             Rejection::bad(Part::Body, format!("could not read the request body: {e}"))
         })?;
@@ -185,6 +220,13 @@ fn owned(bytes: Bytes) -> Bytes {
 mod tests {
     use super::*;
 
+    fn up_to(max_bytes: usize) -> BodyLimits {
+        BodyLimits {
+            max_bytes,
+            idle: std::time::Duration::from_secs(30),
+        }
+    }
+
     fn chunked(parts: &[&'static [u8]]) -> Body {
         let frames = parts
             .iter()
@@ -194,24 +236,26 @@ mod tests {
 
     #[tokio::test]
     async fn a_body_in_several_frames_is_read_whole_and_in_order() {
-        let body = read_to_end(chunked(&[b"ab", b"", b"cde", b"f"]), 6, 0).await;
+        let body = read_to_end(chunked(&[b"ab", b"", b"cde", b"f"]), up_to(6), 0).await;
         assert_eq!(body.unwrap(), Some(Bytes::from_static(b"abcdef")));
     }
 
     #[tokio::test]
     async fn a_body_past_the_limit_is_refused_in_any_frame() {
         assert_eq!(
-            read_to_end(chunked(&[b"abcdefg"]), 6, 0).await.unwrap(),
-            None
-        );
-        assert_eq!(
-            read_to_end(chunked(&[b"abc", b"defg"]), 6, 0)
+            read_to_end(chunked(&[b"abcdefg"]), up_to(6), 0)
                 .await
                 .unwrap(),
             None
         );
         assert_eq!(
-            read_to_end(chunked(&[b"ab", b"cd", b"efg"]), 6, 0)
+            read_to_end(chunked(&[b"abc", b"defg"]), up_to(6), 0)
+                .await
+                .unwrap(),
+            None
+        );
+        assert_eq!(
+            read_to_end(chunked(&[b"ab", b"cd", b"efg"]), up_to(6), 0)
                 .await
                 .unwrap(),
             None
@@ -220,8 +264,8 @@ mod tests {
 
     #[tokio::test]
     async fn a_joined_body_keeps_no_more_memory_than_it_needs() {
-        let unknown = read_to_end(chunked(&[b"abc", b"def"]), 1 << 20, 0).await;
-        let known = read_to_end(chunked(&[b"abc", b"def"]), 1 << 20, 6).await;
+        let unknown = read_to_end(chunked(&[b"abc", b"def"]), up_to(1 << 20), 0).await;
+        let known = read_to_end(chunked(&[b"abc", b"def"]), up_to(1 << 20), 6).await;
         for body in [unknown.unwrap().unwrap(), known.unwrap().unwrap()] {
             assert_eq!(body, Bytes::from_static(b"abcdef"));
             let kept = BytesMut::from(body).capacity();
@@ -232,7 +276,7 @@ mod tests {
     #[tokio::test]
     async fn an_empty_body_reads_as_empty() {
         assert_eq!(
-            read_to_end(Body::empty(), 6, 0).await.unwrap(),
+            read_to_end(Body::empty(), up_to(6), 0).await.unwrap(),
             Some(Bytes::new())
         );
     }
@@ -242,7 +286,10 @@ mod tests {
         let frame = Bytes::from(vec![7u8; 64 * 1024]);
         let small = frame.slice(..100);
         let body = Body::from(small);
-        let read = read_to_end(body, 1 << 20, 100).await.unwrap().unwrap();
+        let read = read_to_end(body, up_to(1 << 20), 100)
+            .await
+            .unwrap()
+            .unwrap();
         assert_eq!(read.len(), 100);
         assert!(
             !std::ptr::eq(read.as_ptr(), frame.as_ptr()),
@@ -257,7 +304,21 @@ mod tests {
             Err(std::io::Error::other("reset")),
         ];
         let body = Body::from_stream(futures::stream::iter(frames));
-        let refusal = read_to_end(body, 6, 0).await.unwrap_err();
+        let refusal = read_to_end(body, up_to(6), 0).await.unwrap_err();
         assert_eq!(refusal.status, StatusCode::BAD_REQUEST);
+    }
+
+    #[tokio::test]
+    async fn a_body_that_stops_arriving_is_cut_off_after_its_idle_time() {
+        use futures::StreamExt as _;
+        let first = futures::stream::iter([Ok::<_, std::io::Error>(Bytes::from_static(b"abc"))]);
+        let body = Body::from_stream(first.chain(futures::stream::pending()));
+        let limits = BodyLimits {
+            max_bytes: 100,
+            idle: std::time::Duration::from_millis(50),
+        };
+        let refusal = read_to_end(body, limits, 100).await.unwrap_err();
+        assert_eq!(refusal.status, StatusCode::REQUEST_TIMEOUT);
+        assert!(refusal.reason.contains("stalled"), "{}", refusal.reason);
     }
 }

@@ -11,7 +11,7 @@ mod provision;
 pub use connections::{ConnectionLimits, TlsError, tls_acceptor};
 
 use crate::config::{Settings, StorageSettings, SyncArg};
-use crate::http::{AppState, AuthConfig, Handler, HttpConfig};
+use crate::http::{AppState, AuthConfig, BodyLimits, Handler, HttpConfig};
 use crate::service::{ServiceConfig, StreamService};
 use crate::storage::{FjallEngine, MemoryEngine, SharedEngine, SyncMode};
 
@@ -90,7 +90,10 @@ pub async fn serve(settings: Settings) -> anyhow::Result<()> {
         service,
         HttpConfig {
             long_poll_timeout: settings.long_poll_timeout,
-            max_body_bytes: settings.max_body_bytes,
+            body: BodyLimits {
+                max_bytes: settings.max_body_bytes,
+                idle: settings.body_idle_timeout,
+            },
             sse_max_duration: settings.sse_max_duration,
             auth: settings
                 .auth

@@ -159,6 +159,7 @@ impl From<Rejection> for S2Error {
     fn from(r: Rejection) -> Self {
         let code = match r.part {
             _ if r.status == StatusCode::PAYLOAD_TOO_LARGE => "invalid",
+            _ if r.status == StatusCode::REQUEST_TIMEOUT => "request_timeout",
             Part::Header => "bad_header",
             Part::Query => "bad_query",
             Part::Body => "bad_json",
@@ -314,7 +315,7 @@ fn stream_key(basin: &str, stream: &str) -> Result<String, S2Error> {
 /// A JSON request body's bytes (empty when there is none); a body that is not JSON is
 /// `bad_json`.
 async fn json_bytes(app: &AppState, headers: &HeaderMap, body: Body) -> Result<Bytes, S2Error> {
-    let bytes = request::body(headers, body, app.config.max_body_bytes).await?;
+    let bytes = request::body(headers, body, app.config.body).await?;
     let is_json = headers
         .get(header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
