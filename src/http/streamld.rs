@@ -386,7 +386,14 @@ async fn pump(
                 .service
                 .record_offset(stream, next, durable.tail)
                 .await?;
-            let chunk = app.service.read_at(stream, at, Some(READ_BATCH)).await?;
+            let chunk = match app.service.read_at(stream, at, Some(READ_BATCH)).await {
+                Ok(chunk) => chunk,
+                // Trimmed while this pump read: the replica hears of the gap.
+                Err(StreamError::Retained { first }) => {
+                    return send(Message::Gap(gap(first))).await;
+                }
+                Err(e) => return Err(e),
+            };
             if !streamld::continues(next, chunk.records.first().map(|r| r.seq)) {
                 return send(Message::Gap(gap(stream.durable().first))).await;
             }

@@ -464,15 +464,18 @@ impl StreamService {
             Some(plan) => (plan.tail(), plan.prefix.clone()),
             None => (retained_from, Vec::new()),
         };
-        records.extend(lay_out(start, now, bodies.to_vec()));
-        let tail = records.last().map_or(start, Record::next_offset);
-        // An empty stream's latest timestamp is 0 (S2's tail of a new stream); a fork starts from
-        // its inherited history.
-        let last_timestamp_ms = records
+        // Timestamps never go back along a stream, a fork's included: its source's may be ahead
+        // of this clock (S2 client timestamps).
+        let inherited_ms = records
             .last()
             .map(|r| r.timestamp_ms)
             .or(plan.map(|p| p.source.durable().last_timestamp_ms))
             .unwrap_or(0);
+        records.extend(lay_out(start, now.max(inherited_ms), bodies.to_vec()));
+        let tail = records.last().map_or(start, Record::next_offset);
+        // An empty stream's latest timestamp is 0 (S2's tail of a new stream); a fork starts from
+        // its inherited history.
+        let last_timestamp_ms = records.last().map_or(inherited_ms, |r| r.timestamp_ms);
         let mut meta = StreamMeta {
             ttl_secs: requested.ttl_secs,
             expires_at_ms: requested.expires_at_ms,
@@ -505,12 +508,19 @@ impl StreamService {
             if source.removed || source.meta.soft_deleted {
                 return Err(StreamError::ForkSourceGone);
             }
+            // Checked again under the lock: retention may have moved since the plan was made.
+            let first = source.meta.retained_from;
+            if plan.anchor < first {
+                return Err(StreamError::Retained { first });
+            }
+            // The fork's history starts where its source's does.
+            meta.retained_from = first;
             source.forks += 1;
         }
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let durable = Durable {
             tail,
-            first: retained_from,
+            first: meta.retained_from,
             last_timestamp_ms,
             meta_version: 0,
             closed: requested.closed,
@@ -613,16 +623,26 @@ impl StreamService {
         })
     }
 
-    /// A fork is gone: its source loses a reference, and goes too if it was soft-deleted.
+    /// A fork is gone: its source loses a reference, and goes too if it was soft-deleted; if it
+    /// stays, the records its retention passed while forks held them are deleted now.
     async fn release_source(&self, fork: &Stream) {
         let Some(source) = &fork.source else { return };
-        let cascade = {
+        let (cascade, trim) = {
             let mut state = source.lock();
             state.forks = state.forks.saturating_sub(1);
-            state.forks == 0 && state.meta.soft_deleted && !state.removed
+            let cascade = state.forks == 0 && state.meta.soft_deleted && !state.removed;
+            let trim = (!state.removed && !cascade)
+                .then(|| state.trim_records(source.id))
+                .flatten();
+            (cascade, trim)
         };
         if cascade && let Err(e) = self.remove(source).await {
             tracing::warn!(stream = %source.name, error = %e, "removing a released fork source failed");
+        }
+        if let Some(trim) = trim
+            && let Err(e) = self.engine.commit(vec![trim]).await
+        {
+            tracing::warn!(stream = %source.name, error = %e, "trimming a released fork source failed");
         }
     }
 

@@ -147,11 +147,31 @@ impl StreamService {
         max_bytes: usize,
     ) -> StreamResult<ReadChunk> {
         let durable = stream.durable();
+        // A reader still positioned below a retention move (a live reader, or one racing it):
+        // the records it would read next are gone, and it is told so rather than skipped ahead.
+        if start < durable.first {
+            return Err(StreamError::Retained {
+                first: durable.first,
+            });
+        }
         let until = match max_records {
             Some(n) => durable.tail.seq.min(start.seq.saturating_add(n)),
             None => durable.tail.seq,
         };
         let records = self.collect(stream, start.seq, until, max_bytes).await?;
+        match records.first() {
+            Some(first) if first.seq > start.seq => {
+                return Err(StreamError::Retained {
+                    first: first.offset(),
+                });
+            }
+            None if start.seq < until => {
+                return Err(StreamError::Retained {
+                    first: stream.durable().first.max(start),
+                });
+            }
+            _ => {}
+        }
         let next = records.last().map_or(start, Record::next_offset).max(start);
         let up_to_date = next.seq >= durable.tail.seq;
         Ok(ReadChunk {
@@ -163,7 +183,8 @@ impl StreamService {
         })
     }
 
-    /// Records `from <= seq < until` of `stream`, following its fork chain into sources.
+    /// Records `from <= seq < until` of `stream`, following its fork chain into sources. Records
+    /// trimmed away are left out: the result may start later than `from`.
     pub(super) async fn collect(
         &self,
         stream: &Arc<Stream>,
@@ -179,7 +200,15 @@ impl StreamService {
             let records = owner
                 .read_own(&self.engine, seq, owner_until, budget)
                 .await?;
-            let Some(last) = records.last() else { break };
+            let Some(last) = records.last() else {
+                if owner_until < until {
+                    // This source's part is gone (trimmed by a server that did not yet keep a
+                    // fork's history): the rest of the chain may still hold records.
+                    seq = owner_until;
+                    continue;
+                }
+                break;
+            };
             seq = last.seq + 1;
             let bytes: usize = records.iter().map(|r| r.body.len()).sum();
             out.extend(records);

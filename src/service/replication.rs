@@ -253,7 +253,7 @@ impl StreamService {
                 && upstream.retained_from <= state.meta.tail
             {
                 state.meta.retained_from = upstream.retained_from;
-                changes.push(Change::TrimRecords(stream.id, upstream.retained_from.seq));
+                changes.extend(state.trim_records(stream.id));
                 changed = true;
             }
             if !changed {

@@ -842,10 +842,9 @@ impl StreamService {
                 return Ok(());
             }
             state.meta.retained_from = at;
-            self.engine.commit(vec![
-                Change::PutStream(stream.id, Box::new(state.meta.clone())),
-                Change::TrimRecords(stream.id, at.seq),
-            ])
+            let mut changes = vec![Change::PutStream(stream.id, Box::new(state.meta.clone()))];
+            changes.extend(state.trim_records(stream.id));
+            self.engine.commit(changes)
         };
         commit.await?;
         stream.publish(|d| {

@@ -67,6 +67,16 @@ pub(super) struct State {
     pub removed: bool,
 }
 
+impl State {
+    /// The deletion of the records below the retained offset, unless forks read through this
+    /// stream: their history stays on disk (hidden from this stream's own readers by the
+    /// retained offset) until the last of them goes, and is deleted then.
+    pub fn trim_records(&self, id: StreamId) -> Option<crate::storage::Change> {
+        let below = self.meta.retained_from.seq;
+        (self.forks == 0 && below > 0).then_some(crate::storage::Change::TrimRecords(id, below))
+    }
+}
+
 impl Stream {
     pub(super) fn new(
         id: StreamId,

@@ -418,13 +418,13 @@ async fn a_trim_hides_its_records_at_once_and_after_a_restart() {
                 .await,
             Err(StreamError::Retained { .. })
         ));
-        if restarted {
-            // Even a reader still positioned before the trim point gets nothing below it from
-            // storage. (Before the restart the hot tail cache still holds them and serves them
-            // to such a reader, as it always has.)
-            let stale = service.read_at(&stream, Offset::START, None).await.unwrap();
-            assert_eq!(stale.records[0].seq, 6);
-        }
+        // A reader still positioned before the trim point is told where the stream now starts,
+        // whether the hot tail cache still holds the trimmed records (before the restart) or not.
+        let stale = service.read_at(&stream, Offset::START, None).await;
+        assert!(
+            matches!(stale, Err(StreamError::Retained { first: at }) if at == first),
+            "restarted: {restarted}, {stale:?}"
+        );
     };
     {
         let service = open();
@@ -894,4 +894,127 @@ async fn a_fork_chain_stops_at_its_bound_and_deleting_it_whole_cascades_to_the_r
     assert_eq!(service.counts().0, 0, "the whole chain is gone");
     let reopened = StreamService::open(engine, ServiceConfig::default()).unwrap();
     assert_eq!(reopened.counts().0, 0, "after a restart too");
+}
+
+/// Every record of `stream` a reader gets from its start, following `next` until up to date.
+async fn read_whole(service: &StreamService, stream: &Arc<Stream>) -> Vec<String> {
+    let mut at = service.resolve(stream, ReadFrom::Start).await.unwrap();
+    let mut bodies = Vec::new();
+    loop {
+        let chunk = service.read_at(stream, at, None).await.unwrap();
+        bodies.extend(
+            chunk
+                .records
+                .iter()
+                .map(|r| String::from_utf8_lossy(&r.body).into_owned()),
+        );
+        at = chunk.next;
+        if chunk.up_to_date {
+            return bodies;
+        }
+    }
+}
+
+#[tokio::test]
+async fn a_fork_keeps_its_history_when_its_source_trims_past_the_fork_point() {
+    let engine: SharedEngine = Arc::new(MemoryEngine::new());
+    let service = StreamService::open(engine.clone(), ServiceConfig::default()).unwrap();
+    service.create(create_text("src")).await.unwrap();
+    let mut fork_at = Offset::START;
+    for i in 0..10 {
+        let ack = service
+            .append("src", text(&format!("s{i};")))
+            .await
+            .unwrap();
+        if i == 4 {
+            fork_at = ack.tail;
+        }
+    }
+    let fork = CreateRequest {
+        fork: Some(ForkRequest {
+            source: "src".into(),
+            offset: Some(fork_at),
+            sub_offset: 0,
+        }),
+        ..create_text("fork")
+    };
+    service.create(fork).await.unwrap();
+    for i in 0..3 {
+        service
+            .append("fork", text(&format!("f{i};")))
+            .await
+            .unwrap();
+    }
+    let src = service.find("src", false).await.unwrap();
+    service.trim(&src, 8).await.unwrap();
+
+    let expected = ["s0;", "s1;", "s2;", "s3;", "s4;", "f0;", "f1;", "f2;"];
+    for service in [
+        service.clone(),
+        StreamService::open(engine.clone(), ServiceConfig::default()).unwrap(),
+    ] {
+        let src = service.find("src", false).await.unwrap();
+        let fork = service.find("fork", false).await.unwrap();
+        assert_eq!(read_whole(&service, &fork).await, expected);
+        assert_eq!(read_whole(&service, &src).await, ["s8;", "s9;"]);
+        assert!(matches!(
+            service.read_at(&src, Offset::START, None).await,
+            Err(StreamError::Retained { first }) if first.seq == 8
+        ));
+    }
+
+    // Once the fork is gone, nothing holds the trimmed records any more.
+    assert_eq!(
+        engine.read(src.id, 0, 8, usize::MAX).await.unwrap().len(),
+        8
+    );
+    service.delete("fork").await.unwrap();
+    assert!(
+        engine
+            .read(src.id, 0, 8, usize::MAX)
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    assert_eq!(read_whole(&service, &src).await, ["s8;", "s9;"]);
+}
+
+#[tokio::test]
+async fn a_fork_cannot_start_in_trimmed_history_and_starts_where_its_source_does() {
+    let service =
+        StreamService::open(Arc::new(MemoryEngine::new()), ServiceConfig::default()).unwrap();
+    service.create(create_text("src")).await.unwrap();
+    let mut offsets = Vec::new();
+    for i in 0..6 {
+        offsets.push(
+            service
+                .append("src", text(&format!("s{i};")))
+                .await
+                .unwrap()
+                .tail,
+        );
+    }
+    let src = service.find("src", false).await.unwrap();
+    service.trim(&src, 3).await.unwrap();
+    let fork_at = |name: &str, at: Offset| CreateRequest {
+        fork: Some(ForkRequest {
+            source: "src".into(),
+            offset: Some(at),
+            sub_offset: 0,
+        }),
+        ..create_text(name)
+    };
+    let refused = service.create(fork_at("early", offsets[0])).await;
+    assert!(
+        matches!(refused, Err(StreamError::Retained { first }) if first == offsets[2]),
+        "{refused:?}"
+    );
+    service.create(fork_at("late", offsets[4])).await.unwrap();
+    let late = service.find("late", false).await.unwrap();
+    assert_eq!(
+        service.resolve(&late, ReadFrom::Start).await.unwrap(),
+        offsets[2],
+        "the fork's history starts where its source's does"
+    );
+    assert_eq!(read_whole(&service, &late).await, ["s3;", "s4;"]);
 }
