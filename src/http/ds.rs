@@ -428,7 +428,7 @@ async fn read(app: &AppState, name: &str, query: Option<&str>, headers: &HeaderM
         return Err(Rejection::bad_request("live reads need an offset").into());
     }
     let client_cursor = query.get("cursor")?.and_then(|c| c.parse::<u64>().ok());
-    let stream = app.service.find(name, true).await?;
+    let stream = app.service.find(name, false).await?;
     let (start, view, max_records) = match record_read {
         Some(read) => {
             let start = app.service.resolve_record(&stream, read.start).await?;
@@ -440,6 +440,7 @@ async fn read(app: &AppState, name: &str, query: Option<&str>, headers: &HeaderM
             None,
         ),
     };
+    stream.renew();
     let read = Read {
         stream,
         start,

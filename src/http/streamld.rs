@@ -447,7 +447,7 @@ pub async fn sse(
     origin: &str,
     after: u64,
 ) -> Result<Response, StreamError> {
-    let stream = app.service.find(key, true).await?;
+    let stream = app.service.find(key, false).await?;
     let url = streamld::stream_iri(origin, key);
     let durable = stream.durable();
     if after < durable.first.seq || after > durable.tail.seq {
@@ -466,6 +466,7 @@ pub async fn sse(
         // Nothing will ever follow: 204 tells an EventSource to stop reconnecting.
         return Ok(StatusCode::NO_CONTENT.into_response());
     }
+    stream.renew();
     let service = app.service.clone();
     let (keepalive, deadline) = super::sse::live_timing(app);
     let mut tail = service.watch_tail(&stream, keepalive, Some(deadline));

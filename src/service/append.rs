@@ -62,7 +62,7 @@ enum Decision {
 
 impl StreamService {
     pub async fn append(&self, name: &str, request: AppendRequest<'_>) -> StreamResult<AppendAck> {
-        let stream = self.find(name, true).await?;
+        let stream = self.find(name, false).await?;
         Self::writable(&stream)?;
         self.engine.room()?;
         let bodies = parse_bodies(&stream, &request.body);
@@ -74,7 +74,9 @@ impl StreamService {
         // Either a commit to await, or an earlier append to wait for (a deduplicated retry).
         let (ack, commit, wait_for_seq) = {
             let mut state = stream.lock();
-            match decide(&stream, &mut state, &request, bodies)? {
+            let decision = decide(&stream, &mut state, &request, bodies)?;
+            stream.renew_locked(&mut state);
+            match decision {
                 Decision::Write {
                     ack,
                     records,
@@ -120,7 +122,7 @@ impl StreamService {
         content_type: &str,
         frames: Vec<Bytes>,
     ) -> StreamResult<Vec<StreamResult<AppendAck>>> {
-        let stream = self.find(name, true).await?;
+        let stream = self.find(name, false).await?;
         Self::writable(&stream)?;
         self.engine.room()?;
         if !content_type::same_media_type(content_type, &stream.content_type) {
@@ -160,6 +162,9 @@ impl StreamService {
                     Ok(Decision::Acknowledge { ack, .. }) => Ok(ack),
                     Err(e) => Err(e),
                 });
+            }
+            if results.iter().any(Result::is_ok) {
+                stream.renew_locked(&mut state);
             }
             let wrote = results
                 .iter()

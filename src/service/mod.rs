@@ -233,8 +233,8 @@ impl StreamService {
             .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
-    /// Finds a stream clients may use. `renew` slides its TTL window (reads and appends do,
-    /// HEAD does not).
+    /// Finds a stream clients may use. `renew` slides its TTL window at once; reads and appends
+    /// find without it and renew ([`Stream::renew`]) once the request is accepted.
     pub async fn find(&self, name: &str, renew: bool) -> StreamResult<Arc<Stream>> {
         loop {
             let stream = self

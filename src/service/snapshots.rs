@@ -127,7 +127,7 @@ impl StreamService {
         name: &str,
         at: Offset,
     ) -> StreamResult<(Arc<Stream>, SnapshotInfo, Bytes)> {
-        let stream = self.find(name, true).await?;
+        let stream = self.find(name, false).await?;
         let (info, blob) = self
             .visible_snapshot(&stream)
             .await?
@@ -135,6 +135,7 @@ impl StreamService {
         if info.offset != at {
             return Err(StreamError::SnapshotNotFound);
         }
+        stream.renew();
         Ok((stream, info, blob))
     }
 
@@ -224,11 +225,12 @@ impl StreamService {
 
     /// Everything a client needs to start: the snapshot, then the records after it.
     pub async fn bootstrap(&self, name: &str) -> StreamResult<Bootstrap> {
-        let stream = self.find(name, true).await?;
+        let stream = self.find(name, false).await?;
         if stream.encrypted {
             return Err(StreamError::Encrypted);
         }
         let snapshot = self.visible_snapshot(&stream).await?;
+        stream.renew();
         let durable = stream.durable();
         let start = snapshot
             .as_ref()

@@ -126,6 +126,21 @@ impl Stream {
         Ok(state)
     }
 
+    /// Slides the TTL window: a read or an append was accepted (a rejected request, or a
+    /// `HEAD`, does not keep a stream alive).
+    pub fn renew(&self) {
+        if self.may_expire {
+            self.renew_locked(&mut self.lock());
+        }
+    }
+
+    /// [`Self::renew`] under the lock already held.
+    pub(super) fn renew_locked(&self, state: &mut State) {
+        if self.may_expire {
+            state.last_access_ms = super::now_ms();
+        }
+    }
+
     pub fn durable(&self) -> Durable {
         self.durable.get()
     }

@@ -1018,3 +1018,34 @@ async fn a_fork_cannot_start_in_trimmed_history_and_starts_where_its_source_does
     );
     assert_eq!(read_whole(&service, &late).await, ["s3;", "s4;"]);
 }
+
+#[tokio::test]
+async fn only_accepted_reads_and_appends_renew_a_ttl() {
+    let service =
+        StreamService::open(Arc::new(MemoryEngine::new()), ServiceConfig::default()).unwrap();
+    let with_ttl = |name: &str| CreateRequest {
+        ttl_secs: Some(1),
+        ..create_text(name)
+    };
+    service.create(with_ttl("rejected")).await.unwrap();
+    service.create(with_ttl("accepted")).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    let wrong_type = AppendRequest {
+        content_type: Some("application/json"),
+        ..text("{}")
+    };
+    assert!(matches!(
+        service.append("rejected", wrong_type).await,
+        Err(StreamError::ContentTypeMismatch)
+    ));
+    service.append("accepted", text("kept")).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    assert!(
+        matches!(
+            service.find("rejected", false).await,
+            Err(StreamError::NotFound)
+        ),
+        "a refused append does not keep the stream alive"
+    );
+    service.find("accepted", false).await.unwrap();
+}
