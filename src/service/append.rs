@@ -8,7 +8,7 @@ use bytes::Bytes;
 use futures::future::BoxFuture;
 
 use super::stream::State;
-use super::{StreamError, StreamResult, StreamService, now_ms};
+use super::{Durable, StreamError, StreamResult, StreamService, now_ms};
 use crate::model::json::{self, EmptyArray};
 use crate::model::producer::{self, ProducerClaim, ProducerDecision, ProducerState};
 use crate::model::record::lay_out;
@@ -56,8 +56,43 @@ enum Decision {
         /// Metadata beyond the tail changed (Stream-Seq, closure) and must be stored too.
         meta_changed: bool,
     },
-    /// Acknowledge without writing, once record `wait_for_seq` is durable.
-    Acknowledge { ack: AppendAck, wait_for_seq: u64 },
+    /// Acknowledge without writing (a retry of an append already applied), once what the
+    /// original did is durable.
+    Acknowledge { ack: AppendAck, awaited: Awaited },
+}
+
+/// What acknowledging a retry waits for: the original's records durable, and for a repeated
+/// close, the close itself (it adds no record, so the records alone say nothing of it).
+#[derive(Clone, Copy, Debug, Default)]
+struct Awaited {
+    seq: u64,
+    closed: bool,
+}
+
+impl Awaited {
+    fn and(self, other: Awaited) -> Awaited {
+        Awaited {
+            seq: self.seq.max(other.seq),
+            closed: self.closed || other.closed,
+        }
+    }
+
+    fn reached(&self, durable: &Durable) -> bool {
+        durable.tail.seq >= self.seq && (durable.closed || !self.closed)
+    }
+
+    /// Waits until it is durable; the stream going away first is `NotFound`.
+    async fn durable(self, stream: &Stream) -> StreamResult<Durable> {
+        let mut rx = stream.subscribe();
+        let durable = *rx
+            .wait_for(|d| self.reached(d) || d.removed)
+            .await
+            .map_err(|_| StreamError::NotFound)?;
+        if durable.removed {
+            return Err(StreamError::NotFound);
+        }
+        Ok(durable)
+    }
 }
 
 impl StreamService {
@@ -72,7 +107,7 @@ impl StreamService {
             .await
             .map_err(|_| StorageError::Failed)?;
         // Either a commit to await, or an earlier append to wait for (a deduplicated retry).
-        let (ack, commit, wait_for_seq) = {
+        let (ack, commit, awaited) = {
             let mut state = stream.lock();
             let decision = decide(&stream, &mut state, &request, bodies)?;
             stream.renew_locked(&mut state);
@@ -90,23 +125,16 @@ impl StreamService {
                         producer.into_iter(),
                         meta_changed,
                     );
-                    (ack, Some(commit), 0)
+                    (ack, Some(commit), Awaited::default())
                 }
-                Decision::Acknowledge { ack, wait_for_seq } => (ack, None, wait_for_seq),
+                Decision::Acknowledge { ack, awaited } => (ack, None, awaited),
             }
         };
         if let Some(commit) = commit {
             commit.await?;
             return Ok(ack);
         }
-        let mut rx = stream.subscribe();
-        let durable = rx
-            .wait_for(|d| d.tail.seq >= wait_for_seq || d.removed)
-            .await
-            .map_err(|_| StreamError::NotFound)?;
-        if durable.removed {
-            return Err(StreamError::NotFound);
-        }
+        let durable = awaited.durable(&stream).await?;
         Ok(AppendAck {
             tail: ack.tail.max(durable.tail),
             ..ack
@@ -137,11 +165,12 @@ impl StreamService {
             .acquire()
             .await
             .map_err(|_| StorageError::Failed)?;
-        let (mut results, commit) = {
+        let (mut results, commit, awaited) = {
             let mut state = stream.lock();
             let mut results = Vec::with_capacity(frames.len());
             let mut records = Vec::new();
             let mut producers = Vec::new();
+            let mut awaited: Option<Awaited> = None;
             for (frame, bodies) in frames.into_iter().zip(parsed) {
                 let request = AppendRequest {
                     content_type: Some(content_type),
@@ -159,7 +188,10 @@ impl StreamService {
                         producers.extend(producer);
                         Ok(ack)
                     }
-                    Ok(Decision::Acknowledge { ack, .. }) => Ok(ack),
+                    Ok(Decision::Acknowledge { ack, awaited: more }) => {
+                        awaited = Some(awaited.unwrap_or_default().and(more));
+                        Ok(ack)
+                    }
                     Err(e) => Err(e),
                 });
             }
@@ -171,13 +203,24 @@ impl StreamService {
                 .any(|r| r.as_ref().is_ok_and(|a| !a.duplicate));
             let commit = wrote
                 .then(|| self.submit(&stream, &mut state, records, producers.into_iter(), false));
-            (results, commit)
+            (results, commit, awaited)
         };
-        if let Some(commit) = commit
-            && let Err(e) = commit.await
-        {
+        let failed = match commit {
+            Some(commit) => commit.await.err(),
+            None => None,
+        };
+        // Retries are acknowledged once what they repeat is durable, as a single append's are;
+        // the only way that wait fails is the stream going away.
+        let gone = match (&failed, awaited) {
+            (None, Some(awaited)) => awaited.durable(&stream).await.is_err(),
+            _ => false,
+        };
+        if failed.is_some() || gone {
             for result in results.iter_mut().filter(|r| r.is_ok()) {
-                *result = Err(StreamError::Storage(e.clone()));
+                *result = Err(match &failed {
+                    Some(e) => StreamError::Storage(e.clone()),
+                    None => StreamError::NotFound,
+                });
             }
         }
         Ok(results)
@@ -279,7 +322,10 @@ fn decide(
         };
         return Ok(Decision::Acknowledge {
             ack,
-            wait_for_seq: tail.seq,
+            awaited: Awaited {
+                seq: tail.seq,
+                closed: true,
+            },
         });
     }
 
@@ -310,7 +356,10 @@ fn decide(
         };
         return Ok(Decision::Acknowledge {
             ack,
-            wait_for_seq: records.1,
+            awaited: Awaited {
+                seq: records.1,
+                closed: false,
+            },
         });
     }
 

@@ -1049,3 +1049,42 @@ async fn only_accepted_reads_and_appends_renew_a_ttl() {
     );
     service.find("accepted", false).await.unwrap();
 }
+
+#[tokio::test]
+async fn a_repeated_close_is_acknowledged_only_once_the_close_is_durable() {
+    let gate = Arc::new(Semaphore::new(1)); // lets the create through
+    let engine = Arc::new(GatedEngine {
+        inner: MemoryEngine::new(),
+        gate: gate.clone(),
+    });
+    let service = StreamService::open(engine, ServiceConfig::default()).unwrap();
+    service.create(create_text("s")).await.unwrap();
+    let stream = service.find("s", false).await.unwrap();
+    let close = || AppendRequest {
+        close: true,
+        ..Default::default()
+    };
+
+    // The close is sequenced and submitted, its commit held at the gate.
+    let first = {
+        let service = service.clone();
+        tokio::spawn(async move { service.append("s", close()).await })
+    };
+    while !stream.lock().meta.closed {
+        tokio::task::yield_now().await;
+    }
+    let retry = {
+        let service = service.clone();
+        tokio::spawn(async move { service.append("s", close()).await })
+    };
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert!(
+        !retry.is_finished(),
+        "the retry waits for the close it repeats"
+    );
+    gate.add_permits(1);
+    assert!(first.await.unwrap().unwrap().closed);
+    let ack = retry.await.unwrap().unwrap();
+    assert!(ack.closed && ack.duplicate);
+    assert!(stream.durable().closed);
+}
