@@ -763,6 +763,64 @@ async fn a_second_bucket_join_on_one_session_replaces_the_first_so_each_append_a
     assert_eq!(cursors, [2, 3], "one frame per append: {seen:?}");
 }
 
+/// The close frame the upstream ends the session with, within 5 s.
+async fn close_frame(socket: &mut Socket) -> (u16, String) {
+    use futures::StreamExt;
+    use tokio_tungstenite::tungstenite::Message as Ws;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    loop {
+        let message = tokio::time::timeout_at(deadline, socket.next())
+            .await
+            .expect("the session ends within 5 s");
+        match message {
+            Some(Ok(Ws::Close(Some(frame)))) => {
+                return (u16::from(frame.code), frame.reason.to_string());
+            }
+            Some(Ok(Ws::Close(None))) | None | Some(Err(_)) => panic!("closed without a reason"),
+            Some(Ok(other)) => panic!("expected a close frame, got {other:?}"),
+        }
+    }
+}
+
+#[tokio::test]
+async fn a_replica_that_sends_what_replication_does_not_take_is_told_why_it_is_closed() {
+    use futures::SinkExt;
+    use tokio_tungstenite::tungstenite::Message as Ws;
+    let http = client();
+    let upstream = Server::start(&["--memory"]);
+    create_bucket(&http, &upstream).await;
+    let cases: [(Ws, u16, &str); 4] = [
+        (Ws::Text("not json".into()), 1007, "SubscriptionRequest"),
+        (
+            Ws::Text(r#"{"@type":"SubscriptionRequest","after":-1}"#.into()),
+            1007,
+            "SubscriptionRequest",
+        ),
+        (Ws::Text(r#"{"@type":"GapSignal"}"#.into()), 1008, "only"),
+        (Ws::Binary(vec![1, 2, 3].into()), 1003, "binary"),
+    ];
+    for (message, code, reason) in cases {
+        let mut socket = connect_replica(&http, &upstream).await;
+        socket.send(message).await.unwrap();
+        let (got, why) = close_frame(&mut socket).await;
+        assert_eq!(got, code, "{why}");
+        assert!(why.contains(reason), "{why}");
+    }
+
+    // A bucket that does not exist is answered with a gap, as one the replica may not read.
+    let mut socket = connect_replica(&http, &upstream).await;
+    let missing = upstream.url("/no-such-bucket");
+    send_json(
+        &mut socket,
+        serde_json::json!({"@type": "SubscriptionRequest", "stream": missing}),
+    )
+    .await;
+    let answer = next_json(&mut socket, Duration::from_secs(5))
+        .await
+        .expect("an answer");
+    assert_eq!(answer["@type"], "GapSignal", "{answer}");
+}
+
 /// An S2 read of every record of a stream of the bucket, as JSON text (names may hold `/`, which
 /// the bucketed Durable Streams surface does not address).
 async fn s2_records(http: &reqwest::Client, server: &Server, stream: &str) -> (u16, String) {

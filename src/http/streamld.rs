@@ -12,14 +12,16 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use axum::body::Body;
-use axum::extract::ws::{Message as WsMessage, WebSocket, WebSocketUpgrade};
+use axum::extract::ws::{
+    CloseFrame, Message as WsMessage, WebSocket, WebSocketUpgrade, close_code,
+};
 use axum::extract::{Extension, State};
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
 use futures::{SinkExt, StreamExt};
 use serde_json::Value;
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 
 use super::AppState;
@@ -89,6 +91,8 @@ fn may_replicate(principal: &Principal, target: &Target) -> bool {
 async fn session(app: AppState, principal: Arc<Principal>, socket: WebSocket, origin: String) {
     let (mut sink, mut incoming) = socket.split();
     let (queue, mut outgoing) = mpsc::channel::<(CancellationToken, Message)>(SESSION_QUEUE);
+    // Why the session ends, when the replica sent something it cannot take part in.
+    let (refuse, refusal) = oneshot::channel::<CloseFrame>();
     let writer = tokio::spawn(async move {
         while let Some((subscription, message)) = outgoing.recv().await {
             if subscription.is_cancelled() {
@@ -105,13 +109,21 @@ async fn session(app: AppState, principal: Arc<Principal>, socket: WebSocket, or
                 break;
             }
         }
-        let _ = sink.close().await;
+        match refusal.await {
+            Ok(frame) => {
+                let _ = sink.send(WsMessage::Close(Some(frame))).await;
+            }
+            Err(_) => {
+                let _ = sink.close().await;
+            }
+        }
     });
     // One subscription per target: a new join for a target replaces the one before.
     let mut subscriptions: HashMap<String, Subscription> = HashMap::new();
     let shutdown = app.service.shutdown_signal();
     let token_expired = super::token_expiry(principal.expires_ms);
     tokio::pin!(token_expired);
+    let mut refuse = Some(refuse);
     loop {
         // The session ends when the replica leaves, the server shuts down or the token that
         // opened it expires (the writer then sends a close frame and the replica resumes from
@@ -125,17 +137,43 @@ async fn session(app: AppState, principal: Arc<Principal>, socket: WebSocket, or
         let text = match frame {
             WsMessage::Text(text) => text,
             WsMessage::Close(_) => break,
-            _ => continue,
+            WsMessage::Ping(_) | WsMessage::Pong(_) => continue,
+            WsMessage::Binary(_) => {
+                refuse_with(
+                    &mut refuse,
+                    close_code::UNSUPPORTED,
+                    "binary frames are not part of StreamLD replication: send JSON text".into(),
+                );
+                break;
+            }
         };
         let request = match Message::parse(&text) {
             Ok(Message::Subscribe(request)) => request,
-            Ok(_) => continue,
+            Ok(_) => {
+                refuse_with(
+                    &mut refuse,
+                    close_code::POLICY,
+                    "a replica sends only SubscriptionRequest messages".into(),
+                );
+                break;
+            }
             Err(e) => {
-                tracing::info!(error = %e, "ignoring a malformed replication message");
-                continue;
+                tracing::info!(error = %e, "refusing a malformed replication message");
+                refuse_with(
+                    &mut refuse,
+                    close_code::INVALID,
+                    format!("not a StreamLD SubscriptionRequest: {e}"),
+                );
+                break;
             }
         };
-        let Some(target) = target_of(&request.stream).filter(|t| may_replicate(&principal, t))
+        // A bucket that does not exist is answered as a target the replica may not read.
+        let known = |target: &Target| match target {
+            Target::Bucket(bucket) => app.service.bucket_info(bucket).is_ok(),
+            Target::Stream(_) => true,
+        };
+        let Some(target) =
+            target_of(&request.stream).filter(|t| known(t) && may_replicate(&principal, t))
         else {
             let gap = GapSignal {
                 oldest_available: None,
@@ -171,7 +209,22 @@ async fn session(app: AppState, principal: Arc<Principal>, socket: WebSocket, or
     }
     drop(subscriptions);
     drop(queue);
+    drop(refuse);
     let _ = writer.await;
+}
+
+/// Ends the session with a close frame saying why. A close reason holds at most 123 bytes.
+fn refuse_with(refuse: &mut Option<oneshot::Sender<CloseFrame>>, code: u16, reason: String) {
+    let mut end = reason.len().min(123);
+    while !reason.is_char_boundary(end) {
+        end -= 1;
+    }
+    if let Some(refuse) = refuse.take() {
+        let _ = refuse.send(CloseFrame {
+            code,
+            reason: reason[..end].into(),
+        });
+    }
 }
 
 /// Where one subscription's pumps send: the session's queue, each message tagged with the
