@@ -156,6 +156,17 @@ async fn every_face_wants_a_token_but_health_checks_do_not() {
     .await;
     assert_eq!(r.status(), 200);
     assert_eq!(r.text().await.unwrap(), "hello");
+
+    // Two tokens in one request: neither is picked.
+    let two = client()
+        .get(server.url("/team-alpha/events?offset=-1"))
+        .header("authorization", "Bearer not-a-token")
+        .header("authorization", format!("Bearer {OPERATOR}"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(two.status(), 400);
+    assert!(two.text().await.unwrap().contains("one Authorization header"));
 }
 
 #[tokio::test]

@@ -64,6 +64,7 @@ async fn malformed_requests_get_4xx_and_change_nothing() {
         ("stream-ttl", "-1"),
         ("stream-ttl", "1e3"),
         ("stream-expires-at", "tomorrow"),
+        ("stream-expires-at", "1970-01-01T00:00:00Z"),
         ("stream-fork-sub-offset", "1"),
         ("stream-fork-offset", "0000000000000000_0000000000000000"),
     ] {
@@ -181,6 +182,28 @@ async fn malformed_requests_get_4xx_and_change_nothing() {
     let response = http.patch(&text).send().await.unwrap();
     assert_eq!(response.status(), 405);
     assert!(header(&response, "allow").unwrap().contains("POST"));
+    // A method a route does not take is explained, in S2's error shape on S2's routes.
+    for (method, path, allow) in [
+        (reqwest::Method::PUT, "/healthz", "GET"),
+        (reqwest::Method::POST, "/metrics", "GET"),
+        (reqwest::Method::DELETE, "/v1/basins", "GET"),
+        (reqwest::Method::POST, "/v1/streams/x/records/tail", "GET"),
+    ] {
+        let response = http
+            .request(method.clone(), server.url(path))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status(), 405, "{method} {path}");
+        assert!(header(&response, "allow").unwrap().contains(allow));
+        let body = response.text().await.unwrap();
+        if path.starts_with("/v1/") {
+            let error: serde_json::Value = serde_json::from_str(&body).unwrap();
+            assert!(error["message"].as_str().unwrap().contains("not allowed"));
+        } else {
+            assert!(body.contains("not allowed"), "{method} {path}: {body:?}");
+        }
+    }
 
     assert_eq!(
         (snapshot(&http, &text).await, snapshot(&http, &json).await),

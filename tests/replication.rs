@@ -767,18 +767,13 @@ async fn a_second_bucket_join_on_one_session_replaces_the_first_so_each_append_a
 async fn close_frame(socket: &mut Socket) -> (u16, String) {
     use futures::StreamExt;
     use tokio_tungstenite::tungstenite::Message as Ws;
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
-    loop {
-        let message = tokio::time::timeout_at(deadline, socket.next())
-            .await
-            .expect("the session ends within 5 s");
-        match message {
-            Some(Ok(Ws::Close(Some(frame)))) => {
-                return (u16::from(frame.code), frame.reason.to_string());
-            }
-            Some(Ok(Ws::Close(None))) | None | Some(Err(_)) => panic!("closed without a reason"),
-            Some(Ok(other)) => panic!("expected a close frame, got {other:?}"),
-        }
+    let message = tokio::time::timeout(Duration::from_secs(5), socket.next())
+        .await
+        .expect("the session ends within 5 s");
+    match message {
+        Some(Ok(Ws::Close(Some(frame)))) => (u16::from(frame.code), frame.reason.to_string()),
+        Some(Ok(Ws::Close(None))) | None | Some(Err(_)) => panic!("closed without a reason"),
+        Some(Ok(other)) => panic!("expected a close frame, got {other:?}"),
     }
 }
 

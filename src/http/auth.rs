@@ -206,16 +206,7 @@ fn bearer(headers: &HeaderMap) -> Option<&str> {
 
 /// The error response of a refused request, in the face's own style.
 fn refusal(path: &str, status: StatusCode, code: &str, message: &str) -> Response {
-    let s2 = [
-        "/v1/basins",
-        "/v1/streams",
-        "/v1/access-tokens",
-        "/v1/metrics",
-        "/v1/locations",
-    ]
-    .iter()
-    .any(|p| path.starts_with(p));
-    let mut response = if s2 {
+    let mut response = if super::s2::serves(path) {
         (
             status,
             [(header::CONTENT_TYPE, "application/json")],
@@ -251,6 +242,20 @@ pub fn authorize(app: &AppState, request: &mut Request) -> Result<(), Box<Respon
             .extensions_mut()
             .insert(Principal::shared_operator());
         return Ok(());
+    }
+    if request
+        .headers()
+        .get_all(header::AUTHORIZATION)
+        .iter()
+        .nth(1)
+        .is_some()
+    {
+        return Err(Box::new(refusal(
+            &path,
+            StatusCode::BAD_REQUEST,
+            "bad_header",
+            "send one Authorization header, not several",
+        )));
     }
     let Some(secret) = bearer(request.headers()) else {
         return Err(Box::new(refusal(

@@ -135,6 +135,7 @@ where
 {
     let observation = observe::Observation::start(&request, route);
     let sent_body = sent_body(&request);
+    let s2_route = s2::serves(request.uri().path());
     let mut response = observation
         .run(async {
             match auth::authorize(app, &mut request) {
@@ -143,6 +144,7 @@ where
             }
         })
         .await;
+    explain_method_not_allowed(&mut response, s2_route);
     add_common_headers(&mut response, sent_body);
     observation.finish(&mut response);
     response
@@ -238,6 +240,24 @@ fn sent_body(request: &Request) -> bool {
 }
 
 /// Headers every response carries: browser security headers and CORS.
+/// axum's routers answer a method a route does not take with a bare 405 (an `Allow` header and
+/// no body): give it a reason, in S2's error shape on S2's routes.
+fn explain_method_not_allowed(response: &mut Response, s2_route: bool) {
+    use http_body::Body as _;
+    if response.status() != StatusCode::METHOD_NOT_ALLOWED || !response.body().is_end_stream() {
+        return;
+    }
+    let allow = response.headers_mut().remove(header::ALLOW);
+    *response = if s2_route {
+        s2::method_not_allowed_response()
+    } else {
+        text_error(StatusCode::METHOD_NOT_ALLOWED, "method not allowed")
+    };
+    if let Some(allow) = allow {
+        response.headers_mut().insert(header::ALLOW, allow);
+    }
+}
+
 fn add_common_headers(response: &mut Response, sent_body: bool) {
     let rejected = response.status().is_client_error() || response.status().is_server_error();
     let headers = response.headers_mut();

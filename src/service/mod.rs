@@ -849,6 +849,13 @@ fn requested_config(
         (_, Some(plan)) => plan.source.content_type.to_string(),
         _ => content_type::DEFAULT_CONTENT_TYPE.to_string(),
     };
+    // A mirror copies its upstream's value as it is; a client asking for a stream that is gone
+    // before it exists is told so.
+    if request.mirror.is_none() && request.expires_at_ms.is_some_and(|at| at <= now_ms()) {
+        return Err(StreamError::BadRequest(
+            "Stream-Expires-At is in the past: the stream would expire as it is created".into(),
+        ));
+    }
     let (ttl_secs, expires_at_ms) = match (plan, request.ttl_secs, request.expires_at_ms) {
         (Some(plan), None, None) => (plan.ttl_secs, plan.expires_at_ms),
         (_, ttl, expires) => (ttl, expires),

@@ -179,6 +179,26 @@ fn method_not_allowed() -> S2Error {
     )
 }
 
+pub(super) fn method_not_allowed_response() -> Response {
+    method_not_allowed().into_response()
+}
+
+/// The request is for one of S2's routes (its errors then take S2's shape).
+pub(super) fn serves(path: &str) -> bool {
+    [
+        "/v1/basins",
+        "/v1/streams",
+        "/v1/access-tokens",
+        "/v1/metrics",
+        "/v1/locations",
+    ]
+    .iter()
+    .any(|prefix| {
+        path.strip_prefix(prefix)
+            .is_some_and(|rest| rest.is_empty() || rest.starts_with('/'))
+    })
+}
+
 /// Parts of S2's account API Runnel does not serve (nor does s2-lite): usage metrics and
 /// locations. A clear `501` in S2's error shape, not a miss on the bucket routes.
 async fn not_served(uri: axum::http::Uri) -> Response {
