@@ -166,7 +166,12 @@ async fn every_face_wants_a_token_but_health_checks_do_not() {
         .await
         .unwrap();
     assert_eq!(two.status(), 400);
-    assert!(two.text().await.unwrap().contains("one Authorization header"));
+    assert!(
+        two.text()
+            .await
+            .unwrap()
+            .contains("one Authorization header")
+    );
 }
 
 #[tokio::test]

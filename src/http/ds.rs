@@ -57,9 +57,9 @@ pub fn is_base_stream(request: &Request) -> bool {
 /// A request on the base protocol's route, which [`is_base_stream`] says it is.
 pub async fn base_stream_request(app: &AppState, request: Request) -> Response {
     let raw = request.uri().path().strip_prefix(BASE_PREFIX).unwrap_or("");
-    let path = match percent_encoding::percent_decode_str(raw).decode_utf8() {
+    let path = match names::decode_path(raw) {
         Ok(path) => path,
-        Err(_) => return text_error(StatusCode::BAD_REQUEST, "the path is not UTF-8"),
+        Err(e) => return text_error(StatusCode::BAD_REQUEST, &e.to_string()),
     };
     match names::base_stream_key(&path) {
         Ok(key) => stream_request(app, key, request).await,
@@ -150,11 +150,8 @@ fn fork_source_key(value: &str) -> Result<String, Rejection> {
         None => value,
     };
     let path = path.split(['?', '#']).next().unwrap_or_default();
-    let decoded = percent_encoding::percent_decode_str(path)
-        .decode_utf8()
-        .map_err(|_| {
-            Rejection::bad_request("Stream-Forked-From is not valid UTF-8 once decoded")
-        })?;
+    let decoded = names::decode_path(path)
+        .map_err(|e| Rejection::bad_request(format!("Stream-Forked-From: {e}")))?;
     names::stream_key_of_path(&decoded)
         .map_err(|e| Rejection::bad_request(format!("Stream-Forked-From: {e}")))
 }

@@ -11,6 +11,9 @@ pub const RESERVED_STREAM_ID: &str = "streams";
 /// The most bytes a stream id, and the combined `bucket/stream` key, may have.
 pub const MAX_STREAM_KEY_BYTES: usize = 122;
 
+/// The most bytes a base-protocol stream path (after `/v1/stream/`, decoded) may have.
+pub const MAX_BASE_PATH_BYTES: usize = 1024;
+
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum NameError {
     #[error("bucket id must match ^[a-z0-9_-]{{4,64}}$")]
@@ -23,8 +26,10 @@ pub enum NameError {
     BadS2Name,
     #[error("the stream id 'streams' is reserved for the bucket listing")]
     Reserved,
-    #[error("a base-protocol stream path must be non-empty and free of control characters")]
+    #[error("a base-protocol stream path must be 1 to 1024 bytes, free of control characters")]
     BadPath,
+    #[error("the path has a '%' not followed by two hex digits, or is not UTF-8 once decoded")]
+    BadEncoding,
     #[error("not a stream path: expected /v1/stream/<path> or /<bucket>/<stream>")]
     NotAStream,
 }
@@ -81,10 +86,29 @@ pub fn stream_key_in(basin: &str, stream: &str) -> Result<String, NameError> {
 
 /// The key of a base-protocol stream.
 pub fn base_stream_key(path: &str) -> Result<String, NameError> {
-    if path.is_empty() || path.chars().any(char::is_control) {
+    if path.is_empty() || path.len() > MAX_BASE_PATH_BYTES || path.chars().any(char::is_control) {
         return Err(NameError::BadPath);
     }
     Ok(format!("{BASE_PREFIX}{path}"))
+}
+
+/// A URL path percent-decoded, refusing a `%` that does not start an escape (which a lenient
+/// decoder would keep as it is, so `a%zz` and `a%25zz` would name one stream) and bytes that are
+/// not UTF-8 once decoded.
+pub fn decode_path(raw: &str) -> Result<std::borrow::Cow<'_, str>, NameError> {
+    let bytes = raw.as_bytes();
+    let escapes_ok = bytes.iter().enumerate().all(|(i, &b)| {
+        b != b'%'
+            || bytes
+                .get(i + 1..i + 3)
+                .is_some_and(|hex| hex.iter().all(u8::is_ascii_hexdigit))
+    });
+    if !escapes_ok {
+        return Err(NameError::BadEncoding);
+    }
+    percent_encoding::percent_decode_str(raw)
+        .decode_utf8()
+        .map_err(|_| NameError::BadEncoding)
 }
 
 /// Checks a decoded path that names a stream (as in `Stream-Forked-From`) and returns its key.
@@ -226,6 +250,20 @@ mod tests {
         assert_eq!(
             bucket_stream_key("game", &"s".repeat(118)),
             Err(NameError::BadStreamId)
+        );
+    }
+
+    #[test]
+    fn paths_decode_only_with_whole_escapes_and_base_paths_are_bounded() {
+        assert_eq!(decode_path("a%20b/c").unwrap(), "a b/c");
+        assert_eq!(decode_path("a%25zz").unwrap(), "a%zz");
+        for bad in ["a%zz", "a%", "a%2", "%g0", "%ff"] {
+            assert_eq!(decode_path(bad), Err(NameError::BadEncoding), "{bad}");
+        }
+        assert!(base_stream_key(&"x".repeat(MAX_BASE_PATH_BYTES)).is_ok());
+        assert_eq!(
+            base_stream_key(&"x".repeat(MAX_BASE_PATH_BYTES + 1)),
+            Err(NameError::BadPath)
         );
     }
 
