@@ -195,6 +195,12 @@ fn put_fields(out: &mut Vec<u8>, record: &Record) {
 /// The records of a stored value keyed by `key_seq`: one record, or a whole run. Bodies and
 /// headers are slices of `value`, not copies.
 pub fn decode_stored(key_seq: u64, value: Bytes) -> Result<Vec<Record>, StorageError> {
+    // No record has the last seq: the offset after it could not be written.
+    if key_seq == u64::MAX {
+        return Err(StorageError::Corrupt(
+            "a record stored at seq 2^64 - 1".into(),
+        ));
+    }
     if value.first() != Some(&RUN_VERSION) {
         return Ok(vec![decode_record(key_seq, value)?]);
     }
@@ -446,7 +452,7 @@ mod tests {
         fn garbage_never_panics(value in any::<Vec<u8>>()) {
             let mut run = vec![RUN_VERSION];
             run.extend_from_slice(&value);
-            let _ = decode_stored(u64::MAX, Bytes::from(run));
+            let _ = decode_stored(u64::MAX - 1, Bytes::from(run));
             let _ = decode_stored(0, Bytes::from(value.clone()));
             let _ = decode_producer(&value);
         }
@@ -459,6 +465,23 @@ mod tests {
             let state = ProducerState { epoch, last_seq, records, earlier };
             prop_assert_eq!(decode_producer(&encode_producer(&state)).unwrap(), state);
         }
+    }
+
+    #[test]
+    fn a_record_at_the_last_seq_is_corrupt() {
+        let record = Record {
+            seq: u64::MAX,
+            pos: 0,
+            timestamp_ms: 0,
+            arrival_ms: 0,
+            starts_unit: true,
+            headers: Vec::new(),
+            body: Bytes::from_static(b"x"),
+            command: false,
+        };
+        let value = Bytes::from(encode_record(&record));
+        assert!(decode_stored(u64::MAX, value.clone()).is_err());
+        assert!(decode_stored(u64::MAX - 1, value).is_ok());
     }
 
     #[test]

@@ -127,14 +127,16 @@ impl Writer {
                 self.write_group(&group, &mut next_id)
             };
             linger.committed(group.len());
+            // The purger's chunk rides in a group as a submission of its own: not an append.
+            let appends = group.iter().filter(|s| s.purge.is_none()).count();
             self.stats.groups.fetch_add(1, Ordering::Relaxed);
-            metrics::histogram!("runnel_commit_group_appends").record(group.len() as f64);
+            metrics::histogram!("runnel_commit_group_appends").record(appends as f64);
             if result.is_err() {
                 metrics::counter!("runnel_commit_failures_total").increment(1);
             }
             self.stats
                 .batches
-                .fetch_add(group.len() as u64, Ordering::Relaxed);
+                .fetch_add(appends as u64, Ordering::Relaxed);
             if let Err(e) = &result {
                 tracing::error!(error = %e, "storage write failed; refusing further writes");
                 self.failed.store(true, Ordering::Release);
