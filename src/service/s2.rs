@@ -135,7 +135,8 @@ impl StreamService {
     ) -> StreamResult<Arc<Stream>> {
         let key = names::stream_key_in(basin, name)
             .map_err(|e| StreamError::BadRequest(e.to_string()))?;
-        match self.find(&key, true).await {
+        // Renewed once a read or an append is accepted, as on the other faces.
+        match self.find(&key, false).await {
             Err(StreamError::NotFound) => {
                 // A missing basin is reported before a missing stream.
                 self.basin_config(basin)?;
@@ -148,7 +149,7 @@ impl StreamService {
                     .create_s2_stream(basin, name, stream_config, None)
                     .await
                 {
-                    Ok(_) | Err(StreamError::AlreadyExists(_)) => self.find(&key, true).await,
+                    Ok(_) | Err(StreamError::AlreadyExists(_)) => self.find(&key, false).await,
                     Err(e) => Err(e),
                 }
             }
@@ -419,6 +420,7 @@ impl StreamService {
                 &append.fencing_token,
                 append.match_seq_num,
             )?;
+            stream.renew_locked(&mut state);
             let fenced = records.iter().any(|r| r.command);
             let commit = self.submit(stream, &mut state, records, std::iter::empty(), fenced);
             (ack, trim, commit)
@@ -673,6 +675,7 @@ impl StreamService {
         max_records: u64,
         max_bytes: u64,
     ) -> StreamResult<S2Batch> {
+        stream.renew();
         let durable = stream.durable();
         let tail = S2Position {
             seq_num: durable.tail.seq,
