@@ -139,6 +139,7 @@ where
     let mut response = observation
         .run(async {
             match auth::authorize(app, &mut request) {
+                Ok(()) if s2_route && request.method() == Method::OPTIONS => s2::preflight(),
                 Ok(()) => inner(request).await,
                 Err(refusal) => *refusal,
             }

@@ -206,3 +206,18 @@ def test_usage_metrics_and_locations_are_501_not_implemented(c, path):
 def test_s2_routes_do_not_shadow_durable_streams_buckets(c, basin, stream):
     # /v1/... is the S2 face; a bucket listing of the basin is still served on /{bucket}.
     check(c.get(f"/{basin.name}"), 200)
+
+
+# --- CORS -----------------------------------------------------------------------------
+
+@pytest.mark.parametrize("path", ["/v1/basins", "/v1/streams", "/v1/streams/s/records",
+                                  "/v1/streams/s/records/tail", "/v1/access-tokens"])
+def test_a_cors_preflight_on_an_s2_route_allows_the_s2_headers(c, path):
+    r = c.options(path, headers={"origin": "https://app.example",
+                                 "access-control-request-method": "POST",
+                                 "access-control-request-headers": "authorization, s2-basin"})
+    assert r.status_code == 204, r.text
+    assert r.headers["access-control-allow-origin"] == "*"
+    assert "POST" in r.headers["access-control-allow-methods"]
+    allowed = r.headers["access-control-allow-headers"].lower()
+    assert "s2-basin" in allowed and "authorization" in allowed

@@ -179,6 +179,27 @@ fn method_not_allowed() -> S2Error {
     )
 }
 
+/// The request headers S2 clients send, for CORS preflights.
+const ALLOWED_HEADERS: &str = "Authorization, Content-Type, Content-Encoding, Accept, \
+    Last-Event-ID, S2-Basin, S2-Format, S2-Request-Token, S2-Encryption-Key, S2-Stream-Config";
+
+/// The answer to a CORS preflight on any S2 route, so browsers can use the S2 SDKs across
+/// origins (the Durable Streams routes answer their own).
+pub(super) fn preflight() -> Response {
+    (
+        StatusCode::NO_CONTENT,
+        [
+            (
+                header::ACCESS_CONTROL_ALLOW_METHODS,
+                "GET, POST, PUT, PATCH, DELETE, OPTIONS",
+            ),
+            (header::ACCESS_CONTROL_ALLOW_HEADERS, ALLOWED_HEADERS),
+            (header::ACCESS_CONTROL_MAX_AGE, "86400"),
+        ],
+    )
+        .into_response()
+}
+
 pub(super) fn method_not_allowed_response() -> Response {
     method_not_allowed().into_response()
 }
