@@ -178,6 +178,18 @@ async fn malformed_requests_get_4xx_and_change_nothing() {
     );
     assert_eq!(header(&retry, "producer-expected-seq"), Some("0"));
 
+    // A '%' that starts no escape, on every surface (decoders would keep it, so `a%zz` and
+    // `a%25zz` would name one stream).
+    for path in ["/v1/stream/a%zz", "/bkt1/a%zz", "/v1/streams/a%2/records"] {
+        expect_status(
+            http.put(server.url(path))
+                .header("content-type", "text/plain"),
+            400,
+            path,
+        )
+        .await;
+    }
+
     // Methods.
     let response = http.patch(&text).send().await.unwrap();
     assert_eq!(response.status(), 405);

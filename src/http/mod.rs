@@ -30,6 +30,7 @@ use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{any, get};
 
+use crate::model::names;
 use crate::service::StreamService;
 
 pub use auth::AuthConfig;
@@ -139,6 +140,16 @@ where
     let mut response = observation
         .run(async {
             match auth::authorize(app, &mut request) {
+                // Decoders elsewhere keep a stray '%' as it is, so `a%zz` and `a%25zz` would
+                // name one stream: refused here, for every route.
+                Ok(()) if !names::escapes_are_whole(request.uri().path()) => {
+                    let reason = names::NameError::BadEncoding.to_string();
+                    if s2_route {
+                        s2::bad_path_response(&reason)
+                    } else {
+                        text_error(StatusCode::BAD_REQUEST, &reason)
+                    }
+                }
                 Ok(()) if s2_route && request.method() == Method::OPTIONS => s2::preflight(),
                 Ok(()) => inner(request).await,
                 Err(refusal) => *refusal,

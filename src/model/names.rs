@@ -92,18 +92,22 @@ pub fn base_stream_key(path: &str) -> Result<String, NameError> {
     Ok(format!("{BASE_PREFIX}{path}"))
 }
 
-/// A URL path percent-decoded, refusing a `%` that does not start an escape (which a lenient
-/// decoder would keep as it is, so `a%zz` and `a%25zz` would name one stream) and bytes that are
-/// not UTF-8 once decoded.
-pub fn decode_path(raw: &str) -> Result<std::borrow::Cow<'_, str>, NameError> {
+/// Every `%` in `raw` starts an escape: two hex digits follow it.
+pub fn escapes_are_whole(raw: &str) -> bool {
     let bytes = raw.as_bytes();
-    let escapes_ok = bytes.iter().enumerate().all(|(i, &b)| {
+    bytes.iter().enumerate().all(|(i, &b)| {
         b != b'%'
             || bytes
                 .get(i + 1..i + 3)
                 .is_some_and(|hex| hex.iter().all(u8::is_ascii_hexdigit))
-    });
-    if !escapes_ok {
+    })
+}
+
+/// A URL path percent-decoded, refusing a `%` that does not start an escape (which a lenient
+/// decoder would keep as it is, so `a%zz` and `a%25zz` would name one stream) and bytes that are
+/// not UTF-8 once decoded.
+pub fn decode_path(raw: &str) -> Result<std::borrow::Cow<'_, str>, NameError> {
+    if !escapes_are_whole(raw) {
         return Err(NameError::BadEncoding);
     }
     percent_encoding::percent_decode_str(raw)

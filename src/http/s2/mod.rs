@@ -200,6 +200,11 @@ pub(super) fn preflight() -> Response {
         .into_response()
 }
 
+/// 400 for a request path that cannot be decoded.
+pub(super) fn bad_path_response(reason: &str) -> Response {
+    S2Error::new(StatusCode::BAD_REQUEST, "bad_path", reason).into_response()
+}
+
 pub(super) fn method_not_allowed_response() -> Response {
     method_not_allowed().into_response()
 }
