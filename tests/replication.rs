@@ -1206,3 +1206,68 @@ async fn over_tls_the_streamld_links_and_locations_use_https_and_wss() {
         "{head}"
     );
 }
+
+#[tokio::test]
+async fn a_bucket_mirror_takes_no_local_streams_or_forks_and_copies_a_close_it_joined_behind() {
+    let http = client();
+    let no_redirects = reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .unwrap();
+    let upstream = Server::start(&["--memory"]);
+    create_bucket(&http, &upstream).await;
+    let s = upstream.url(&format!("/{BUCKET}/s"));
+    assert_eq!(put(&http, &s, "text/plain", "one;").await.status(), 201);
+    append(&http, &s, "text/plain", "two;").await;
+    let close = http
+        .post(&s)
+        .header("stream-closed", "true")
+        .send()
+        .await
+        .unwrap();
+    assert!(close.status().is_success());
+
+    // The mirror joins behind the close: it gets the records, then the closed state.
+    let bucket = upstream.url(&format!("/{BUCKET}"));
+    let mirror = Server::start(&["--memory", "--mirror-from", &bucket]);
+    wait_until_mirrored(&http, &upstream, &mirror, &["s"]).await;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let head = http
+            .head(mirror.url(&format!("/{BUCKET}/s")))
+            .send()
+            .await
+            .unwrap();
+        if header(&head, "stream-closed") == Some("true") {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the mirror's copy stays open"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+
+    // A stream made locally in the mirrored bucket would be deleted by the mirror: it goes to
+    // the upstream instead.
+    let local = no_redirects
+        .put(mirror.url(&format!("/{BUCKET}/local")))
+        .header("content-type", "text/plain")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(local.status(), 307);
+    assert_eq!(
+        header(&local, "location"),
+        Some(upstream.url(&format!("/{BUCKET}/local")).as_str())
+    );
+    // A fork would stop the mirror at the next rebuild of its source.
+    let fork = http
+        .put(mirror.url("/v1/stream/fork"))
+        .header("content-type", "text/plain")
+        .header("stream-forked-from", format!("/{BUCKET}/s"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(fork.status(), 409);
+}

@@ -93,6 +93,10 @@ async fn session(app: AppState, principal: Arc<Principal>, socket: WebSocket, or
     let (queue, mut outgoing) = mpsc::channel::<(CancellationToken, Message)>(SESSION_QUEUE);
     // Why the session ends, when the replica sent something it cannot take part in.
     let (refuse, refusal) = oneshot::channel::<CloseFrame>();
+    // The writer gave up on a replica too slow to read: the session ends with it, rather than
+    // waiting on a replica that has nothing to send.
+    let writer_gone = CancellationToken::new();
+    let gone = writer_gone.clone();
     let writer = tokio::spawn(async move {
         while let Some((subscription, message)) = outgoing.recv().await {
             if subscription.is_cancelled() {
@@ -109,14 +113,15 @@ async fn session(app: AppState, principal: Arc<Principal>, socket: WebSocket, or
                 break;
             }
         }
-        match refusal.await {
-            Ok(frame) => {
-                let _ = sink.send(WsMessage::Close(Some(frame))).await;
+        gone.cancel();
+        // Bounded too: a replica that reads nothing would not take the close frame either.
+        let close = async {
+            match refusal.await {
+                Ok(frame) => sink.send(WsMessage::Close(Some(frame))).await,
+                Err(_) => sink.close().await,
             }
-            Err(_) => {
-                let _ = sink.close().await;
-            }
-        }
+        };
+        let _ = tokio::time::timeout(SEND_TIMEOUT, close).await;
     });
     // One subscription per target: a new join for a target replaces the one before.
     let mut subscriptions: HashMap<String, Subscription> = HashMap::new();
@@ -130,6 +135,7 @@ async fn session(app: AppState, principal: Arc<Principal>, socket: WebSocket, or
         // its cursors elsewhere or later).
         let frame = tokio::select! {
             frame = incoming.next() => frame,
+            () = writer_gone.cancelled() => break,
             () = shutdown.cancelled() => break,
             () = &mut token_expired => break,
         };
@@ -414,6 +420,9 @@ async fn pump(
     // What the replica was last told beside the records; a new state goes out when it changes.
     let described = |d: &crate::service::Durable| (d.meta_version, d.closed, d.first);
     let mut told = described(&stream.durable());
+    // A replica applies a close only once it holds every record before it: a closed stream's
+    // state goes out again after the backlog.
+    told.1 &= after >= state.tail.seq;
     let gap = |first: Offset| GapSignal {
         oldest_available: Some(streamld::sequence_of(first.seq)),
         stream: Some(url.to_string()),
@@ -501,6 +510,9 @@ pub async fn sse(
     after: u64,
 ) -> Result<Response, StreamError> {
     let stream = app.service.find(key, false).await?;
+    if stream.encrypted {
+        return Err(StreamError::Encrypted);
+    }
     let url = streamld::stream_iri(origin, key);
     let durable = stream.durable();
     if after < durable.first.seq || after > durable.tail.seq {

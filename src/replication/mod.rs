@@ -25,6 +25,13 @@ const MIN_BACKOFF: Duration = Duration::from_millis(200);
 const MAX_BACKOFF: Duration = Duration::from_secs(30);
 /// Frames applied in one commit at most.
 const APPLY_BATCH: usize = 1000;
+/// A session quiet this long is pinged; one quiet for twice as long is taken for dead (a
+/// connection dropped without a close, by a NAT or a failed host) and the mirror reconnects.
+const QUIET: Duration = Duration::from_secs(20);
+/// The largest message the mirror takes: a record of the largest body any server would accept,
+/// in base64 inside its envelope. (tungstenite's default of 16 MiB stopped a 13 MiB record, and
+/// with it the whole bucket, for good.)
+const MAX_MESSAGE_BYTES: usize = 256 << 20;
 
 #[derive(Debug, thiserror::Error)]
 pub enum MirrorError {
@@ -102,6 +109,15 @@ impl Upstream {
             None => format!("{}/{}", self.base, self.bucket),
         }
     }
+}
+
+/// The bucket a `--mirror-from` URL mirrors whole, and its upstream (`scheme://host:port`);
+/// `None` for the URL of one stream, or one that does not parse (`follow` reports that).
+pub fn mirrored_bucket(url: &str) -> Option<(String, String)> {
+    Upstream::parse(url)
+        .ok()
+        .filter(|upstream| upstream.stream.is_none())
+        .map(|upstream| (upstream.bucket, upstream.base))
 }
 
 fn encode(segment: &str) -> String {
@@ -258,8 +274,12 @@ async fn follow_once(
             .insert(reqwest::header::AUTHORIZATION, value.clone());
     }
     let tls = tokio_tungstenite::Connector::Rustls(connection.tls.clone());
+    let config = tokio_tungstenite::tungstenite::protocol::WebSocketConfig::default()
+        .max_message_size(Some(MAX_MESSAGE_BYTES))
+        .max_frame_size(Some(MAX_MESSAGE_BYTES));
     let (socket, _) =
-        tokio_tungstenite::connect_async_tls_with_config(request, None, true, Some(tls)).await?;
+        tokio_tungstenite::connect_async_tls_with_config(request, Some(config), true, Some(tls))
+            .await?;
     let (mut sink, mut incoming) = socket.split();
     let join = match &upstream.stream {
         Some(stream) => {
@@ -297,7 +317,22 @@ async fn follow_once(
         upstream_tails: HashMap::new(),
         rejoin: None,
     };
-    while let Some(message) = incoming.next().await {
+    let mut pinged = false;
+    loop {
+        let message = match tokio::time::timeout(QUIET, incoming.next()).await {
+            Ok(Some(message)) => message,
+            Ok(None) => break,
+            Err(_) if pinged => {
+                tracing::warn!(upstream = %upstream.url(), "upstream silent; reconnecting");
+                return Ok(Ended::Closed);
+            }
+            Err(_) => {
+                sink.send(WsMessage::Ping(Bytes::new())).await?;
+                pinged = true;
+                continue;
+            }
+        };
+        pinged = false;
         let text = match message? {
             WsMessage::Text(text) => text,
             WsMessage::Close(_) => return Ok(Ended::Closed),

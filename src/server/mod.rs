@@ -46,6 +46,11 @@ pub async fn serve(settings: Settings) -> anyhow::Result<()> {
     };
     let service_config = ServiceConfig {
         max_streams_per_bucket: settings.max_streams_per_bucket,
+        mirrored_buckets: settings
+            .mirror_from
+            .iter()
+            .filter_map(|url| crate::replication::mirrored_bucket(url))
+            .collect(),
         ..ServiceConfig::default()
     };
     let service = StreamService::open(engine, service_config)

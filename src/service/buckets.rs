@@ -210,7 +210,7 @@ fn members(registry: &super::Registry, bucket: &str) -> Vec<Arc<Stream>> {
 /// Whether clients can see the stream: not deleted, not expired.
 fn visible(stream: &Stream, now: i64) -> bool {
     let state = stream.lock();
-    !state.removed && !state.meta.soft_deleted && !state.meta.is_expired(now, state.last_access_ms)
+    !state.removed && !state.meta.soft_deleted && !stream.expired(&state, now)
 }
 
 fn summary(stream: &Stream, key_prefix: &str) -> StreamSummary {

@@ -49,6 +49,13 @@ impl StreamService {
                 StreamError::Gone => StreamError::ForkSourceGone,
                 other => other,
             })?;
+        if source.mirror_of.is_some() {
+            // A rebuild of the mirrored stream (after a gap upstream) could not keep the fork's
+            // history, and would stop the mirror.
+            return Err(StreamError::Conflict(
+                "a mirrored stream cannot be forked on its mirror: fork it on its upstream",
+            ));
+        }
         let chain = std::iter::successors(Some(&source), |s| s.source.as_ref()).count();
         if chain >= MAX_FORK_CHAIN {
             return Err(StreamError::BadRequest(format!(

@@ -54,7 +54,7 @@ pub use tokens::{IssueToken, Principal, TokenError};
 use stream::State;
 
 /// Tunables of the service.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Debug)]
 pub struct ServiceConfig {
     /// The most body bytes one live read (long-poll, SSE event, replication batch) carries; at
     /// least one record is always returned.
@@ -67,6 +67,9 @@ pub struct ServiceConfig {
     pub max_inflight_commits: usize,
     /// Streams one bucket may hold (`None`: no limit).
     pub max_streams_per_bucket: Option<usize>,
+    /// Buckets this server mirrors whole, with their upstream (`scheme://host:port`): the
+    /// mirror alone creates streams in them.
+    pub mirrored_buckets: HashMap<String, String>,
 }
 
 impl Default for ServiceConfig {
@@ -77,6 +80,7 @@ impl Default for ServiceConfig {
             cache: CacheLimits::default(),
             max_inflight_commits: 8192,
             max_streams_per_bucket: None,
+            mirrored_buckets: HashMap::new(),
         }
     }
 }
@@ -255,7 +259,7 @@ impl StreamService {
                 if state.meta.soft_deleted {
                     return Err(StreamError::Gone);
                 }
-                let expired = state.meta.is_expired(now, state.last_access_ms);
+                let expired = stream.expired(&state, now);
                 if renew && !expired {
                     state.last_access_ms = now;
                 }
@@ -294,6 +298,15 @@ impl StreamService {
 
     /// Creates a stream, or confirms an identical one exists.
     pub async fn create(&self, request: CreateRequest) -> StreamResult<CreateOutcome> {
+        // A stream made here in a mirrored bucket would be deleted by the mirror later.
+        if request.mirror.is_none()
+            && let Some(upstream) = names::bucket_of(&request.name)
+                .and_then(|bucket| self.config.mirrored_buckets.get(bucket))
+        {
+            return Err(StreamError::Mirrored {
+                upstream: upstream.clone(),
+            });
+        }
         let plan = match &request.fork {
             Some(fork) => Some(self.plan_fork(fork).await?),
             None => None,
@@ -379,7 +392,7 @@ impl StreamService {
             }
             (
                 state.meta.soft_deleted,
-                state.meta.is_expired(now_ms(), state.last_access_ms),
+                existing.expired(&state, now_ms()),
                 state.meta.mismatch(requested),
             )
         };
@@ -678,16 +691,13 @@ impl StreamService {
             .filter(|s| s.may_expire)
             .filter(|s| {
                 let state = s.lock();
-                !state.removed
-                    && !state.meta.soft_deleted
-                    && state.meta.is_expired(now, state.last_access_ms)
+                !state.removed && !state.meta.soft_deleted && s.expired(&state, now)
             })
             .cloned()
             .collect();
         for stream in candidates {
-            let still_expired = |state: &State| {
-                !state.meta.soft_deleted && state.meta.is_expired(now, state.last_access_ms)
-            };
+            let still_expired =
+                |state: &State| !state.meta.soft_deleted && stream.expired(state, now);
             if let Err(e) = self.remove_if(&stream, still_expired).await {
                 tracing::warn!(stream = %stream.name, error = %e, "expiring a stream failed");
             }

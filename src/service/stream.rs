@@ -90,7 +90,10 @@ impl Stream {
             id,
             name: meta.name.clone(),
             json: crate::model::content_type::is_json(&meta.content_type),
-            may_expire: meta.ttl_secs.is_some() || meta.expires_at_ms.is_some(),
+            // A mirror's copy goes when its upstream's stream does, never on its own clock: its
+            // readers do not renew the upstream's TTL.
+            may_expire: (meta.ttl_secs.is_some() || meta.expires_at_ms.is_some())
+                && meta.extra().mirror_of.is_none(),
             encrypted: meta.extra().cipher.is_some(),
             mirror_of: meta.extra().mirror_of.clone(),
             upstream_tail: std::sync::atomic::AtomicU64::new(0),
@@ -124,6 +127,11 @@ impl Stream {
             return Err(super::StreamError::NotFound);
         }
         Ok(state)
+    }
+
+    /// Its TTL or expiry time has passed (`state` is its state, locked).
+    pub(super) fn expired(&self, state: &State, now_ms: i64) -> bool {
+        self.may_expire && state.meta.is_expired(now_ms, state.last_access_ms)
     }
 
     /// Slides the TTL window: a read or an append was accepted (a rejected request, or a
