@@ -710,8 +710,14 @@ impl StreamService {
             }
             let size = s2::metered_size(&record.headers, &record.body);
             if metered + size > bytes_cap {
-                limit_reached |= limits.bytes.is_some_and(|b| metered + size > b);
-                break;
+                let past_limit = limits.bytes.is_some_and(|b| metered + size > b);
+                // A record larger than one step (a Durable Streams append may be; S2 caps
+                // records at 1 MiB) goes alone rather than never: a reader would wait on it
+                // forever. The client's own limit still stops it.
+                if !records.is_empty() || past_limit {
+                    limit_reached |= past_limit;
+                    break;
+                }
             }
             metered += size;
             records.push(record);

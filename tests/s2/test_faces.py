@@ -200,3 +200,16 @@ def test_s2_headers_on_json_records_are_invisible_to_durable_streams(c, basin):
     basin.ack(stream, [rec('{"v": 1}', headers=[["meta", "data"]])])
     assert ds_read(c, basin.name, stream).json() == [{"v": 1}]
     assert basin.records(stream, seq_num=0)[0]["headers"] == [["meta", "data"]]
+
+
+def test_a_durable_streams_record_larger_than_an_s2_read_step_is_still_read(c, basin, stream):
+    big = b"x" * ((1 << 20) + 1000)  # more than one S2 read returns at once
+    ds_append(c, basin.name, stream, big)
+    ds_append(c, basin.name, stream, b"after")
+    got = basin.records(stream, seq_num=0)
+    assert s2.seq_nums(got) == [0], "the large record alone"
+    assert len(got[0]["body"]) == len(big)
+    with basin.sse(stream, seq_num=0, count=2) as s:
+        events = s.expect_ok().rest()
+    assert events[-1].done
+    assert s2.seq_nums(s2.batch_records(events)) == [0, 1]

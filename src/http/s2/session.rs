@@ -7,6 +7,7 @@ use futures::{Stream as FuturesStream, StreamExt as _};
 
 use super::*;
 use crate::service::Wake;
+use crate::storage::StorageError;
 
 /// What a read session was asked for.
 pub(super) struct Session {
@@ -66,6 +67,14 @@ pub(super) fn events(
                 }
             };
             let (limit_reached, at_tail) = (batch.limit_reached, batch.at_tail);
+            if batch.records.is_empty() && !at_tail && !limit_reached {
+                // Reading again from the same place would return nothing again, forever.
+                let missing = format!("no records readable at {next}, below the tail");
+                yield SessionEvent::Failed(StorageError::Corrupt(missing).into());
+                return;
+            }
+            // Even with no records: a trim may have moved the start past where this session was.
+            next = next.max(batch.next_seq);
             if let Some(last) = batch.records.last() {
                 // The totals start from the client's Last-Event-ID, which may be anything.
                 count = count.saturating_add(batch.records.len() as u64);
@@ -73,7 +82,6 @@ pub(super) fn events(
                 remaining.count = remaining.count.map(|c| c.saturating_sub(batch.records.len() as u64));
                 remaining.bytes = remaining.bytes.map(|b| b.saturating_sub(batch.metered));
                 let id = EventId { last_seq: last.seq, count, bytes };
-                next = batch.next_seq;
                 idle_deadline = idle.map(|d| Instant::now() + d);
                 yield SessionEvent::Batch { batch, id };
             }
