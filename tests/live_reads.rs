@@ -89,7 +89,7 @@ async fn an_sse_tail_sees_each_append_then_the_close_and_ends() {
     };
     next_event(&mut seen, "\"upToDate\":true").await;
 
-    for word in ["one", "two"] {
+    for word in ["one", "two", "three", "four"] {
         let response = http
             .post(&url)
             .header("content-type", "text/plain")
@@ -113,6 +113,16 @@ async fn an_sse_tail_sees_each_append_then_the_close_and_ends() {
         seen.ends_with("}\n\n"),
         "the close is the last event: {seen:?}"
     );
+    // Without a client cursor every event's cursor is the current interval: it neither goes
+    // back nor runs ahead event by event.
+    let cursors: Vec<u64> = seen
+        .split("\"streamCursor\":\"")
+        .skip(1)
+        .map(|rest| rest.split('"').next().unwrap().parse().unwrap())
+        .collect();
+    assert!(cursors.len() >= 5, "{seen:?}");
+    assert!(cursors.is_sorted(), "{cursors:?}");
+    assert!(cursors[cursors.len() - 1] - cursors[0] <= 1, "{cursors:?}");
 }
 
 #[tokio::test]

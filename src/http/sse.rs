@@ -37,7 +37,10 @@ pub fn respond(app: &AppState, read: Read) -> Response {
     let events = async_stream::stream! {
         let stream = &read.stream;
         let mut at = read.start;
-        let mut cursor = read.client_cursor;
+        // Each event's cursor answers the cursor the request carried (feeding an event's own
+        // cursor back in would add jitter at every event, days ahead within a connection), and
+        // never goes back within the connection.
+        let mut cursor = 0;
         loop {
             let chunk = match service.read_at(stream, at, None).await {
                 Ok(chunk) => chunk,
@@ -46,8 +49,8 @@ pub fn respond(app: &AppState, read: Read) -> Response {
                     break;
                 }
             };
-            let fresh = next_cursor(cursor);
-            cursor = Some(fresh);
+            let fresh = next_cursor(read.client_cursor).max(cursor);
+            cursor = fresh;
             if !chunk.records.is_empty() {
                 let mut events = Vec::new();
                 if envelope {
@@ -79,6 +82,11 @@ pub fn respond(app: &AppState, read: Read) -> Response {
                     break;
                 }
                 if !chunk.up_to_date {
+                    // Catching up reads on without waiting, so the connection's end is checked
+                    // here too: a long backlog does not keep it open past its bound.
+                    if Instant::now() >= deadline {
+                        break;
+                    }
                     continue;
                 }
             } else {
@@ -96,8 +104,8 @@ pub fn respond(app: &AppState, read: Read) -> Response {
                     Wake::Ended => return,
                     Wake::Idle => {
                         let idle = ReadChunk { start: at, records: Vec::new(), next: at, up_to_date: true, closed: false };
-                        let fresh = next_cursor(cursor);
-                        cursor = Some(fresh);
+                        let fresh = next_cursor(read.client_cursor).max(cursor);
+                        cursor = fresh;
                         yield Ok(Bytes::from(control_event(&read, &idle, fresh)));
                     }
                 }
