@@ -1271,3 +1271,78 @@ async fn a_bucket_mirror_takes_no_local_streams_or_forks_and_copies_a_close_it_j
         .unwrap();
     assert_eq!(fork.status(), 409);
 }
+
+#[tokio::test]
+async fn an_encrypted_s2_stream_is_mirrored_sealed_and_reads_back_with_its_key() {
+    let http = client();
+    let upstream = Server::start(&["--memory"]);
+    let json = |body: serde_json::Value| body.to_string();
+    let basin = http
+        .post(upstream.url("/v1/basins"))
+        .header("content-type", "application/json")
+        .body(json(serde_json::json!({
+            "basin": BUCKET, "config": {"stream_cipher": "aes-256-gcm"}
+        })))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(basin.status(), 201);
+    let key = "a2tra2tra2tra2tra2tra2tra2tra2tra2tra2tra2s=";
+    let s2 = |server: &Server, method: reqwest::Method, path: &str| {
+        http.request(method, server.url(path))
+            .header("content-type", "application/json")
+            .header("s2-basin", BUCKET)
+            .header("s2-encryption-key", key)
+    };
+    let created = s2(&upstream, reqwest::Method::POST, "/v1/streams")
+        .body(json(serde_json::json!({"stream": "sec"})))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(created.status(), 201);
+    let appended = s2(&upstream, reqwest::Method::POST, "/v1/streams/sec/records")
+        .body(json(
+            serde_json::json!({"records": [{"body": "top secret"}]}),
+        ))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(appended.status(), 200);
+
+    let mirror = Server::start(&[
+        "--memory",
+        "--mirror-from",
+        &upstream.url(&format!("/{BUCKET}")),
+    ]);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    let read = loop {
+        let read = s2(
+            &mirror,
+            reqwest::Method::GET,
+            "/v1/streams/sec/records?seq_num=0",
+        )
+        .send()
+        .await
+        .unwrap();
+        if read.status() == 200 {
+            let body: serde_json::Value =
+                serde_json::from_slice(&read.bytes().await.unwrap()).unwrap();
+            if body["records"].as_array().is_some_and(|r| !r.is_empty()) {
+                break body;
+            }
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "not mirrored in 10 s"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert_eq!(read["records"][0]["body"], "top secret");
+    // The copy is sealed as the original: no plain read of it.
+    let plain = http
+        .get(mirror.url(&format!("/{BUCKET}/sec?offset=-1")))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(plain.status(), 409);
+}

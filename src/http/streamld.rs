@@ -498,6 +498,8 @@ fn state_message(url: &str, state: &ReplicatedState) -> Message {
             digest: s.digest.clone(),
         }),
         created_ms: state.created_ms,
+        cipher: state.cipher.clone(),
+        key_fingerprint: state.key_fingerprint.clone(),
     }))
 }
 

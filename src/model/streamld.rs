@@ -156,6 +156,12 @@ pub struct StreamState {
     #[serde(default)]
     pub snapshot: Option<SnapshotRef>,
     pub created_ms: i64,
+    /// The cipher S2 record bodies are sealed with, and the fingerprint of the key that sealed
+    /// them: frames carry the sealed bodies. (Absent from upstreams that predate them.)
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cipher: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub key_fingerprint: Option<String>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]

@@ -496,10 +496,19 @@ impl Mirror<'_> {
                 None => None,
             },
             created_ms: message.created_ms,
+            cipher: message.cipher.clone(),
+            key_fingerprint: message.key_fingerprint.clone(),
         };
         self.states.insert(message.stream.clone(), state.clone());
         let stream = self.stream(&message.stream).await?;
-        if self.service.replicated_state(&stream).created_ms != state.created_ms {
+        let local = self.service.replicated_state(&stream);
+        if local.cipher != state.cipher {
+            // A copy made before ciphers were replicated holds sealed bodies as plain ones.
+            return self
+                .rebuild_diverged(&message.stream, "the upstream stream is sealed otherwise")
+                .await;
+        }
+        if local.created_ms != state.created_ms {
             // Deleted and created again upstream while the mirror was not looking: the copy
             // holds the old stream's records.
             return self

@@ -60,6 +60,7 @@ fn mirror_request(
         // Closed only once every record is here, and a new mirror has none yet.
         closed: state.closed && state.tail == state.retained_from,
         attrs: state.attrs.clone(),
+        cipher: state.cipher.clone(),
         mirror: Some(MirrorStart {
             upstream: upstream.to_string(),
             at: state.retained_from,
@@ -82,6 +83,11 @@ pub struct ReplicatedState {
     pub tail: Offset,
     pub snapshot: Option<SnapshotInfo>,
     pub created_ms: i64,
+    /// The cipher the records are sealed with: a mirror keeps them sealed, and its copy is
+    /// encrypted the same way (readable only through S2 with the key).
+    pub cipher: Option<String>,
+    /// Which key sealed them, once one has.
+    pub key_fingerprint: Option<String>,
 }
 
 /// The streams that come into being in one bucket, from the moment the watch was made.
@@ -164,6 +170,8 @@ impl StreamService {
             tail: durable.tail,
             snapshot: state.meta.extra().snapshot.clone(),
             created_ms: state.meta.created_ms,
+            cipher: state.meta.extra().cipher.clone(),
+            key_fingerprint: state.meta.extra().key_fingerprint.clone(),
         }
     }
 
@@ -238,6 +246,12 @@ impl StreamService {
             }
             if state.meta.extra().attrs != upstream.attrs {
                 state.meta.extra_mut().attrs = upstream.attrs.clone();
+                changed = true;
+            }
+            if upstream.key_fingerprint.is_some()
+                && state.meta.extra().key_fingerprint != upstream.key_fingerprint
+            {
+                state.meta.extra_mut().key_fingerprint = upstream.key_fingerprint.clone();
                 changed = true;
             }
             if let Some(blob) = snapshot_blob {

@@ -574,6 +574,8 @@ fn mirrored_state(retained_from: Offset, tail: Offset, snapshot: bool) -> Replic
             digest: "digest".into(),
         }),
         created_ms: 0,
+        cipher: None,
+        key_fingerprint: None,
     }
 }
 
