@@ -47,6 +47,17 @@ async fn live_readers_beyond_the_limit_get_503_with_retry_after() {
         .unwrap();
     assert_eq!(third.status(), 503);
     assert_eq!(header(&third, "retry-after"), Some("1"));
+    // On S2's routes the refusal takes S2's error shape.
+    let s2 = client()
+        .get(server.url("/v1/streams/s/records?seq_num=0"))
+        .header("s2-basin", "some-basin")
+        .header("accept", "text/event-stream")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(s2.status(), 503);
+    let error: serde_json::Value = serde_json::from_slice(&s2.bytes().await.unwrap()).unwrap();
+    assert_eq!(error["code"], "unavailable");
     let catch_up = client()
         .get(server.url("/v1/stream/live?offset=-1"))
         .send()

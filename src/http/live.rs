@@ -62,10 +62,15 @@ pub async fn serve(app: &AppState, request: Request, next: Next) -> Response {
         return next.run(request).await;
     }
     let Ok(permit) = app.live_readers.clone().try_acquire_owned() else {
-        let mut response = text_error(
+        let (status, reason) = (
             StatusCode::SERVICE_UNAVAILABLE,
             "too many live readers; retry shortly",
         );
+        let mut response = if super::s2::serves(request.uri().path()) {
+            super::s2::error_response(status, "unavailable", reason)
+        } else {
+            text_error(status, reason)
+        };
         response.headers_mut().insert(
             header::RETRY_AFTER,
             HeaderValue::from_static(RETRY_AFTER_SECS),

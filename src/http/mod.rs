@@ -145,7 +145,7 @@ where
                 Ok(()) if !names::escapes_are_whole(request.uri().path()) => {
                     let reason = names::NameError::BadEncoding.to_string();
                     if s2_route {
-                        s2::bad_path_response(&reason)
+                        s2::error_response(StatusCode::BAD_REQUEST, "bad_path", &reason)
                     } else {
                         text_error(StatusCode::BAD_REQUEST, &reason)
                     }

@@ -200,9 +200,9 @@ pub(super) fn preflight() -> Response {
         .into_response()
 }
 
-/// 400 for a request path that cannot be decoded.
-pub(super) fn bad_path_response(reason: &str) -> Response {
-    S2Error::new(StatusCode::BAD_REQUEST, "bad_path", reason).into_response()
+/// An error in S2's shape, for the layers in front of S2's handlers.
+pub(super) fn error_response(status: StatusCode, code: &str, message: &str) -> Response {
+    S2Error::new(status, code, message).into_response()
 }
 
 pub(super) fn method_not_allowed_response() -> Response {
