@@ -1261,6 +1261,16 @@ async fn a_bucket_mirror_takes_no_local_streams_or_forks_and_copies_a_close_it_j
         header(&local, "location"),
         Some(upstream.url(&format!("/{BUCKET}/local")).as_str())
     );
+    let bucket_delete = no_redirects
+        .delete(mirror.url(&format!("/{BUCKET}")))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(
+        bucket_delete.status(),
+        307,
+        "the mirrored bucket is the upstream's"
+    );
     // A fork would stop the mirror at the next rebuild of its source.
     let fork = http
         .put(mirror.url("/v1/stream/fork"))

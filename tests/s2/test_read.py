@@ -224,6 +224,16 @@ def test_long_poll_woken_by_an_append_carries_the_tail(basin, stream):
 
 # --- wait (long poll) -------------------------------------------------------------------
 
+def test_a_wait_on_a_stream_deleted_meanwhile_is_404(c, basin, stream):
+    nxt = basin.tail(stream)["seq_num"]
+    reader = Background(lambda: basin.read(stream, 404, seq_num=nxt, wait=8))
+    time.sleep(0.3)  # the read is waiting (if not yet, it finds the stream gone: 404 too)
+    s2.check(c.delete(s2.stream_path(stream), headers=basin.headers()), 202)
+    started = time.monotonic()
+    reader.result()
+    assert time.monotonic() - started < 5, "answered when the stream went, not at the wait's end"
+
+
 def test_wait_at_the_tail_returns_empty_records_when_it_expires(basin, five):
     started = time.monotonic()
     body = basin.batch(five, seq_num=5, wait=1)

@@ -381,9 +381,13 @@ async fn read(app: &AppState, name: &str, query: Option<&str>, headers: &HeaderM
     let mut batch = unary_read().await?;
     if batch.records.is_empty() && !batch.limit_reached && wait > 0 {
         let timeout = Duration::from_secs(wait.min(s2::UNARY_MAX_WAIT_SECS));
-        app.service
+        let seen = app
+            .service
             .wait_beyond(&stream, Offset::new(start.max(batch.next_seq), 0), timeout)
             .await;
+        if seen.removed {
+            return Err(StreamError::NotFound.into());
+        }
         batch = unary_read().await?;
     }
     app.service
