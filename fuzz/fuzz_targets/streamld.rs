@@ -85,6 +85,8 @@ fuzz_target!(|data: &[u8]| {
             next_sequence: 1,
             snapshot: None,
             created_ms: 0,
+            cipher: None,
+            key_fingerprint: None,
         }));
         let text = state.to_json();
         assert_eq!(
