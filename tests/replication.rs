@@ -1356,3 +1356,104 @@ async fn an_encrypted_s2_stream_is_mirrored_sealed_and_reads_back_with_its_key()
         .unwrap();
     assert_eq!(plain.status(), 409);
 }
+
+#[tokio::test]
+async fn s2_writes_to_a_mirror_are_redirected_to_the_upstream_in_s2s_error_shape() {
+    let http = client();
+    let no_redirects = reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .unwrap();
+    let upstream = Server::start(&["--memory"]);
+    create_bucket(&http, &upstream).await;
+    let s = upstream.url(&format!("/{BUCKET}/s"));
+    assert_eq!(put(&http, &s, "text/plain", "one;").await.status(), 201);
+    let mirror = Server::start(&["--memory", "--mirror-from", &upstream.url(&format!("/{BUCKET}"))]);
+    wait_until_mirrored(&http, &upstream, &mirror, &["s"]).await;
+
+    let s2 = |method: reqwest::Method, path: &str, body: serde_json::Value| {
+        no_redirects
+            .request(method, mirror.url(path))
+            .header("s2-basin", BUCKET)
+            .header("content-type", "application/json")
+            .body(body.to_string())
+    };
+    let refusals = [
+        (
+            "append",
+            s2(
+                reqwest::Method::POST,
+                "/v1/streams/s/records",
+                serde_json::json!({"records": [{"body": "two;"}]}),
+            ),
+            "/v1/streams/s/records",
+        ),
+        (
+            "stream reconfiguration",
+            s2(
+                reqwest::Method::PATCH,
+                "/v1/streams/s",
+                serde_json::json!({"retention_policy": {"age": 60}}),
+            ),
+            "/v1/streams/s",
+        ),
+        (
+            "stream creation",
+            s2(
+                reqwest::Method::POST,
+                "/v1/streams",
+                serde_json::json!({"stream": "local"}),
+            ),
+            "/v1/streams",
+        ),
+        (
+            "basin reconfiguration",
+            s2(
+                reqwest::Method::PATCH,
+                &format!("/v1/basins/{BUCKET}"),
+                serde_json::json!({"create_stream_on_append": true}),
+            ),
+            &format!("/v1/basins/{BUCKET}"),
+        ),
+        (
+            "basin deletion",
+            s2(
+                reqwest::Method::DELETE,
+                &format!("/v1/basins/{BUCKET}"),
+                serde_json::json!({}),
+            ),
+            &format!("/v1/basins/{BUCKET}"),
+        ),
+    ];
+    for (what, request, path) in refusals {
+        let response = request.send().await.unwrap();
+        assert_eq!(response.status(), 307, "{what}");
+        assert_eq!(
+            header(&response, "location"),
+            Some(upstream.url(path).as_str()),
+            "{what}"
+        );
+        let body: serde_json::Value =
+            serde_json::from_str(&response.text().await.unwrap()).unwrap();
+        assert_eq!(body["code"], "mirrored", "{what}: {body}");
+    }
+
+    // Nothing changed on the mirror, and the upstream still holds one record.
+    let config = http
+        .get(mirror.url("/v1/streams/s"))
+        .header("s2-basin", BUCKET)
+        .send()
+        .await
+        .unwrap();
+    let config: serde_json::Value = serde_json::from_str(&config.text().await.unwrap()).unwrap();
+    assert!(config["retention_policy"].get("age").is_none(), "{config}");
+    let basin = http
+        .get(mirror.url(&format!("/v1/basins/{BUCKET}")))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(basin.status(), 200, "the mirrored basin is still there");
+    let (status, records) = s2_records(&http, &mirror, "s").await;
+    assert_eq!(status, 200);
+    assert!(!records.contains("two;"), "{records}");
+}

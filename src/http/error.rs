@@ -55,17 +55,23 @@ impl Failure {
     pub fn into_response_at(self, uri: &axum::http::Uri) -> Response {
         match self {
             Failure::Stream(StreamError::Mirrored { upstream }) => {
-                let path = uri.path_and_query().map_or(uri.path(), |p| p.as_str());
+                let location = upstream_location(&upstream, uri);
                 let mut response = text_error(
                     StatusCode::TEMPORARY_REDIRECT,
-                    &format!("this stream is a read-only mirror; write to {upstream}{path}"),
+                    &format!("this stream is a read-only mirror; write to {location}"),
                 );
-                set(&mut response, "location", &format!("{upstream}{path}"));
+                set(&mut response, "location", &location);
                 response
             }
             other => other.into_response(),
         }
     }
+}
+
+/// Where a write refused by a mirror goes instead: the same path and query on its upstream.
+pub fn upstream_location(upstream: &str, uri: &axum::http::Uri) -> String {
+    let path = uri.path_and_query().map_or(uri.path(), |p| p.as_str());
+    format!("{upstream}{path}")
 }
 
 pub fn stream_error(error: StreamError) -> Response {

@@ -108,11 +108,7 @@ impl StreamService {
 
     /// Deletes an empty bucket. Streams kept only for their forks still count: their data lives on.
     pub async fn delete_bucket(&self, bucket: &str) -> StreamResult<()> {
-        if let Some(upstream) = self.config.mirrored_buckets.get(bucket) {
-            return Err(StreamError::Mirrored {
-                upstream: upstream.clone(),
-            });
-        }
+        self.bucket_writable(bucket)?;
         // Expired streams are gone for clients; make them gone for the bucket too.
         self.sweep_expired().await;
         let commit = {

@@ -300,12 +300,9 @@ impl StreamService {
     pub async fn create(&self, request: CreateRequest) -> StreamResult<CreateOutcome> {
         // A stream made here in a mirrored bucket would be deleted by the mirror later.
         if request.mirror.is_none()
-            && let Some(upstream) = names::bucket_of(&request.name)
-                .and_then(|bucket| self.config.mirrored_buckets.get(bucket))
+            && let Some(bucket) = names::bucket_of(&request.name)
         {
-            return Err(StreamError::Mirrored {
-                upstream: upstream.clone(),
-            });
+            self.bucket_writable(bucket)?;
         }
         let plan = match &request.fork {
             Some(fork) => Some(self.plan_fork(fork).await?),

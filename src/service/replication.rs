@@ -123,8 +123,19 @@ impl AppearingIn {
 
 impl StreamService {
     /// Refuses writes to a stream that mirrors another server.
-    pub(super) fn writable(stream: &Stream) -> StreamResult<()> {
+    pub fn writable(stream: &Stream) -> StreamResult<()> {
         match &stream.mirror_of {
+            Some(upstream) => Err(StreamError::Mirrored {
+                upstream: upstream.clone(),
+            }),
+            None => Ok(()),
+        }
+    }
+
+    /// Refuses changes to a bucket mirrored from another server (`--mirror-from`): its streams,
+    /// their configuration and its own come from the upstream only.
+    pub(super) fn bucket_writable(&self, bucket: &str) -> StreamResult<()> {
+        match self.config.mirrored_buckets.get(bucket) {
             Some(upstream) => Err(StreamError::Mirrored {
                 upstream: upstream.clone(),
             }),

@@ -229,6 +229,7 @@ impl StreamService {
     /// Creates a basin, or makes the existing one's configuration `config` (S2's ensure). A new
     /// basin's name must follow S2's rule; any existing bucket is a basin.
     pub async fn ensure_basin(&self, basin: &str, config: Option<Value>) -> StreamResult<Ensured> {
+        self.bucket_writable(basin)?;
         if let Some(config) = &config {
             self.check_basin_config(config)?;
         }
@@ -289,6 +290,7 @@ impl StreamService {
         change: impl FnOnce(&Value) -> StreamResult<StreamConfig>,
     ) -> StreamResult<Value> {
         let stream = self.find(key, false).await?;
+        Self::writable(&stream)?;
         let (config, commit) = {
             let mut state = stream.lock_present()?;
             let stored = state
@@ -324,6 +326,7 @@ impl StreamService {
         basin: &str,
         change: impl FnOnce(&mut Value),
     ) -> StreamResult<Value> {
+        self.bucket_writable(basin)?;
         let (config, commit) = {
             let mut registry = self.lock_registry();
             let meta = registry
@@ -350,6 +353,7 @@ impl StreamService {
     /// Deletes a basin with every stream in it (S2 semantics; the bucket API only deletes empty
     /// buckets).
     pub async fn delete_basin(&self, basin: &str) -> StreamResult<()> {
+        self.bucket_writable(basin)?;
         loop {
             let listing = self.list_streams(basin, "", None, 1000, |_| true)?;
             if listing.streams.is_empty() {

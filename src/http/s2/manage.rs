@@ -198,6 +198,7 @@ pub(super) async fn basin(
     Path(basin): Path<String>,
     method: Method,
     headers: HeaderMap,
+    uri: Uri,
     body: Body,
 ) -> Response {
     let result = async {
@@ -247,7 +248,7 @@ pub(super) async fn basin(
             _ => Err(method_not_allowed()),
         }
     };
-    result.await.unwrap_or_else(IntoResponse::into_response)
+    result.await.unwrap_or_else(|e| e.at(&uri))
 }
 
 fn stream_info(summary: &StreamSummary) -> Value {
@@ -302,6 +303,7 @@ pub(super) async fn create_stream(
     State(app): State<AppState>,
     Extension(principal): Extension<Arc<Principal>>,
     headers: HeaderMap,
+    uri: Uri,
     body: Body,
 ) -> Response {
     let result = async {
@@ -327,7 +329,7 @@ pub(super) async fn create_stream(
             Provision::of_creation(creation).respond(stream_info_of(&app, &key).await?),
         )
     };
-    result.await.unwrap_or_else(IntoResponse::into_response)
+    result.await.unwrap_or_else(|e| e.at(&uri))
 }
 
 pub(super) async fn stream(
@@ -335,6 +337,7 @@ pub(super) async fn stream(
     Path(name): Path<String>,
     method: Method,
     headers: HeaderMap,
+    uri: Uri,
     body: Body,
 ) -> Response {
     let result = async {
@@ -383,5 +386,5 @@ pub(super) async fn stream(
             _ => Err(method_not_allowed()),
         }
     };
-    result.await.unwrap_or_else(IntoResponse::into_response)
+    result.await.unwrap_or_else(|e| e.at(&uri))
 }

@@ -8,7 +8,7 @@ use std::time::Duration;
 use axum::Router;
 use axum::body::Body;
 use axum::extract::{Extension, Path, RawQuery, State};
-use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, header};
+use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, Uri, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{any, delete, get};
 use bytes::Bytes;
@@ -28,7 +28,7 @@ use crate::model::s2::{self, BasinConfig, EventId, Format, StreamConfig};
 use crate::model::{Offset, names};
 use crate::service::{
     CheckedAppend, Creation, Ensured, Principal, S2Ack, S2Append, S2Batch, S2Limits, S2Position,
-    S2Record, S2Start, Stream, StreamError, StreamSummary, now_ms,
+    S2Record, S2Start, Stream, StreamError, StreamService, StreamSummary, now_ms,
 };
 
 /// How often an idle SSE session hears a `ping`.
@@ -75,14 +75,36 @@ pub fn routes() -> Router<AppState> {
 struct S2Error {
     status: StatusCode,
     body: Value,
+    /// Set when a mirror refused a write: the upstream that takes it.
+    upstream: Option<String>,
 }
 
 impl S2Error {
     fn new(status: StatusCode, code: &str, message: impl std::fmt::Display) -> Self {
+        S2Error::with_body(
+            status,
+            json!({ "code": code, "message": message.to_string() }),
+        )
+    }
+
+    fn with_body(status: StatusCode, body: Value) -> Self {
         S2Error {
             status,
-            body: json!({ "code": code, "message": message.to_string() }),
+            body,
+            upstream: None,
         }
+    }
+
+    /// The response to a request for `uri`: a write refused by a mirror is redirected to the
+    /// same path on its upstream, as on the other faces.
+    fn at(self, uri: &Uri) -> Response {
+        let upstream = self.upstream.clone();
+        let mut response = self.into_response();
+        if let Some(upstream) = upstream {
+            let location = super::error::upstream_location(&upstream, uri);
+            super::error::set(&mut response, header::LOCATION, &location);
+        }
+        response
     }
 }
 
@@ -102,15 +124,21 @@ impl From<StreamError> for S2Error {
         let message = error.to_string();
         let (status, code) = match error {
             StreamError::FencingMismatch { current } => {
-                return S2Error {
-                    status: StatusCode::PRECONDITION_FAILED,
-                    body: json!({ "fencing_token_mismatch": current }),
-                };
+                return S2Error::with_body(
+                    StatusCode::PRECONDITION_FAILED,
+                    json!({ "fencing_token_mismatch": current }),
+                );
             }
             StreamError::SeqNumMismatch { next } => {
+                return S2Error::with_body(
+                    StatusCode::PRECONDITION_FAILED,
+                    json!({ "seq_num_mismatch": next }),
+                );
+            }
+            StreamError::Mirrored { upstream } => {
                 return S2Error {
-                    status: StatusCode::PRECONDITION_FAILED,
-                    body: json!({ "seq_num_mismatch": next }),
+                    upstream: Some(upstream),
+                    ..S2Error::new(StatusCode::TEMPORARY_REDIRECT, "mirrored", message)
                 };
             }
             StreamError::BeyondTail { tail, timestamp_ms } => {
@@ -118,10 +146,10 @@ impl From<StreamError> for S2Error {
                     seq_num: tail,
                     timestamp: u64::try_from(timestamp_ms).unwrap_or(0),
                 };
-                return S2Error {
-                    status: StatusCode::RANGE_NOT_SATISFIABLE,
-                    body: json!({ "tail": position_json(position) }),
-                };
+                return S2Error::with_body(
+                    StatusCode::RANGE_NOT_SATISFIABLE,
+                    json!({ "tail": position_json(position) }),
+                );
             }
             StreamError::NotFound | StreamError::Gone => {
                 (StatusCode::NOT_FOUND, "stream_not_found")

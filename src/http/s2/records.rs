@@ -112,6 +112,7 @@ pub(super) async fn records(
     method: Method,
     RawQuery(query): RawQuery,
     headers: HeaderMap,
+    uri: Uri,
     body: Body,
 ) -> Response {
     let result = match method {
@@ -125,7 +126,7 @@ pub(super) async fn records(
         Method::GET => read(&app, &name, query.as_deref(), &headers).await,
         _ => Err(method_not_allowed()),
     };
-    result.unwrap_or_else(IntoResponse::into_response)
+    result.unwrap_or_else(|e| e.at(&uri))
 }
 
 /// Command records need their own permission (`fence`, `trim`) beyond `append`.
@@ -178,6 +179,8 @@ async fn append_session(
 ) -> S2Result {
     let key = key_of(headers)?;
     let stream = records_stream(app, headers, name, Opening::Append).await?;
+    // Refused before the session opens, where the refusal can still redirect.
+    StreamService::writable(&stream)?;
     Ok(s2s::append_session(app, headers, stream, key, guard, body))
 }
 
