@@ -64,7 +64,7 @@ enum Decision {
 /// What acknowledging a retry waits for: the original's records durable, and for a repeated
 /// close, the close itself (it adds no record, so the records alone say nothing of it).
 #[derive(Clone, Copy, Debug, Default)]
-struct Awaited {
+pub(super) struct Awaited {
     seq: u64,
     closed: bool,
 }
@@ -79,6 +79,24 @@ impl Awaited {
 
     fn reached(&self, durable: &Durable) -> bool {
         durable.tail.seq >= self.seq && (durable.closed || !self.closed)
+    }
+
+    /// What `state` shows now. A refusal decided on that state is sent only once this is
+    /// durable, so it never reports a close, a tail or a producer's progress that a crash
+    /// could still undo.
+    pub(super) fn seen(state: &State) -> Awaited {
+        Awaited {
+            seq: state.meta.tail.seq,
+            closed: state.meta.closed,
+        }
+    }
+
+    /// `error`, once the state it was decided on is durable.
+    pub(super) async fn refuse(self, stream: &Stream, error: StreamError) -> StreamError {
+        match self.durable(stream).await {
+            Ok(_) => error,
+            Err(gone) => gone,
+        }
     }
 
     /// Waits until it is durable; the stream going away first is `NotFound`.
@@ -107,28 +125,19 @@ impl StreamService {
             .await
             .map_err(|_| StorageError::Failed)?;
         // Either a commit to await, or an earlier append to wait for (a deduplicated retry).
-        let (ack, commit, awaited) = {
+        let decided = {
             let mut state = stream.lock();
-            let decision = decide(&stream, &mut state, &request, bodies)?;
-            stream.renew_locked(&mut state);
-            match decision {
-                Decision::Write {
-                    ack,
-                    records,
-                    producer,
-                    meta_changed,
-                } => {
-                    let commit = self.submit(
-                        &stream,
-                        &mut state,
-                        records,
-                        producer.into_iter(),
-                        meta_changed,
-                    );
-                    (ack, Some(commit), Awaited::default())
+            match decide(&stream, &mut state, &request, bodies) {
+                Ok(decision) => {
+                    stream.renew_locked(&mut state);
+                    Ok(self.carry_out(&stream, &mut state, decision))
                 }
-                Decision::Acknowledge { ack, awaited } => (ack, None, awaited),
+                Err(error) => Err((error, Awaited::seen(&state))),
             }
+        };
+        let (ack, commit, awaited) = match decided {
+            Ok(carried_out) => carried_out,
+            Err((error, seen)) => return Err(seen.refuse(&stream, error).await),
         };
         if let Some(commit) = commit {
             commit.await?;
@@ -139,6 +148,33 @@ impl StreamService {
             tail: ack.tail.max(durable.tail),
             ..ack
         })
+    }
+
+    /// Submits what the stream lock decided for one append: the ack, and either the commit
+    /// to await or the earlier append a retry waits for.
+    fn carry_out(
+        &self,
+        stream: &Arc<Stream>,
+        state: &mut State,
+        decision: Decision,
+    ) -> (
+        AppendAck,
+        Option<BoxFuture<'static, Result<(), StorageError>>>,
+        Awaited,
+    ) {
+        match decision {
+                Decision::Write {
+                    ack,
+                    records,
+                    producer,
+                    meta_changed,
+                } => {
+                    let commit =
+                        self.submit(stream, state, records, producer.into_iter(), meta_changed);
+                    (ack, Some(commit), Awaited::default())
+                }
+                Decision::Acknowledge { ack, awaited } => (ack, None, awaited),
+            }
     }
 
     /// Appends each frame as an independent append with its own result; the successful ones
@@ -197,6 +233,9 @@ impl StreamService {
             }
             if results.iter().any(Result::is_ok) {
                 stream.renew_locked(&mut state);
+            }
+            if results.iter().any(Result::is_err) {
+                awaited = Some(awaited.unwrap_or_default().and(Awaited::seen(&state)));
             }
             let wrote = results
                 .iter()

@@ -56,6 +56,11 @@ impl StreamService {
                 "a mirrored stream cannot be forked on its mirror: fork it on its upstream",
             ));
         }
+        if source.encrypted {
+            // Its records are sealed with a key this request does not carry; a fork would hold
+            // ciphertext that no face could open.
+            return Err(StreamError::Encrypted);
+        }
         let chain = std::iter::successors(Some(&source), |s| s.source.as_ref()).count();
         if chain >= MAX_FORK_CHAIN {
             return Err(StreamError::BadRequest(format!(

@@ -9,6 +9,7 @@ use serde::Deserialize as _;
 use serde_json::{Value, json};
 
 use super::stream::State;
+use super::append::Awaited;
 use super::{
     CreateRequest, Creation, Ensured, Stream, StreamError, StreamResult, StreamService, now_ms,
 };
@@ -416,18 +417,27 @@ impl StreamService {
             .acquire_owned()
             .await
             .map_err(|_| crate::storage::StorageError::Failed)?;
-        let (ack, trim, commit) = {
+        let sequenced = {
             let mut state = stream.lock();
-            let (ack, records, trim) = sequence(
+            match sequence(
                 &mut state,
                 prepared,
                 &append.fencing_token,
                 append.match_seq_num,
-            )?;
-            stream.renew_locked(&mut state);
-            let fenced = records.iter().any(|r| r.command);
-            let commit = self.submit(stream, &mut state, records, std::iter::empty(), fenced);
-            (ack, trim, commit)
+            ) {
+                Ok((ack, records, trim)) => {
+                    stream.renew_locked(&mut state);
+                    let fenced = records.iter().any(|r| r.command);
+                    let commit =
+                        self.submit(stream, &mut state, records, std::iter::empty(), fenced);
+                    Ok((ack, trim, commit))
+                }
+                Err(error) => Err((error, Awaited::seen(&state))),
+            }
+        };
+        let (ack, trim, commit) = match sequenced {
+            Ok(sequenced) => sequenced,
+            Err((error, seen)) => return Err(seen.refuse(stream, error).await),
         };
         let (service, stream) = (Arc::clone(self), Arc::clone(stream));
         let completion = tokio::spawn(async move {

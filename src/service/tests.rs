@@ -1090,3 +1090,53 @@ async fn a_repeated_close_is_acknowledged_only_once_the_close_is_durable() {
     assert!(ack.closed && ack.duplicate);
     assert!(stream.durable().closed);
 }
+
+#[tokio::test]
+async fn a_refusal_reports_a_close_or_a_tail_only_once_it_is_durable() {
+    let gate = Arc::new(Semaphore::new(2)); // lets the create and the first append through
+    let engine = Arc::new(GatedEngine {
+        inner: MemoryEngine::new(),
+        gate: gate.clone(),
+    });
+    let service = StreamService::open(engine, ServiceConfig::default()).unwrap();
+    service.create(create_text("s")).await.unwrap();
+    service.append("s", text("first")).await.unwrap();
+
+    // An append that closes the stream is sequenced but not yet durable.
+    let mut closing = text("last");
+    closing.close = true;
+    let closing = {
+        let service = service.clone();
+        tokio::spawn(async move { service.append("s", closing).await })
+    };
+    let stream = service.find("s", false).await.unwrap();
+    while !stream.lock().meta.closed {
+        tokio::task::yield_now().await;
+    }
+
+    // A crash now would lose the close: the append it refuses must not be answered yet.
+    let refused = {
+        let service = service.clone();
+        tokio::spawn(async move { service.append("s", text("late")).await })
+    };
+    let batch = {
+        let service = service.clone();
+        tokio::spawn(async move {
+            service
+                .append_batch("s", "text/plain", vec![Bytes::from_static(b"late")])
+                .await
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert!(!refused.is_finished(), "the refusal waits for the close");
+    assert!(!batch.is_finished(), "so does a batch's");
+
+    gate.add_permits(1);
+    closing.await.unwrap().unwrap();
+    assert!(matches!(
+        refused.await.unwrap(),
+        Err(StreamError::Closed { .. })
+    ));
+    let results = batch.await.unwrap().unwrap();
+    assert!(matches!(results[0], Err(StreamError::Closed { .. })));
+}

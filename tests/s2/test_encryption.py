@@ -116,6 +116,15 @@ def test_durable_streams_read_of_an_encrypted_stream_is_an_error_never_ciphertex
     assert PLAINTEXT.encode() not in r.content
 
 
+def test_a_fork_of_an_encrypted_stream_is_refused_never_a_copy_of_its_ciphertext(c, cbasin,
+                                                                                 estream):
+    fork = s2.ds_path(cbasin.name, estream + "-fork")
+    r = c.put(fork, headers={"content-type": "application/octet-stream",
+                             "stream-forked-from": s2.ds_path(cbasin.name, estream)})
+    assert r.status_code == 409, s2.describe(r)
+    assert c.head(fork).status_code == 404
+
+
 def test_stream_without_cipher_basin_needs_no_key(c):
     b = Basin.create(c)
     stream = b.create_stream()
