@@ -535,7 +535,11 @@ fn describe_chunk(response: &mut Response, read: &Read, chunk: &ReadChunk) {
             "stream-record-first",
             &read.stream.durable().first.seq.to_string(),
         );
-        set_record_range(response, (chunk.start.seq, chunk.next.seq));
+        // Command records written through S2 before JSON streams refused them are skipped.
+        let start = visible(&chunk.records)
+            .next()
+            .map_or(chunk.start.seq, |r| r.seq);
+        set_record_range(response, (start, chunk.next.seq));
     }
 }
 

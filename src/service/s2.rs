@@ -751,13 +751,21 @@ impl StreamService {
     }
 }
 
-/// A checked batch's bodies as a JSON stream stores them: one canonical JSON value each
-/// (command records excepted).
+/// A checked batch's bodies as a JSON stream stores them: one canonical JSON value each.
+/// Command records are refused there: each would take a record ordinal that no JSON reader
+/// sees, and JSON record ordinals are consecutive (seed 000 §6.1).
 fn canonical_json_bodies(stream: &Stream, records: &mut [CheckedRecord]) -> StreamResult<()> {
     if !stream.json {
         return Ok(());
     }
-    for checked in records.iter_mut().filter(|r| r.command.is_none()) {
+    if records.iter().any(|r| r.command.is_some()) {
+        return Err(StreamError::Invalid(
+            "a JSON stream takes no command records (fence, trim): its record ordinals are \
+             consecutive messages"
+                .into(),
+        ));
+    }
+    for checked in records.iter_mut() {
         checked.record.body = json::canonical_value(&checked.record.body).map_err(|e| {
             StreamError::Invalid(format!(
                 "records on a JSON stream carry one JSON value each: {e}"

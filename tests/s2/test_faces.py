@@ -195,6 +195,18 @@ def test_s2_seq_num_is_the_durable_streams_record_ordinal(c, basin):
         assert lines == expected, f"record={n}"
 
 
+def test_command_records_are_422_on_a_json_stream_so_record_ordinals_stay_consecutive(c, basin):
+    stream = json_stream(c, basin, initial=["ds0"])
+    expect_error(basin.append(stream, [fence("tok")], status=422), 422, "invalid")
+    expect_error(basin.append(stream, [b64('"x"'), s2.trim_b64(0)], fmt="base64", status=422), 422,
+                 "invalid")
+    assert basin.tail(stream)["seq_num"] == 1, "nothing of either batch was written"
+    basin.ack(stream, ['"s2-1"'])
+    r = check(c.get(ds_path(basin.name, stream), params={"record": "1"}), 200)
+    assert r.headers["stream-record-start"] == "1"
+    assert ndjson_lines(r) == [b'"s2-1"']
+
+
 def test_s2_headers_on_json_records_are_invisible_to_durable_streams(c, basin):
     stream = json_stream(c, basin)
     basin.ack(stream, [rec('{"v": 1}', headers=[["meta", "data"]])])
