@@ -13,12 +13,13 @@ use super::buckets::json_response;
 use super::ds::{advertise_records, method_not_allowed, set_record_bounds};
 use super::error::{self, Failure, Handled, empty, set};
 use super::gather::Gather;
+use super::header_names;
 use super::origin::Origin;
 use super::request::{self, Query, Rejection};
 use super::{AppState, text_error};
 use crate::model::batch::{self, FrameError};
 use crate::model::content_type::{self, DEFAULT_CONTENT_TYPE};
-use crate::model::headers::parse_canonical_u64;
+use crate::model::headers::{self as hv, parse_canonical_u64};
 use crate::model::{Offset, attrs, names};
 use crate::service::{AppendAck, Bootstrap, Position, StreamError, StreamResult};
 
@@ -296,9 +297,9 @@ async fn bootstrap(app: &AppState, key: &str, query: Option<&str>) -> Handled {
     Ok(response)
 }
 
-/// Per-append controls that a batch cannot carry (§4.2).
-const BATCH_REFUSED_HEADERS: [&str; 6] = [
-    "stream-closed",
+/// Per-append controls that a batch cannot carry (§4.2). `Stream-Closed` asks for a close only
+/// when it says `true`; any other value counts as absent (base protocol).
+const BATCH_REFUSED_HEADERS: [&str; 5] = [
     "producer-id",
     "producer-epoch",
     "producer-seq",
@@ -307,9 +308,12 @@ const BATCH_REFUSED_HEADERS: [&str; 6] = [
 ];
 
 async fn append_batch(app: &AppState, key: &str, headers: &HeaderMap, body: Body) -> Handled {
+    let closes = hv::is_closed_flag(request::header(headers, &header_names::STREAM_CLOSED)?);
     if let Some(name) = BATCH_REFUSED_HEADERS
         .iter()
-        .find(|name| headers.contains_key(**name))
+        .copied()
+        .find(|name| headers.contains_key(*name))
+        .or(closes.then_some("stream-closed"))
     {
         return Err(Rejection::bad_request(format!(
             "{name} is not supported on append-batch; use a single append"

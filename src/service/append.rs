@@ -432,7 +432,10 @@ fn decide(
 
     let meta = &mut state.meta;
     meta.tail = new_tail;
-    meta.last_timestamp_ms = timestamp;
+    if !records.is_empty() {
+        // The timestamp of the last record: a close alone adds none.
+        meta.last_timestamp_ms = timestamp;
+    }
     if let Some(seq) = &request.stream_seq {
         meta.extra_mut().last_stream_seq = Some((*seq).to_owned());
     }
@@ -465,7 +468,7 @@ fn decide(
         duplicate: false,
         records: range,
         record_aware: stream.json,
-        timestamp_ms: timestamp,
+        timestamp_ms: state.meta.last_timestamp_ms,
     };
     Ok(Decision::Write {
         ack,

@@ -238,6 +238,14 @@ def test_s4_2_per_append_controls_are_400(c, bucket, headers):
     assert read(c, path).content in (b"", b"[]")
 
 
+@pytest.mark.parametrize("value", ["false", "", "1", "yes"])
+def test_s4_2_a_stream_closed_header_other_than_true_is_ignored_as_absent(c, bucket, value):
+    path = new_stream(c, bucket, OCTET)
+    batch(c, path, frames(b"a"), OCTET, headers={"Stream-Closed": value}, status=200)
+    assert "stream-closed" not in head(c, path).headers
+    assert read(c, path).content == b"a"
+
+
 def test_s4_1_batch_on_missing_stream_is_404(c, bucket):
     batch(c, spath(bucket, "nope"), frames(b"a"), status=404)
     batch(c, f"/{unique('b')}/nope", frames(b"a"), status=404)

@@ -225,3 +225,14 @@ def test_a_durable_streams_record_larger_than_an_s2_read_step_is_still_read(c, b
         events = s.expect_ok().rest()
     assert events[-1].done
     assert s2.seq_nums(s2.batch_records(events)) == [0, 1]
+
+
+def test_a_close_through_durable_streams_leaves_the_s2_tail_timestamp_at_the_last_record(
+        c, basin, stream):
+    ack = basin.ack(stream, [rec("last", timestamp=1_000)])
+    before = basin.tail(stream)
+    assert before["timestamp"] == ack["end"]["timestamp"]
+    check(c.post(ds_path(basin.name, stream), headers={"Stream-Closed": "true"}), 204)
+    after = basin.tail(stream)
+    assert after == before, "a close adds no record, so the tail's timestamp stays"
+    expect_error(basin.append(stream, ["more"], status=422), 422, "invalid")
