@@ -17,6 +17,8 @@ pub const DEFAULT_SSE_MAX_DURATION_SECS: u64 = 60;
 pub const DEFAULT_HEADER_READ_TIMEOUT_SECS: u64 = 10;
 pub const DEFAULT_BODY_IDLE_TIMEOUT_SECS: u64 = 30;
 pub const DEFAULT_MAX_HEADER_BYTES: usize = 64 << 10;
+/// The smallest `--max-header-bytes`: hyper's HTTP/1.1 read buffer has this floor.
+pub const MIN_MAX_HEADER_BYTES: usize = 8192;
 pub const DEFAULT_MAX_CONNECTIONS: usize = 10_000;
 pub const DEFAULT_SHUTDOWN_TIMEOUT_SECS: u64 = 10;
 pub const DEFAULT_MAX_LIVE_READERS: usize = 10_000;
@@ -91,7 +93,7 @@ pub struct ServeArgs {
     /// append sessions excepted) [default: 30].
     #[arg(long, env = "RUNNEL_BODY_IDLE_TIMEOUT_SECS")]
     pub body_idle_timeout_secs: Option<u64>,
-    /// Largest request head in bytes; larger ones get 431 [default: 65536].
+    /// Largest request head in bytes, at least 8192; larger ones get 431 [default: 65536].
     #[arg(long, env = "RUNNEL_MAX_HEADER_BYTES")]
     pub max_header_bytes: Option<usize>,
     /// Connections open at once; more are closed on arrival [default: 10000].
@@ -304,6 +306,16 @@ impl ServeArgs {
                 "max_connections must be at least 1".into(),
             ));
         }
+        let max_header_bytes = self
+            .max_header_bytes
+            .or(file.max_header_bytes)
+            .unwrap_or(DEFAULT_MAX_HEADER_BYTES);
+        if max_header_bytes < MIN_MAX_HEADER_BYTES {
+            // hyper's HTTP/1.1 read buffer cannot be smaller: a lower limit would not hold.
+            return Err(ConfigError::Invalid(format!(
+                "max_header_bytes must be at least {MIN_MAX_HEADER_BYTES}"
+            )));
+        }
         let auth = if self.auth || file.auth.unwrap_or(false) {
             let operator_token = self
                 .auth_token
@@ -356,10 +368,7 @@ impl ServeArgs {
                     .unwrap_or(DEFAULT_BODY_IDLE_TIMEOUT_SECS)
                     .clamp(1, u64::from(u32::MAX)),
             ),
-            max_header_bytes: self
-                .max_header_bytes
-                .or(file.max_header_bytes)
-                .unwrap_or(DEFAULT_MAX_HEADER_BYTES),
+            max_header_bytes,
             max_connections,
             shutdown_timeout: Duration::from_secs(
                 self.shutdown_timeout_secs
@@ -462,6 +471,22 @@ mod tests {
         assert!(now.checked_add(settings.sse_max_duration).is_some());
         assert!(now.checked_add(settings.header_read_timeout).is_some());
         assert!(now.checked_add(settings.body_idle_timeout).is_some());
+    }
+
+    #[test]
+    fn a_header_limit_below_what_http1_can_hold_is_refused() {
+        let with = |bytes| ServeArgs {
+            max_header_bytes: Some(bytes),
+            ..Default::default()
+        };
+        assert!(matches!(
+            with(MIN_MAX_HEADER_BYTES - 1).resolve(),
+            Err(ConfigError::Invalid(_))
+        ));
+        assert_eq!(
+            with(MIN_MAX_HEADER_BYTES).resolve().unwrap().max_header_bytes,
+            MIN_MAX_HEADER_BYTES
+        );
     }
 
     #[test]

@@ -87,6 +87,20 @@ async fn a_full_disk_refuses_appends_loses_nothing_and_recovers_when_space_retur
         .await
         .unwrap();
     assert_eq!(created.status(), 201);
+    let http = client();
+    assert_eq!(
+        http.put(server.url("/bkt1")).send().await.unwrap().status(),
+        201
+    );
+    let bucketed = http
+        .put(server.url("/bkt1/s"))
+        .header("content-type", "text/plain")
+        .body("x")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(bucketed.status(), 201);
+    let snapshot_at = header(&bucketed, "stream-next-offset").unwrap().to_string();
     let mut acked = String::new();
     for i in 0..20 {
         let body = format!("before-{i};");
@@ -114,6 +128,21 @@ async fn a_full_disk_refuses_appends_loses_nothing_and_recovers_when_space_retur
     };
     assert!(header(&refused, "retry-after").is_some());
     assert!(refused.text().await.unwrap().contains("disk is full"));
+    // Every other write is refused too: a bucket, attributes, a snapshot (up to the body limit).
+    let http = client();
+    let others = [
+        http.put(server.url("/bkt2")),
+        http.put(server.url("/bkt1/s/attrs"))
+            .header("content-type", "application/json")
+            .body(r#"{"k":"v"}"#),
+        http.put(server.url(&format!("/bkt1/s/snapshot/{snapshot_at}")))
+            .header("content-type", "application/octet-stream")
+            .body(vec![7u8; 1 << 20]),
+    ];
+    for request in others {
+        let response = request.send().await.unwrap();
+        assert_eq!(response.status(), 507, "{}", response.url());
+    }
     assert_eq!(
         contents(&server).await,
         acked,

@@ -1271,6 +1271,10 @@ async fn a_bucket_mirror_takes_no_local_streams_or_forks_and_copies_a_close_it_j
         307,
         "the mirrored bucket is the upstream's"
     );
+    assert_eq!(
+        header(&bucket_delete, "location"),
+        Some(upstream.url(&format!("/{BUCKET}")).as_str())
+    );
     // A fork would stop the mirror at the next rebuild of its source.
     let fork = http
         .put(mirror.url("/v1/stream/fork"))

@@ -5,7 +5,7 @@
 use std::sync::Arc;
 
 use axum::extract::{Extension, Path, Request, State};
-use axum::http::{HeaderValue, Method, StatusCode, header};
+use axum::http::{HeaderValue, Method, StatusCode, Uri, header};
 use axum::response::{IntoResponse, Response};
 use serde_json::json;
 
@@ -26,6 +26,7 @@ pub async fn bucket(
     State(app): State<AppState>,
     Path(bucket): Path<String>,
     method: Method,
+    uri: Uri,
     origin: Origin,
 ) -> Response {
     let result = async {
@@ -60,7 +61,7 @@ pub async fn bucket(
     };
     result
         .await
-        .unwrap_or_else(|failure: Failure| failure.into_response())
+        .unwrap_or_else(|failure: Failure| failure.into_response_at(&uri))
 }
 
 /// `/{bucket}/{stream}`: a stream, or the bucket's listing when the stream id is `streams`.

@@ -172,7 +172,7 @@ fn http_builder(limits: &ConnectionLimits) -> Builder<TokioExecutor> {
         .timer(TokioTimer::new())
         .header_read_timeout(limits.header_read_timeout)
         // hyper needs room for at least one read; heads beyond the limit get 431.
-        .max_buf_size(limits.max_header_bytes.max(8192));
+        .max_buf_size(limits.max_header_bytes.max(crate::config::MIN_MAX_HEADER_BYTES));
     builder
         .http2()
         .timer(TokioTimer::new())

@@ -43,6 +43,7 @@ impl StreamService {
         s2_config: Option<serde_json::Value>,
         s2_creation: Option<String>,
     ) -> StreamResult<Creation> {
+        self.engine.room()?;
         let meta = BucketMeta {
             created_ms: now_ms(),
             s2_config,

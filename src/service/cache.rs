@@ -78,10 +78,9 @@ impl TailCache {
         let mut out = Vec::new();
         let mut budget = ByteBudget::new(max_bytes);
         for record in records.iter().skip(skip).take_while(|r| r.seq < until) {
-            if !budget.has_room() {
+            if !budget.take(record) {
                 break;
             }
-            budget.spend(record);
             out.push(record.clone());
         }
         Some(out)

@@ -80,6 +80,7 @@ impl StreamService {
     ) -> StreamResult<(Offset, String)> {
         let stream = self.find(name, false).await?;
         Self::writable(&stream)?;
+        self.engine.room()?;
         let at = self.retained_boundary(&stream, at).await?;
         let digest = digest(&content_type, &blob);
         let commit = {
@@ -253,6 +254,7 @@ impl StreamService {
     pub async fn set_attrs(&self, name: &str, attrs: Attrs) -> StreamResult<()> {
         let stream = self.find(name, false).await?;
         Self::writable(&stream)?;
+        self.engine.room()?;
         let commit = {
             let mut state = stream.lock_present()?;
             if state.meta.extra().attrs == attrs {

@@ -109,10 +109,9 @@ impl Engine for MemoryEngine {
         let mut records = Vec::new();
         let mut budget = ByteBudget::new(max_bytes);
         for (_, record) in state.records.range((id, from)..(id, until.max(from))) {
-            if !budget.has_room() {
+            if !budget.take(record) {
                 break;
             }
-            budget.spend(record);
             records.push(record.clone());
         }
         Box::pin(future::ready(Ok(records)))

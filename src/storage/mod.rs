@@ -90,8 +90,9 @@ pub trait Engine: Send + Sync + 'static {
     /// to fix the order, and await the future after releasing it.
     fn commit(&self, changes: Vec<Change>) -> BoxFuture<'static, Result<(), StorageError>>;
 
-    /// Records of one stream with `from <= seq < until`, in order, stopping after the first record
-    /// that reaches `max_bytes` of bodies (so at least one record when any is in range).
+    /// Records of one stream with `from <= seq < until`, in order, stopping before the record
+    /// whose body would take the read past `max_bytes` (but at least one record when any is in
+    /// range).
     fn read(
         &self,
         id: StreamId,
@@ -132,8 +133,8 @@ pub trait Engine: Send + Sync + 'static {
 
 pub type SharedEngine = Arc<dyn Engine>;
 
-/// A read's byte budget: reading stops once the bodies read reach it, but the first record is
-/// always read, however large, so every read makes progress.
+/// A read's byte budget: a record is read only if its body fits in what is left, except the
+/// first, which is always read, however large, so every read makes progress.
 pub(crate) struct ByteBudget {
     max: usize,
     used: usize,
@@ -149,14 +150,15 @@ impl ByteBudget {
         }
     }
 
-    /// Whether another record may still be read.
-    pub(crate) fn has_room(&self) -> bool {
-        self.records == 0 || self.used < self.max
-    }
-
-    pub(crate) fn spend(&mut self, record: &Record) {
-        self.used += record.body.len();
+    /// Whether `record` is read, spending on it if so.
+    pub(crate) fn take(&mut self, record: &Record) -> bool {
+        let used = self.used.saturating_add(record.body.len());
+        if self.records > 0 && used > self.max {
+            return false;
+        }
+        self.used = used;
         self.records += 1;
+        true
     }
 }
 
@@ -208,6 +210,11 @@ mod contract {
         );
         assert_eq!(engine.read(1, 0, 3, 1).await.unwrap(), records[..1]);
         assert_eq!(engine.read(1, 0, 3, 5).await.unwrap(), records[..2]);
+        assert_eq!(
+            engine.read(1, 0, 3, 4).await.unwrap(),
+            records[..1],
+            "a record that would take the read past its budget waits for the next read"
+        );
         assert!(engine.read(2, 0, 3, usize::MAX).await.unwrap().is_empty());
         let recovered = engine.recover().unwrap();
         assert_eq!(

@@ -214,10 +214,9 @@ impl FjallEngine {
             let last = codec::record_seq(&key)?;
             let run = decode_stored(last, Bytes::from_owner(value))?;
             for record in run.into_iter().skip_while(|r| r.seq < from) {
-                if record.seq >= until || !budget.has_room() {
+                if record.seq >= until || !budget.take(&record) {
                     return Ok(out);
                 }
-                budget.spend(&record);
                 out.push(record);
             }
             // Do not load the next run only to find it starts at or past `until`.
