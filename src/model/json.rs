@@ -3,8 +3,17 @@
 //! A top-level array is flattened exactly one level; any other value is one message. Each message
 //! is stored in compact canonical form, so a record is always one line of JSON.
 
+use std::cell::Cell;
+use std::fmt;
+
 use bytes::Bytes;
+use serde::Deserializer as _;
+use serde::de::{self, SeqAccess, Visitor};
 use serde_json::Value;
+
+/// The most messages one body may hold. Each becomes a record, and a body of tiny values
+/// (`[0,0,…]`) would otherwise cost hundreds of times its own size in memory.
+pub const MAX_MESSAGES: usize = 100_000;
 
 #[derive(Debug, PartialEq, Eq, thiserror::Error)]
 pub enum JsonError {
@@ -12,6 +21,8 @@ pub enum JsonError {
     Invalid(String),
     #[error("an empty JSON array appends nothing")]
     EmptyArray,
+    #[error("a body holds at most {MAX_MESSAGES} JSON messages; send more in several appends")]
+    TooMany,
 }
 
 /// Whether an empty top-level array is acceptable: it is on create, not on append.
@@ -23,18 +34,59 @@ pub enum EmptyArray {
 
 /// Splits a JSON body into its messages, each serialised compactly.
 pub fn messages(body: &[u8], empty: EmptyArray) -> Result<Vec<Bytes>, JsonError> {
-    let value: Value =
-        serde_json::from_slice(body).map_err(|e| JsonError::Invalid(e.to_string()))?;
-    let values = match value {
-        Value::Array(items) => {
-            if items.is_empty() && empty == EmptyArray::Rejected {
-                return Err(JsonError::EmptyArray);
+    let invalid = |e: serde_json::Error| JsonError::Invalid(e.to_string());
+    let is_array = body
+        .iter()
+        .find(|b| !matches!(b, b' ' | b'\t' | b'\n' | b'\r'))
+        .is_some_and(|b| *b == b'[');
+    if !is_array {
+        let single: Value = serde_json::from_slice(body).map_err(invalid)?;
+        return Ok(vec![canonical(&single)]);
+    }
+    // Each element is rendered as it is parsed, so the whole array is never held as values.
+    let too_many = Cell::new(false);
+    let mut parser = serde_json::Deserializer::from_slice(body);
+    let messages = parser
+        .deserialize_seq(Elements {
+            too_many: &too_many,
+        })
+        .and_then(|messages| parser.end().map(|()| messages))
+        .map_err(|e| {
+            if too_many.get() {
+                JsonError::TooMany
+            } else {
+                invalid(e)
             }
-            items
+        })?;
+    if messages.is_empty() && empty == EmptyArray::Rejected {
+        return Err(JsonError::EmptyArray);
+    }
+    Ok(messages)
+}
+
+/// The elements of a top-level array, each in canonical form, at most [`MAX_MESSAGES`].
+struct Elements<'a> {
+    too_many: &'a Cell<bool>,
+}
+
+impl<'de> Visitor<'de> for Elements<'_> {
+    type Value = Vec<Bytes>;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("a JSON array")
+    }
+
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Vec<Bytes>, A::Error> {
+        let mut messages = Vec::with_capacity(seq.size_hint().unwrap_or(0).min(1024));
+        while let Some(value) = seq.next_element::<Value>()? {
+            if messages.len() == MAX_MESSAGES {
+                self.too_many.set(true);
+                return Err(de::Error::custom("too many messages"));
+            }
+            messages.push(canonical(&value));
         }
-        single => vec![single],
-    };
-    Ok(values.iter().map(canonical).collect())
+        Ok(messages)
+    }
 }
 
 /// One JSON value (never flattened), serialised compactly.
@@ -103,7 +155,51 @@ mod tests {
         }
     }
 
+    #[test]
+    fn a_body_holds_at_most_max_messages() {
+        let body = |n: usize| format!("[{}]", vec!["0"; n].join(","));
+        assert_eq!(
+            messages(body(MAX_MESSAGES).as_bytes(), EmptyArray::Rejected)
+                .unwrap()
+                .len(),
+            MAX_MESSAGES
+        );
+        assert_eq!(
+            messages(body(MAX_MESSAGES + 1).as_bytes(), EmptyArray::Rejected),
+            Err(JsonError::TooMany)
+        );
+    }
+
+    #[test]
+    fn anything_after_the_top_level_array_is_invalid() {
+        for bad in ["[1] 2", "[1]]", "[1],", " [1] x"] {
+            assert!(matches!(
+                messages(bad.as_bytes(), EmptyArray::Rejected),
+                Err(JsonError::Invalid(_))
+            ));
+        }
+        assert_eq!(texts(" \n[1]\t "), ["1"]);
+    }
+
+    /// What flattening means: parse the whole body, then take the array's elements.
+    fn flattened_whole(body: &[u8]) -> Option<Vec<Bytes>> {
+        match serde_json::from_slice::<Value>(body).ok()? {
+            Value::Array(items) => Some(items.iter().map(canonical).collect()),
+            single => Some(vec![canonical(&single)]),
+        }
+    }
+
     proptest! {
+        #[test]
+        fn elements_parsed_one_by_one_agree_with_the_whole_value(
+            s in "[\\[\\]{}\",:0-9a-z \\n\\t]{0,64}"
+        ) {
+            prop_assert_eq!(
+                messages(s.as_bytes(), EmptyArray::Allowed).ok(),
+                flattened_whole(s.as_bytes())
+            );
+        }
+
         #[test]
         fn arbitrary_bytes_never_panic(body in proptest::collection::vec(any::<u8>(), 0..256)) {
             let _ = messages(&body, EmptyArray::Rejected);

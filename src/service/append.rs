@@ -192,10 +192,19 @@ impl StreamService {
         if !content_type::same_media_type(content_type, &stream.content_type) {
             return Err(StreamError::ContentTypeMismatch);
         }
-        let parsed: Vec<_> = frames
-            .iter()
-            .map(|frame| parse_bodies(&stream, frame))
-            .collect();
+        let mut parsed = Vec::with_capacity(frames.len());
+        let mut messages = 0;
+        for frame in &frames {
+            let bodies = parse_bodies(&stream, frame);
+            messages += bodies.as_ref().map_or(0, Vec::len);
+            if messages > json::MAX_MESSAGES {
+                return Err(StreamError::BadRequest(format!(
+                    "a batch holds at most {} JSON messages in all",
+                    json::MAX_MESSAGES
+                )));
+            }
+            parsed.push(bodies);
+        }
         let _permit = self
             .commit_permits
             .acquire()

@@ -249,3 +249,13 @@ def test_s4_2_a_stream_closed_header_other_than_true_is_ignored_as_absent(c, buc
 def test_s4_1_batch_on_missing_stream_is_404(c, bucket):
     batch(c, spath(bucket, "nope"), frames(b"a"), status=404)
     batch(c, f"/{unique('b')}/nope", frames(b"a"), status=404)
+
+
+def test_s4_a_batch_holds_at_most_100000_json_messages_in_all(c, bucket):
+    path = new_stream(c, bucket, JSON_CT)
+    half = "[" + ",".join(["0"] * 50_001) + "]"
+    r = batch(c, path, frames(half, half), JSON_CT, status=400)
+    assert "100000" in r.text, describe(r)
+    assert read(c, path).json() == [], "nothing of the batch was appended"
+    acks = batch(c, path, frames(half), JSON_CT)
+    assert_ok(acks[0])

@@ -765,3 +765,16 @@ def test_s6_12_base_reads_see_no_semantic_change(c, surface):
     assert read(c, path, offset=mid).json() == [{"b": 2}, {"c": 3}]
     lp = check(c.get(path, params={"offset": mid, "live": "long-poll"}), 200)
     assert lp.json() == [{"b": 2}, {"c": 3}]
+
+
+def test_s6_one_body_holds_at_most_100000_messages(c, surface):
+    path = surface()
+    jstream(c, path, [])
+    body = "[" + ",".join(["0"] * 100_001) + "]"
+    r = c.post(path, content=body, headers={"Content-Type": "application/json"})
+    assert r.status_code == 400 and "100000" in r.text, describe(r)
+    assert first_next(c, path) == (0, 0), "nothing was appended"
+    r = c.post(path, content="[" + ",".join(["0"] * 100_000) + "]",
+               headers={"Content-Type": "application/json"})
+    assert r.status_code in (200, 204), describe(r)
+    assert first_next(c, path) == (0, 100_000)
