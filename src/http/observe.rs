@@ -160,8 +160,30 @@ impl Observation {
             self.span
                 .in_scope(|| tracing::debug!(%method, status, ?elapsed, "served"));
         }
-        record(route, method.as_str(), status, elapsed.as_secs_f64());
+        record(route, method_label(method), status, elapsed.as_secs_f64());
         response.headers_mut().insert(X_REQUEST_ID, self.id);
+    }
+}
+
+/// The method as a metric label: a client may invent any number of method names, and each
+/// would be a series kept for the life of the process.
+fn method_label(method: &axum::http::Method) -> &str {
+    use axum::http::Method;
+    const KNOWN: [Method; 9] = [
+        Method::GET,
+        Method::HEAD,
+        Method::POST,
+        Method::PUT,
+        Method::DELETE,
+        Method::PATCH,
+        Method::OPTIONS,
+        Method::CONNECT,
+        Method::TRACE,
+    ];
+    if KNOWN.contains(method) {
+        method.as_str()
+    } else {
+        "other"
     }
 }
 
@@ -173,6 +195,14 @@ fn is_sane_id(value: &HeaderValue) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn invented_methods_share_one_metric_label() {
+        use axum::http::Method;
+        assert_eq!(method_label(&Method::POST), "POST");
+        let invented = Method::from_bytes(b"FROBNICATE").unwrap();
+        assert_eq!(method_label(&invented), "other");
+    }
 
     #[test]
     fn request_ids_are_the_prefix_and_the_counter_in_hex() {

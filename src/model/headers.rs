@@ -5,6 +5,9 @@ use super::producer::ProducerClaim;
 
 /// The largest producer epoch or sequence number: 2^53 − 1, so JavaScript clients keep precision.
 pub const MAX_PRODUCER_NUMBER: u64 = (1 << 53) - 1;
+/// The longest `Producer-Id` in bytes: every producer's state, id included, is kept for the
+/// life of its stream.
+pub const MAX_PRODUCER_ID_BYTES: usize = 256;
 
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 #[error("{0}")]
@@ -73,6 +76,11 @@ pub fn parse_producer(
             if id.is_empty() {
                 return Err(invalid("Producer-Id must not be empty"));
             }
+            if id.len() > MAX_PRODUCER_ID_BYTES {
+                return Err(invalid(format!(
+                    "Producer-Id is at most {MAX_PRODUCER_ID_BYTES} bytes"
+                )));
+            }
             Ok(Some(ProducerClaim {
                 id: id.to_owned(),
                 epoch: parse_producer_number("Producer-Epoch", epoch)?,
@@ -114,6 +122,13 @@ mod tests {
         assert_eq!(z, plus);
         assert!(parse_expires_at("not-a-timestamp").is_err());
         assert_eq!(format_timestamp(z), "2030-01-01T00:00:00Z");
+    }
+
+    #[test]
+    fn a_producer_id_is_at_most_256_bytes() {
+        let claim = |id: &str| parse_producer(Some(id), Some("0"), Some("0"));
+        assert!(claim(&"p".repeat(MAX_PRODUCER_ID_BYTES)).is_ok());
+        assert!(claim(&"p".repeat(MAX_PRODUCER_ID_BYTES + 1)).is_err());
     }
 
     #[test]
