@@ -105,28 +105,28 @@ impl From<s2::JsonInputError> for S2Error {
     }
 }
 
+/// The records route. It takes the request whole: axum's header, URI and query extractors
+/// would each copy theirs on every append.
 pub(super) async fn records(
     State(app): State<AppState>,
     Extension(principal): Extension<Arc<Principal>>,
     Path(name): Path<String>,
-    method: Method,
-    RawQuery(query): RawQuery,
-    headers: HeaderMap,
-    uri: Uri,
-    body: Body,
+    request: axum::extract::Request,
 ) -> Response {
-    let result = match method {
-        Method::POST => match CommandGuard::new(principal, &headers, &name) {
-            Ok(guard) if s2s::is_session(&headers) => {
-                append_session(&app, &name, &headers, guard, body).await
+    let (parts, body) = request.into_parts();
+    let headers = &parts.headers;
+    let result = match parts.method {
+        Method::POST => match CommandGuard::new(principal, headers, &name) {
+            Ok(guard) if s2s::is_session(headers) => {
+                append_session(&app, &name, headers, guard, body).await
             }
-            Ok(guard) => append(&app, &name, &headers, &guard, body).await,
+            Ok(guard) => append(&app, &name, headers, &guard, body).await,
             Err(e) => Err(e),
         },
-        Method::GET => read(&app, &name, query.as_deref(), &headers).await,
+        Method::GET => read(&app, &name, parts.uri.query(), headers).await,
         _ => Err(method_not_allowed()),
     };
-    result.unwrap_or_else(|e| e.at(&uri))
+    result.unwrap_or_else(|e| e.at(&parts.uri))
 }
 
 /// Command records need their own permission (`fence`, `trim`) beyond `append`.
