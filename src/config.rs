@@ -16,6 +16,7 @@ pub const DEFAULT_MAX_BODY_BYTES: usize = 64 << 20;
 pub const DEFAULT_SSE_MAX_DURATION_SECS: u64 = 60;
 pub const DEFAULT_HEADER_READ_TIMEOUT_SECS: u64 = 10;
 pub const DEFAULT_BODY_IDLE_TIMEOUT_SECS: u64 = 30;
+pub const DEFAULT_SEND_TIMEOUT_SECS: u64 = 30;
 pub const DEFAULT_MAX_HEADER_BYTES: usize = 64 << 10;
 /// The smallest `--max-header-bytes`: hyper's HTTP/1.1 read buffer has this floor.
 pub const MIN_MAX_HEADER_BYTES: usize = 8192;
@@ -93,6 +94,10 @@ pub struct ServeArgs {
     /// append sessions excepted) [default: 30].
     #[arg(long, env = "RUNNEL_BODY_IDLE_TIMEOUT_SECS")]
     pub body_idle_timeout_secs: Option<u64>,
+    /// How long a response may wait on a client that reads nothing before its connection is
+    /// closed (stalled SSE, long-poll and catch-up readers) [default: 30].
+    #[arg(long, env = "RUNNEL_SEND_TIMEOUT_SECS")]
+    pub send_timeout_secs: Option<u64>,
     /// Largest request head in bytes, at least 8192; larger ones get 431 [default: 65536].
     #[arg(long, env = "RUNNEL_MAX_HEADER_BYTES")]
     pub max_header_bytes: Option<usize>,
@@ -159,6 +164,7 @@ pub struct FileConfig {
     tls_key: Option<PathBuf>,
     header_read_timeout_secs: Option<u64>,
     body_idle_timeout_secs: Option<u64>,
+    send_timeout_secs: Option<u64>,
     max_header_bytes: Option<usize>,
     max_connections: Option<usize>,
     shutdown_timeout_secs: Option<u64>,
@@ -194,6 +200,7 @@ pub struct Settings {
     pub tls: Option<TlsFiles>,
     pub header_read_timeout: Duration,
     pub body_idle_timeout: Duration,
+    pub send_timeout: Duration,
     pub max_header_bytes: usize,
     pub max_connections: usize,
     pub shutdown_timeout: Duration,
@@ -368,6 +375,12 @@ impl ServeArgs {
                     .unwrap_or(DEFAULT_BODY_IDLE_TIMEOUT_SECS)
                     .clamp(1, u64::from(u32::MAX)),
             ),
+            send_timeout: Duration::from_secs(
+                self.send_timeout_secs
+                    .or(file.send_timeout_secs)
+                    .unwrap_or(DEFAULT_SEND_TIMEOUT_SECS)
+                    .clamp(1, u64::from(u32::MAX)),
+            ),
             max_header_bytes,
             max_connections,
             shutdown_timeout: Duration::from_secs(
@@ -459,7 +472,7 @@ mod tests {
     #[test]
     fn huge_durations_are_bounded_so_deadlines_cannot_overflow() {
         let f = file(
-            "sse_max_duration_secs = 18446744073709551615\nheader_read_timeout_secs = 18446744073709551615\nbody_idle_timeout_secs = 18446744073709551615\n",
+            "sse_max_duration_secs = 18446744073709551615\nheader_read_timeout_secs = 18446744073709551615\nbody_idle_timeout_secs = 18446744073709551615\nsend_timeout_secs = 18446744073709551615\n",
         );
         let settings = ServeArgs {
             config: Some(f.path().to_owned()),
@@ -471,6 +484,7 @@ mod tests {
         assert!(now.checked_add(settings.sse_max_duration).is_some());
         assert!(now.checked_add(settings.header_read_timeout).is_some());
         assert!(now.checked_add(settings.body_idle_timeout).is_some());
+        assert!(now.checked_add(settings.send_timeout).is_some());
     }
 
     #[test]
@@ -484,7 +498,10 @@ mod tests {
             Err(ConfigError::Invalid(_))
         ));
         assert_eq!(
-            with(MIN_MAX_HEADER_BYTES).resolve().unwrap().max_header_bytes,
+            with(MIN_MAX_HEADER_BYTES)
+                .resolve()
+                .unwrap()
+                .max_header_bytes,
             MIN_MAX_HEADER_BYTES
         );
     }

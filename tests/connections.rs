@@ -161,6 +161,62 @@ async fn connections_beyond_the_limit_are_closed_on_arrival() {
     }
 }
 
+/// `runnel_live_readers` from `/metrics`.
+async fn live_readers(server: &Server) -> u64 {
+    let text = client()
+        .get(server.url("/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    text.lines()
+        .find_map(|l| l.strip_prefix("runnel_live_readers "))
+        .and_then(|v| v.trim().parse::<f64>().ok())
+        .expect("runnel_live_readers") as u64
+}
+
+#[tokio::test]
+async fn a_reader_that_takes_nothing_is_cut_off_after_the_send_timeout_and_frees_its_slot() {
+    let server = Server::start(&["--memory", "--send-timeout-secs", "1"]);
+    create(&server, "/v1/stream/backlog").await;
+    let http = client();
+    for _ in 0..64 {
+        let appended = http
+            .post(server.url("/v1/stream/backlog"))
+            .header("content-type", "application/octet-stream")
+            .body(vec![b'x'; 256 << 10])
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(appended.status(), 204);
+    }
+    // 16 MiB to send, more than the socket buffers hold, to a reader that never reads.
+    let mut stalled = TcpStream::connect(addr(&server)).await.unwrap();
+    stalled
+        .write_all(b"GET /v1/stream/backlog?offset=-1&live=sse HTTP/1.1\r\nhost: x\r\n\r\n")
+        .await
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while live_readers(&server).await == 0 {
+        assert!(Instant::now() < deadline, "the SSE reader never started");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let started = Instant::now();
+    while live_readers(&server).await > 0 {
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "the stalled reader still holds its slot"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(
+        closed_within(&mut stalled, Duration::from_secs(10)).await,
+        "its connection was closed"
+    );
+}
+
 #[tokio::test]
 async fn a_stalled_sse_reader_costs_bounded_memory_and_does_not_slow_writers() {
     let dir = tempfile::tempdir().unwrap();

@@ -1372,7 +1372,11 @@ async fn s2_writes_to_a_mirror_are_redirected_to_the_upstream_in_s2s_error_shape
     create_bucket(&http, &upstream).await;
     let s = upstream.url(&format!("/{BUCKET}/s"));
     assert_eq!(put(&http, &s, "text/plain", "one;").await.status(), 201);
-    let mirror = Server::start(&["--memory", "--mirror-from", &upstream.url(&format!("/{BUCKET}"))]);
+    let mirror = Server::start(&[
+        "--memory",
+        "--mirror-from",
+        &upstream.url(&format!("/{BUCKET}")),
+    ]);
     wait_until_mirrored(&http, &upstream, &mirror, &["s"]).await;
 
     let s2 = |method: reqwest::Method, path: &str, body: serde_json::Value| {
@@ -1460,4 +1464,28 @@ async fn s2_writes_to_a_mirror_are_redirected_to_the_upstream_in_s2s_error_shape
     let (status, records) = s2_records(&http, &mirror, "s").await;
     assert_eq!(status, 200);
     assert!(!records.contains("two;"), "{records}");
+}
+
+#[tokio::test]
+async fn a_replication_websocket_counts_against_max_connections_for_as_long_as_it_is_open() {
+    let server = Server::start(&["--memory", "--max-connections", "2"]);
+    let endpoint = server
+        .url("/v1/streamld/replication")
+        .replace("http://", "ws://");
+    let connect = || tokio_tungstenite::connect_async(endpoint.clone());
+    let (first, _) = connect().await.expect("the first websocket");
+    let (second, _) = connect().await.expect("the second websocket");
+    assert!(
+        connect().await.is_err(),
+        "a third connection is over the limit while two websockets are open"
+    );
+    drop((first, second));
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    while connect().await.is_err() {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the slots came back once the websockets closed"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
 }

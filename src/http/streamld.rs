@@ -38,6 +38,8 @@ const SESSION_QUEUE: usize = 256;
 const SEND_TIMEOUT: Duration = Duration::from_secs(30);
 /// Records per frame batch read from storage.
 const READ_BATCH: u64 = 1000;
+/// How long a replica may stay connected without following anything.
+const JOIN_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// `Link` header values advertising the StreamLD endpoints of a bucketed stream (or bucket) at
 /// `path` (as the request spelled it), on the origin the request used.
@@ -128,6 +130,8 @@ async fn session(app: AppState, principal: Arc<Principal>, socket: WebSocket, or
     let shutdown = app.service.shutdown_signal();
     let token_expired = super::token_expiry(principal.expires_ms);
     tokio::pin!(token_expired);
+    let join_deadline = tokio::time::sleep(JOIN_TIMEOUT);
+    tokio::pin!(join_deadline);
     let mut refuse = Some(refuse);
     loop {
         // The session ends when the replica leaves, the server shuts down or the token that
@@ -138,6 +142,14 @@ async fn session(app: AppState, principal: Arc<Principal>, socket: WebSocket, or
             () = writer_gone.cancelled() => break,
             () = shutdown.cancelled() => break,
             () = &mut token_expired => break,
+            () = &mut join_deadline, if subscriptions.is_empty() => {
+                refuse_with(
+                    &mut refuse,
+                    close_code::POLICY,
+                    format!("no SubscriptionRequest within {} s", JOIN_TIMEOUT.as_secs()),
+                );
+                break;
+            }
         };
         let Some(Ok(frame)) = frame else { break };
         let text = match frame {

@@ -18,6 +18,7 @@ use tokio_rustls::TlsAcceptor;
 use tokio_rustls::rustls;
 use tokio_util::sync::CancellationToken;
 
+use super::watched::Watched;
 use crate::http::Handler;
 
 /// How long a client has to finish its TLS handshake.
@@ -39,6 +40,9 @@ pub struct ConnectionLimits {
     pub max_connections: usize,
     /// How long shutdown waits for in-flight requests before closing connections anyway.
     pub shutdown_timeout: Duration,
+    /// How long a response may wait on a client that takes nothing before the connection is
+    /// closed.
+    pub send_timeout: Duration,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -113,6 +117,7 @@ pub async fn serve(
             continue;
         };
         let _ = tcp.set_nodelay(true);
+        let (tcp, stall) = Watched::new(tcp, slot);
         let service = TowerToHyperService::new(if tls.is_some() {
             app.over_tls()
         } else {
@@ -121,35 +126,45 @@ pub async fn serve(
         let builder = builder.clone();
         let watcher = graceful.watcher();
         let tls = tls.clone();
+        let send_timeout = limits.send_timeout;
         tokio::spawn(async move {
-            let _slot = slot;
-            let served = match tls {
-                None => {
-                    let connection =
-                        builder.serve_connection_with_upgrades(TokioIo::new(tcp), service);
-                    watcher.watch(connection.into_owned()).await
-                }
-                Some(acceptor) => {
-                    let handshake =
-                        tokio::time::timeout(TLS_HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await;
-                    let stream = match handshake {
-                        Ok(Ok(stream)) => stream,
-                        Ok(Err(error)) => {
-                            tracing::debug!(%peer, %error, "TLS handshake failed");
-                            return;
-                        }
-                        Err(_) => {
-                            tracing::debug!(%peer, "TLS handshake timed out");
-                            return;
-                        }
-                    };
-                    let connection =
-                        builder.serve_connection_with_upgrades(TokioIo::new(stream), service);
-                    watcher.watch(connection.into_owned()).await
+            let serving = async move {
+                match tls {
+                    None => {
+                        let connection =
+                            builder.serve_connection_with_upgrades(TokioIo::new(tcp), service);
+                        watcher.watch(connection.into_owned()).await
+                    }
+                    Some(acceptor) => {
+                        let handshake =
+                            tokio::time::timeout(TLS_HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await;
+                        let stream = match handshake {
+                            Ok(Ok(stream)) => stream,
+                            Ok(Err(error)) => {
+                                tracing::debug!(%peer, %error, "TLS handshake failed");
+                                return Ok(());
+                            }
+                            Err(_) => {
+                                tracing::debug!(%peer, "TLS handshake timed out");
+                                return Ok(());
+                            }
+                        };
+                        let connection =
+                            builder.serve_connection_with_upgrades(TokioIo::new(stream), service);
+                        watcher.watch(connection.into_owned()).await
+                    }
                 }
             };
-            if let Err(error) = served {
-                tracing::debug!(%peer, %error, "connection ended with an error");
+            // Dropping the connection closes it, and ends whatever response it was sending.
+            tokio::select! {
+                served = serving => {
+                    if let Err(error) = served {
+                        tracing::debug!(%peer, %error, "connection ended with an error");
+                    }
+                }
+                () = stall.stalled(send_timeout) => {
+                    tracing::debug!(%peer, "the client read nothing for the send timeout; closing");
+                }
             }
         });
     }
@@ -172,7 +187,11 @@ fn http_builder(limits: &ConnectionLimits) -> Builder<TokioExecutor> {
         .timer(TokioTimer::new())
         .header_read_timeout(limits.header_read_timeout)
         // hyper needs room for at least one read; heads beyond the limit get 431.
-        .max_buf_size(limits.max_header_bytes.max(crate::config::MIN_MAX_HEADER_BYTES));
+        .max_buf_size(
+            limits
+                .max_header_bytes
+                .max(crate::config::MIN_MAX_HEADER_BYTES),
+        );
     builder
         .http2()
         .timer(TokioTimer::new())

@@ -7,6 +7,7 @@ use tokio::net::TcpListener;
 
 mod connections;
 mod provision;
+mod watched;
 
 pub use connections::{ConnectionLimits, TlsError, tls_acceptor};
 
@@ -117,6 +118,7 @@ pub async fn serve(settings: Settings) -> anyhow::Result<()> {
         header_read_timeout: settings.header_read_timeout,
         max_header_bytes: settings.max_header_bytes,
         max_connections: settings.max_connections,
+        send_timeout: settings.send_timeout,
         shutdown_timeout: settings.shutdown_timeout,
     };
     let shutdown = state.service.shutdown_signal();

@@ -163,18 +163,18 @@ impl StreamService {
         Awaited,
     ) {
         match decision {
-                Decision::Write {
-                    ack,
-                    records,
-                    producer,
-                    meta_changed,
-                } => {
-                    let commit =
-                        self.submit(stream, state, records, producer.into_iter(), meta_changed);
-                    (ack, Some(commit), Awaited::default())
-                }
-                Decision::Acknowledge { ack, awaited } => (ack, None, awaited),
+            Decision::Write {
+                ack,
+                records,
+                producer,
+                meta_changed,
+            } => {
+                let commit =
+                    self.submit(stream, state, records, producer.into_iter(), meta_changed);
+                (ack, Some(commit), Awaited::default())
             }
+            Decision::Acknowledge { ack, awaited } => (ack, None, awaited),
+        }
     }
 
     /// Appends each frame as an independent append with its own result; the successful ones

@@ -8,8 +8,8 @@ use std::sync::Arc;
 use serde::Deserialize as _;
 use serde_json::{Value, json};
 
-use super::stream::State;
 use super::append::Awaited;
+use super::stream::State;
 use super::{
     CreateRequest, Creation, Ensured, Stream, StreamError, StreamResult, StreamService, now_ms,
 };
