@@ -565,3 +565,128 @@ async fn a_mirror_authenticates_to_its_upstream_with_a_token() {
         "without a token the upstream gives the mirror nothing"
     );
 }
+
+#[tokio::test]
+async fn a_fork_needs_read_on_its_source_and_escaped_names_are_authorized_as_routed() {
+    let server = auth_server(&[]);
+    setup(&server).await;
+    // Everything on streams of team-alpha except trims and attribute changes.
+    let scope = json!({
+        "basins": {"exact": "team-alpha"},
+        "streams": {"prefix": ""},
+        "ops": ["read", "append", "create-stream"]
+    });
+    let writer = issued(&server, "writer", scope).await;
+    let fork = |source: &'static str| {
+        client()
+            .put(server.url("/team-alpha/copy"))
+            .bearer_auth(&writer)
+            .header("content-type", "text/plain")
+            .header("stream-forked-from", source)
+    };
+    let refused = fork("/team-bravo/events").send().await.unwrap();
+    assert_eq!(refused.status(), 403, "a fork of a stream it may not read");
+    let refused = fork("/team-bravo/missing").send().await.unwrap();
+    assert_eq!(
+        refused.status(),
+        403,
+        "and the answer says nothing of existence"
+    );
+    let allowed = fork("/team-alpha/events").send().await.unwrap();
+    assert_eq!(allowed.status(), 201, "a fork of its own stream");
+
+    // An escaped extension or listing name is the route it is served as.
+    for (method, path) in [
+        (reqwest::Method::PUT, "/team-alpha/events/a%74trs"),
+        (
+            reqwest::Method::PUT,
+            "/team-alpha/events/r%65tention?record=0",
+        ),
+    ] {
+        let r = client()
+            .request(method, server.url(path))
+            .bearer_auth(&writer)
+            .header("content-type", "application/json")
+            .body("{}")
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 403, "{path}");
+    }
+    let listing = send(
+        &server,
+        reqwest::Method::GET,
+        "/team-alpha/stream%73",
+        Some(&writer),
+        &[],
+        None,
+    )
+    .await;
+    assert_eq!(listing.status(), 403, "listing needs list-streams");
+}
+
+#[tokio::test]
+async fn revoking_a_token_ends_its_live_session_at_once() {
+    let server = auth_server(&["--sse-max-duration-secs", "600"]);
+    setup(&server).await;
+    let reader = issued(&server, "reader", reader_of("team-alpha")).await;
+    let mut sse = client()
+        .get(server.url("/team-alpha/events?offset=-1&live=sse"))
+        .bearer_auth(&reader)
+        .timeout(Duration::from_secs(20))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(sse.status(), 200);
+    assert!(sse.chunk().await.unwrap().is_some(), "the session started");
+    let revoked = send(
+        &server,
+        reqwest::Method::DELETE,
+        "/v1/access-tokens/reader",
+        Some(OPERATOR),
+        &[],
+        None,
+    )
+    .await;
+    assert!(revoked.status().is_success());
+    let ended = tokio::time::timeout(Duration::from_secs(5), async {
+        while let Some(_chunk) = sse.chunk().await.unwrap() {}
+    })
+    .await;
+    assert!(
+        ended.is_ok(),
+        "the SSE session ends when its token is revoked"
+    );
+}
+
+#[tokio::test]
+async fn ensuring_an_existing_s2_stream_needs_reconfigure_not_just_create() {
+    let server = auth_server(&[]);
+    setup(&server).await;
+    let creator = issued(
+        &server,
+        "creator",
+        json!({
+            "basins": {"exact": "team-alpha"},
+            "streams": {"prefix": ""},
+            "ops": ["create-stream"]
+        }),
+    )
+    .await;
+    let ensure = |stream: &'static str| {
+        send(
+            &server,
+            reqwest::Method::PUT,
+            stream,
+            Some(&creator),
+            &[("s2-basin", "team-alpha")],
+            Some(json!({"retention_policy": {"age": 1}})),
+        )
+    };
+    assert_eq!(
+        ensure("/v1/streams/events").await.status(),
+        403,
+        "the existing stream would be reconfigured"
+    );
+    assert_eq!(ensure("/v1/streams/fresh").await.status(), 201);
+}

@@ -19,6 +19,7 @@ use serde_json::json;
 
 use super::AppState;
 use crate::model::access::{self, Operation, Resource};
+use crate::model::names;
 use crate::service::{Principal, TokenError};
 
 /// Authentication settings.
@@ -164,14 +165,16 @@ fn classify(method: &Method, path: &str, headers: &HeaderMap) -> Access {
                 _ => op(GetBasinConfig, basin),
             }
         }
-        [bucket, "streams"] if read => op(ListStreams, Target::Basin(decoded(bucket))),
+        [bucket, stream] if read && decoded(stream) == "streams" => {
+            op(ListStreams, Target::Basin(decoded(bucket)))
+        }
         [bucket, stream] => op(
             stream_op(method),
             Target::Stream(decoded(bucket), decoded(stream)),
         ),
         [bucket, stream, extension, ..] => {
             let target = Target::Stream(decoded(bucket), decoded(stream));
-            let op_ = match (*extension, read) {
+            let op_ = match (decoded(extension).as_str(), read) {
                 ("attrs", true) => GetStreamConfig,
                 ("attrs", false) => ReconfigureStream,
                 ("retention", _) => Trim,
@@ -192,6 +195,21 @@ fn stream_op(method: &Method) -> Operation {
         Method::DELETE => Operation::DeleteStream,
         _ => Operation::Read,
     }
+}
+
+/// Whether the caller may read the stream stored under `key`, for a request that names it
+/// beside its own target (a fork's source). Without authentication, anyone may.
+pub(super) fn may_read(extensions: &axum::http::Extensions, key: &str) -> bool {
+    let Some(principal) = extensions.get::<Arc<Principal>>() else {
+        return true;
+    };
+    let (basin, stream) = match names::bucket_of(key) {
+        Some(bucket) => (bucket, &key[bucket.len() + 2..]),
+        None => ("", key.strip_prefix("/v1/stream/").unwrap_or(key)),
+    };
+    principal
+        .scope
+        .allows(Operation::Read, Resource::Stream { basin, stream })
 }
 
 /// The bearer token of a request.

@@ -202,8 +202,17 @@ async fn create(
                 )
                 .into());
             }
+            let source = fork_source_key(source)?;
+            // A fork reads its source: the caller must be allowed to (403 before the source is
+            // looked up, so the answer says nothing of whether it exists).
+            if !super::auth::may_read(extensions, &source) {
+                return Err(StreamError::Forbidden(
+                    "the access token does not permit reading the fork's source".into(),
+                )
+                .into());
+            }
             Some(ForkRequest {
-                source: fork_source_key(source)?,
+                source,
                 offset,
                 sub_offset,
             })
@@ -456,7 +465,7 @@ async fn read(app: &AppState, name: &str, query: Option<&str>, headers: &HeaderM
             let at_now = from == ReadFrom::Now && view == View::Canonical;
             Ok(catch_up(
                 &read,
-                &chunk,
+                chunk,
                 at_now,
                 request::header(headers, "if-none-match")?,
             ))
@@ -473,7 +482,12 @@ pub(super) struct Read {
     pub client_cursor: Option<u64>,
 }
 
-fn catch_up(read: &Read, chunk: &ReadChunk, at_now: bool, if_none_match: Option<&str>) -> Response {
+fn catch_up(
+    read: &Read,
+    mut chunk: ReadChunk,
+    at_now: bool,
+    if_none_match: Option<&str>,
+) -> Response {
     let stream = &read.stream;
     let view_tag = match read.view {
         View::Canonical => "",
@@ -492,9 +506,9 @@ fn catch_up(read: &Read, chunk: &ReadChunk, at_now: bool, if_none_match: Option<
         if !at_now && if_none_match.is_some_and(|tags| tags.split(',').any(|t| t.trim() == etag)) {
             empty(StatusCode::NOT_MODIFIED)
         } else {
-            with_body(StatusCode::OK, read, chunk)
+            with_body(StatusCode::OK, read, &mut chunk)
         };
-    describe_chunk(&mut response, read, chunk);
+    describe_chunk(&mut response, read, &chunk);
     if at_now {
         set(&mut response, "cache-control", "no-store");
     } else {
@@ -513,8 +527,9 @@ fn catch_up(read: &Read, chunk: &ReadChunk, at_now: bool, if_none_match: Option<
 }
 
 /// A response carrying the chunk's records in the read's view.
-fn with_body(status: StatusCode, read: &Read, chunk: &ReadChunk) -> Response {
+fn with_body(status: StatusCode, read: &Read, chunk: &mut ReadChunk) -> Response {
     let (content_type, body) = render(read, &chunk.records);
+    let body = body.holding(std::mem::take(&mut chunk.lease));
     let mut response = (status, Body::new(body)).into_response();
     set(&mut response, "content-type", content_type);
     response
@@ -627,7 +642,7 @@ async fn long_poll(app: &AppState, read: &Read) -> Handled {
         set(&mut response, "cache-control", "no-store");
         response
     } else {
-        let mut response = with_body(StatusCode::OK, read, &chunk);
+        let mut response = with_body(StatusCode::OK, read, &mut chunk);
         set(&mut response, "cache-control", CACHE_HISTORIC);
         response
     };

@@ -6,6 +6,7 @@ use std::convert::Infallible;
 use std::pin::Pin;
 use std::task::{Context, Poll};
 
+use crate::service::ReadLease;
 use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
 
@@ -68,6 +69,7 @@ impl Gather {
         Pieces {
             pieces: self.pieces,
             remaining: self.len,
+            _lease: ReadLease::default(),
         }
     }
 
@@ -86,9 +88,19 @@ impl Gather {
 pub struct Pieces {
     pieces: VecDeque<Bytes>,
     remaining: u64,
+    /// The read memory its records count against, given back once the body is gone.
+    _lease: ReadLease,
 }
 
 impl Pieces {
+    /// This body, holding `lease` for as long as it lives.
+    pub fn holding(self, lease: ReadLease) -> Pieces {
+        Pieces {
+            _lease: lease,
+            ..self
+        }
+    }
+
     /// The whole body in one buffer; free when it is a single piece.
     pub fn into_bytes(mut self) -> Bytes {
         match self.pieces.len() {

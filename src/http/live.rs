@@ -55,32 +55,33 @@ fn is_streaming(response: &Response) -> bool {
         .is_some_and(|t| t.starts_with("text/event-stream") || t.starts_with("s2s/proto"))
 }
 
+/// Whether a request opens an S2S append session: it streams like a live read, though it
+/// reads nothing.
+fn is_append_session(request: &Request) -> bool {
+    request.method() == Method::POST
+        && request
+            .headers()
+            .get(header::CONTENT_TYPE)
+            .is_some_and(|v| v.as_bytes().starts_with(b"s2s/proto"))
+}
+
 /// Runs the request, counting it against the live-reader limit if it is a live read, and ending a
-/// streaming body at shutdown or token expiry.
+/// streaming body (a live read or an append session) at shutdown, or when the token that opened
+/// it expires or is revoked.
 pub async fn serve(app: &AppState, request: Request, next: Next) -> Response {
-    if !is_live(&request) {
+    let live = is_live(&request);
+    if !live && !is_append_session(&request) {
         return next.run(request).await;
     }
-    let Ok(permit) = app.live_readers.clone().try_acquire_owned() else {
-        let (status, reason) = (
-            StatusCode::SERVICE_UNAVAILABLE,
-            "too many live readers; retry shortly",
-        );
-        let mut response = if super::s2::serves(request.uri().path()) {
-            super::s2::error_response(status, "unavailable", reason)
-        } else {
-            text_error(status, reason)
-        };
-        response.headers_mut().insert(
-            header::RETRY_AFTER,
-            HeaderValue::from_static(RETRY_AFTER_SECS),
-        );
-        return response;
+    let permit = if live {
+        match app.live_readers.clone().try_acquire_owned() {
+            Ok(permit) => Some(permit),
+            Err(_) => return too_many_live_readers(&request),
+        }
+    } else {
+        None
     };
-    let expires_ms = request
-        .extensions()
-        .get::<Arc<Principal>>()
-        .and_then(|p| p.expires_ms);
+    let principal = request.extensions().get::<Arc<Principal>>().cloned();
     let response = next.run(request).await;
     if !is_streaming(&response) {
         // A long-poll: it held its permit while it waited.
@@ -88,9 +89,14 @@ pub async fn serve(app: &AppState, request: Request, next: Next) -> Response {
     }
     let shutdown = app.service.shutdown_signal();
     let end = async move {
+        let (expires_ms, revoked) = match &principal {
+            Some(p) => (p.expires_ms, p.revoked.clone()),
+            None => (None, tokio_util::sync::CancellationToken::new()),
+        };
         tokio::select! {
             () = shutdown.cancelled() => {}
             () = token_expiry(expires_ms) => {}
+            () = revoked.cancelled() => {}
         }
     };
     let (parts, body) = response.into_parts();
@@ -103,6 +109,23 @@ pub async fn serve(app: &AppState, request: Request, next: Next) -> Response {
             chunk
         });
     Response::from_parts(parts, Body::from_stream(body))
+}
+
+fn too_many_live_readers(request: &Request) -> Response {
+    let (status, reason) = (
+        StatusCode::SERVICE_UNAVAILABLE,
+        "too many live readers; retry shortly",
+    );
+    let mut response = if super::s2::serves(request.uri().path()) {
+        super::s2::error_response(status, "unavailable", reason)
+    } else {
+        text_error(status, reason)
+    };
+    response.headers_mut().insert(
+        header::RETRY_AFTER,
+        HeaderValue::from_static(RETRY_AFTER_SECS),
+    );
+    response
 }
 
 #[cfg(test)]

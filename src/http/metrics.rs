@@ -73,6 +73,12 @@ pub async fn metrics(State(app): State<AppState>) -> Response {
         "Record bytes held in the hot tail caches.",
         cache_bytes,
     );
+    gauge(
+        &mut out,
+        "runnel_read_memory_bytes",
+        "Record bytes that read responses hold while their clients take them.",
+        app.service.read_memory_held(),
+    );
     let lags = app.service.replication_lags();
     for (name, help, pick) in [
         (

@@ -207,6 +207,7 @@ impl tower::Service<axum::http::Request<hyper::body::Incoming>> for Handler {
 
     fn call(&mut self, request: axum::http::Request<hyper::body::Incoming>) -> Self::Future {
         let mut request = request.map(Body::new);
+        normalize_path(&mut request);
         if self.tls {
             request.extensions_mut().insert(origin::OverTls);
         }
@@ -221,6 +222,28 @@ impl tower::Service<axum::http::Request<hyper::body::Incoming>> for Handler {
             }));
         }
         futures::future::Either::Right(self.router.call(request))
+    }
+}
+
+/// Decodes escaped unreserved characters in the path before anything reads it, so routing,
+/// authorization and the handlers all see one spelling of each segment: `r%65tention` would
+/// otherwise be routed to the retention extension yet authorized as some other one.
+fn normalize_path(request: &mut Request) {
+    let uri = request.uri();
+    if !uri.path().contains('%') {
+        return;
+    }
+    let Some(path) = names::normalize_unreserved(uri.path()) else {
+        return;
+    };
+    let path_and_query = match uri.query() {
+        Some(query) => format!("{path}?{query}"),
+        None => path,
+    };
+    let mut parts = uri.clone().into_parts();
+    parts.path_and_query = axum::http::uri::PathAndQuery::from_maybe_shared(path_and_query).ok();
+    if let Ok(normalized) = axum::http::Uri::from_parts(parts) {
+        *request.uri_mut() = normalized;
     }
 }
 

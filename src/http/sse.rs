@@ -64,6 +64,7 @@ pub fn respond(app: &AppState, read: Read) -> Response {
                             next: record.next_offset(),
                             up_to_date: last && chunk.up_to_date,
                             closed: last && chunk.closed,
+                            lease: Default::default(),
                         };
                         write_data_event(&mut events, &records::envelope(record.seq, &record.body), false);
                         write_control_event(&mut events, &read, &step, fresh);
@@ -103,7 +104,7 @@ pub fn respond(app: &AppState, read: Read) -> Response {
                     Wake::Moved(_) => break,
                     Wake::Ended => return,
                     Wake::Idle => {
-                        let idle = ReadChunk { start: at, records: Vec::new(), next: at, up_to_date: true, closed: false };
+                        let idle = ReadChunk { start: at, records: Vec::new(), next: at, up_to_date: true, closed: false, lease: Default::default() };
                         let fresh = next_cursor(read.client_cursor).max(cursor);
                         cursor = fresh;
                         yield Ok(Bytes::from(control_event(&read, &idle, fresh)));

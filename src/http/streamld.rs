@@ -142,6 +142,7 @@ async fn session(app: AppState, principal: Arc<Principal>, socket: WebSocket, or
             () = writer_gone.cancelled() => break,
             () = shutdown.cancelled() => break,
             () = &mut token_expired => break,
+            () = principal.revoked.cancelled() => break,
             () = &mut join_deadline, if subscriptions.is_empty() => {
                 refuse_with(
                     &mut refuse,

@@ -103,6 +103,36 @@ pub fn escapes_are_whole(raw: &str) -> bool {
     })
 }
 
+/// `raw` with every escape of an unreserved character (letters, digits, `-`, `.`, `_`, `~`)
+/// decoded, as RFC 3986 §6.2.2.2 normalises them; `None` when there is none. Routing and
+/// authorization then see one spelling of each segment: `r%65tention` is `retention` to both.
+/// Escapes of other characters (`%2F`) keep their meaning and stay.
+pub fn normalize_unreserved(raw: &str) -> Option<String> {
+    let bytes = raw.as_bytes();
+    let unreserved_at = |i: usize| {
+        let hex = std::str::from_utf8(bytes.get(i + 1..i + 3)?).ok()?;
+        let byte = u8::from_str_radix(hex, 16).ok()?;
+        (byte.is_ascii_alphanumeric() || b"-._~".contains(&byte)).then_some(byte)
+    };
+    let first = (0..bytes.len()).find(|&i| bytes[i] == b'%' && unreserved_at(i).is_some())?;
+    let mut out = Vec::with_capacity(bytes.len());
+    out.extend_from_slice(&bytes[..first]);
+    let mut i = first;
+    while i < bytes.len() {
+        match (bytes[i], unreserved_at(i)) {
+            (b'%', Some(byte)) => {
+                out.push(byte);
+                i += 3;
+            }
+            (byte, _) => {
+                out.push(byte);
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8(out).ok()
+}
+
 /// A URL path percent-decoded, refusing a `%` that does not start an escape (which a lenient
 /// decoder would keep as it is, so `a%zz` and `a%25zz` would name one stream) and bytes that are
 /// not UTF-8 once decoded.
@@ -284,10 +314,31 @@ mod tests {
         assert_eq!(bucket_of("/v1/stream/game/room"), None);
     }
 
+    #[test]
+    fn escaped_unreserved_characters_are_normalised_and_others_kept() {
+        assert_eq!(
+            normalize_unreserved("/b/s/r%65tention").as_deref(),
+            Some("/b/s/retention")
+        );
+        assert_eq!(
+            normalize_unreserved("/b/a%2Fb%7e%41").as_deref(),
+            Some("/b/a%2Fb~A")
+        );
+        assert_eq!(normalize_unreserved("/b/a%2Fb%20c"), None);
+        assert_eq!(normalize_unreserved("/plain"), None);
+    }
+
     proptest! {
         #[test]
         fn arbitrary_paths_never_panic(path in "\\PC*") {
             let _ = stream_key_of_path(&path);
+        }
+
+        #[test]
+        fn normalising_keeps_what_a_path_decodes_to(path in "[a-z%0-9A-F/]{0,24}") {
+            if let (Some(normal), Ok(before)) = (normalize_unreserved(&path), decode_path(&path)) {
+                prop_assert_eq!(decode_path(&normal).unwrap(), before);
+            }
         }
     }
 }

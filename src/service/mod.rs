@@ -10,6 +10,7 @@ mod cache;
 mod error;
 mod fork;
 mod read;
+mod read_memory;
 mod replication;
 mod s2;
 mod snapshots;
@@ -42,6 +43,7 @@ pub use cache::CacheLimits;
 pub use error::{StreamError, StreamResult};
 pub use fork::ForkRequest;
 pub use read::{ReadChunk, TailWatch, Wake};
+pub use read_memory::ReadLease;
 pub use replication::{Appeared, AppearingIn, MirrorStart, ReplicatedState};
 pub use s2::{
     CheckedAppend, S2Ack, S2Append, S2Batch, S2Limits, S2Position, S2Record, S2Start,
@@ -62,6 +64,9 @@ pub struct ServiceConfig {
     /// The most body bytes one catch-up read response carries. Larger than a live read's: the
     /// reader asked for history, and fewer round trips carry it faster.
     pub catch_up_read_bytes: usize,
+    /// The most body bytes all read responses hold at once; beyond it, reads get smaller
+    /// chunks (see [`read_memory`]).
+    pub read_memory_bytes: usize,
     pub cache: CacheLimits,
     /// Appends submitted to storage but not yet durable, across all streams.
     pub max_inflight_commits: usize,
@@ -77,6 +82,7 @@ impl Default for ServiceConfig {
         ServiceConfig {
             max_read_bytes: 1 << 20,
             catch_up_read_bytes: 4 << 20,
+            read_memory_bytes: 512 << 20,
             cache: CacheLimits::default(),
             max_inflight_commits: 8192,
             max_streams_per_bucket: None,
@@ -92,6 +98,7 @@ pub struct StreamService {
     /// Bounds the commits queued in the engine; a permit is held until its commit is durable.
     commit_permits: Arc<Semaphore>,
     cache_budget: Arc<cache::CacheBudget>,
+    read_memory: Arc<read_memory::ReadMemory>,
     /// Every stream that comes into being (created, or swapped in by a mirror's rebuild), for
     /// bucket replication sessions: they start following it without rescanning their bucket.
     appeared: tokio::sync::broadcast::Sender<Appeared>,
@@ -213,6 +220,7 @@ impl StreamService {
             next_id: AtomicU64::new(recovered.next_id),
             commit_permits: Arc::new(Semaphore::new(config.max_inflight_commits)),
             cache_budget: cache::CacheBudget::new(config.cache),
+            read_memory: read_memory::ReadMemory::new(config.read_memory_bytes),
             appeared: tokio::sync::broadcast::Sender::new(replication::APPEARED_BACKLOG),
             shutdown: CancellationToken::new(),
             stopping: Arc::new(AtomicBool::new(false)),
@@ -229,6 +237,11 @@ impl StreamService {
             );
         }
         Ok(service)
+    }
+
+    /// Record bytes that read responses hold now (see [`read_memory`]).
+    pub fn read_memory_held(&self) -> usize {
+        self.read_memory.held()
     }
 
     fn lock_registry(&self) -> std::sync::MutexGuard<'_, Registry> {

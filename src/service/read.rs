@@ -10,12 +10,13 @@ use tokio::sync::watch;
 use tokio::time::{Instant, Sleep};
 use tokio_util::sync::{CancellationToken, WaitForCancellationFutureOwned};
 
+use super::read_memory::ReadLease;
 use super::{Durable, Stream, StreamError, StreamResult, StreamService};
 use crate::model::records::RecordStart;
 use crate::model::{Offset, ReadFrom, Record};
 
 /// One read response's worth of records.
-#[derive(Clone, Debug)]
+#[derive(Debug)]
 pub struct ReadChunk {
     pub start: Offset,
     pub records: Vec<Record>,
@@ -25,6 +26,8 @@ pub struct ReadChunk {
     pub up_to_date: bool,
     /// The stream is closed and this chunk reaches its final offset.
     pub closed: bool,
+    /// The memory its records count against, until the response carrying them is gone.
+    pub lease: ReadLease,
 }
 
 impl StreamService {
@@ -158,7 +161,11 @@ impl StreamService {
             Some(n) => durable.tail.seq.min(start.seq.saturating_add(n)),
             None => durable.tail.seq,
         };
-        let records = self.collect(stream, start.seq, until, max_bytes).await?;
+        let mut lease = self.read_memory.lease(max_bytes);
+        let records = self
+            .collect(stream, start.seq, until, lease.bytes())
+            .await?;
+        lease.keep(records.iter().map(|r| r.body.len()).sum());
         match records.first() {
             Some(first) if first.seq > start.seq => {
                 return Err(StreamError::Retained {
@@ -180,6 +187,7 @@ impl StreamService {
             next,
             up_to_date,
             closed: up_to_date && durable.closed,
+            lease,
         })
     }
 

@@ -3,6 +3,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
+use tokio_util::sync::CancellationToken;
 
 use base64::Engine as _;
 use rand::RngCore;
@@ -17,6 +18,9 @@ pub(super) struct TokenRegistry {
     by_id: BTreeMap<String, TokenRecord>,
     /// Digest to id.
     by_digest: HashMap<String, String>,
+    /// Cancelled when the token is revoked, so that sessions it opened end with it. Made when
+    /// the token is first used; kept in memory only.
+    revoked: HashMap<String, CancellationToken>,
 }
 
 impl TokenRegistry {
@@ -43,6 +47,8 @@ pub struct Principal {
     pub scope: Scope,
     /// When the token stops working (milliseconds since the epoch).
     pub expires_ms: Option<i64>,
+    /// Cancelled when the token is revoked (never, for the operator).
+    pub revoked: CancellationToken,
 }
 
 impl Principal {
@@ -51,6 +57,7 @@ impl Principal {
             token_id: None,
             scope: Scope::everything(),
             expires_ms: None,
+            revoked: CancellationToken::new(),
         }
     }
 
@@ -94,7 +101,8 @@ impl StreamService {
     /// The principal a presented secret belongs to.
     pub fn authenticate(&self, secret: &str) -> Result<Principal, TokenError> {
         let digest = access::digest(secret);
-        let tokens = self.lock_tokens();
+        let mut tokens = self.lock_tokens();
+        let tokens = &mut *tokens;
         let token = tokens
             .by_digest
             .get(&digest)
@@ -104,10 +112,12 @@ impl StreamService {
         if token.expires_ms.is_some_and(|at| at <= now_ms()) {
             return Err(TokenError::Expired);
         }
+        let revoked = tokens.revoked.entry(token.id.clone()).or_default().clone();
         Ok(Principal {
             token_id: Some(token.id.clone()),
             scope: token.scope.clone(),
             expires_ms: token.expires_ms,
+            revoked,
         })
     }
 
@@ -183,6 +193,10 @@ impl StreamService {
             let mut tokens = self.lock_tokens();
             let token = tokens.by_id.remove(id).ok_or(StreamError::TokenNotFound)?;
             tokens.by_digest.remove(&token.digest);
+            // Its sessions end now; a request already past authentication may still finish.
+            if let Some(revoked) = tokens.revoked.remove(id) {
+                revoked.cancel();
+            }
             (
                 token,
                 self.engine
@@ -259,6 +273,7 @@ mod tests {
             token_id: Some("narrow".into()),
             scope: reader_of("logs"),
             expires_ms: None,
+            revoked: CancellationToken::new(),
         };
         let wider = IssueToken {
             id: "wider".into(),

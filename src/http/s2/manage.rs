@@ -195,6 +195,7 @@ struct Reconfigure {
 
 pub(super) async fn basin(
     State(app): State<AppState>,
+    Extension(principal): Extension<Arc<Principal>>,
     Path(basin): Path<String>,
     method: Method,
     headers: HeaderMap,
@@ -218,6 +219,14 @@ pub(super) async fn basin(
                 ))
             }
             Method::PUT => {
+                // Ensuring an existing basin reconfigures it.
+                if app.service.bucket_info(&basin).is_ok() {
+                    permit(
+                        &principal,
+                        Operation::ReconfigureBasin,
+                        Resource::Basin(&basin),
+                    )?;
+                }
                 let request: Reconfigure =
                     json_body(&app, &headers, body).await?.unwrap_or_default();
                 let config = validated_basin(&app, request.config)?;
@@ -334,6 +343,7 @@ pub(super) async fn create_stream(
 
 pub(super) async fn stream(
     State(app): State<AppState>,
+    Extension(principal): Extension<Arc<Principal>>,
     Path(name): Path<String>,
     method: Method,
     headers: HeaderMap,
@@ -353,6 +363,17 @@ pub(super) async fn stream(
                 ))
             }
             Method::PUT => {
+                // Ensuring an existing stream reconfigures it.
+                if app.service.find(&key, false).await.is_ok() {
+                    permit(
+                        &principal,
+                        Operation::ReconfigureStream,
+                        Resource::Stream {
+                            basin: &basin,
+                            stream: &name,
+                        },
+                    )?;
+                }
                 // The body is the configuration itself (basins wrap theirs in `config`).
                 let config = validated::<StreamConfig>(json_body(&app, &headers, body).await?)?;
                 let provision = match app.service.ensure_s2_stream(&basin, &name, config).await? {
