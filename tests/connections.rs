@@ -218,6 +218,49 @@ async fn a_reader_that_takes_nothing_is_cut_off_after_the_send_timeout_and_frees
 }
 
 #[tokio::test]
+async fn a_slow_reader_that_keeps_reading_is_not_cut_off_by_the_send_timeout() {
+    let server = Server::start(&["--memory", "--send-timeout-secs", "2"]);
+    create(&server, "/v1/stream/backlog").await;
+    let http = client();
+    for _ in 0..64 {
+        let appended = http
+            .post(server.url("/v1/stream/backlog"))
+            .header("content-type", "application/octet-stream")
+            .body(vec![b'x'; 256 << 10])
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(appended.status(), 204);
+    }
+    // A small receive buffer, as a slow client's is: the window it advertises opens as soon as
+    // it reads (a large one stays shut until a sixteenth of it is free).
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.set_recv_buffer_size(64 << 10).unwrap();
+    let mut slow = socket
+        .connect(addr(&server).parse().unwrap())
+        .await
+        .unwrap();
+    slow.write_all(b"GET /v1/stream/backlog?offset=-1&live=sse HTTP/1.1\r\nhost: x\r\n\r\n")
+        .await
+        .unwrap();
+    // 64 KiB a second: far slower than the server writes, so its socket stays full, and the
+    // socket becomes writable again only after megabytes drain, much later than the timeout.
+    let mut buffer = vec![0u8; 16 << 10];
+    let started = Instant::now();
+    while started.elapsed() < Duration::from_secs(7) {
+        tokio::time::sleep(Duration::from_millis(250)).await;
+        let n = tokio::time::timeout(Duration::from_secs(5), slow.read(&mut buffer))
+            .await
+            .expect("data keeps coming")
+            .unwrap();
+        assert!(n > 0, "cut off after {:?}", started.elapsed());
+    }
+    // What it reads may be what the kernel had buffered before a cut: the server must still be
+    // serving it.
+    assert_eq!(live_readers(&server).await, 1, "the server still serves it");
+}
+
+#[tokio::test]
 async fn a_stalled_sse_reader_costs_bounded_memory_and_does_not_slow_writers() {
     let dir = tempfile::tempdir().unwrap();
     let server = Server::start(&[

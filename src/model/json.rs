@@ -15,6 +15,10 @@ use serde_json::Value;
 /// (`[0,0,…]`) would otherwise cost hundreds of times its own size in memory.
 pub const MAX_MESSAGES: usize = 100_000;
 
+/// The most JSON values (of any depth) one body may hold. Parsed, each costs about 80 bytes
+/// however small its text, so a body of tiny values would cost many times its own size.
+pub const MAX_VALUES: usize = 1_000_000;
+
 #[derive(Debug, PartialEq, Eq, thiserror::Error)]
 pub enum JsonError {
     #[error("body is not valid JSON: {0}")]
@@ -23,6 +27,45 @@ pub enum JsonError {
     EmptyArray,
     #[error("a body holds at most {MAX_MESSAGES} JSON messages; send more in several appends")]
     TooMany,
+    #[error("a body holds at most {MAX_VALUES} JSON values in all")]
+    TooManyValues,
+}
+
+/// Refuses a body that could hold more than [`MAX_VALUES`] JSON values, before it is parsed.
+pub fn check_value_count(body: &[u8]) -> Result<(), JsonError> {
+    if more_values_than(body, MAX_VALUES) {
+        Err(JsonError::TooManyValues)
+    } else {
+        Ok(())
+    }
+}
+
+/// Whether `body` could hold more than `max` JSON values: counts the separators and openings
+/// outside strings, each of which starts at most one value, without parsing.
+fn more_values_than(body: &[u8], max: usize) -> bool {
+    let (mut count, mut in_string, mut escaped) = (0usize, false, false);
+    for &byte in body {
+        if in_string {
+            match byte {
+                _ if escaped => escaped = false,
+                b'\\' => escaped = true,
+                b'"' => in_string = false,
+                _ => {}
+            }
+            continue;
+        }
+        match byte {
+            b'"' => in_string = true,
+            b',' | b'[' | b'{' | b':' => {
+                count += 1;
+                if count > max {
+                    return true;
+                }
+            }
+            _ => {}
+        }
+    }
+    false
 }
 
 /// Whether an empty top-level array is acceptable: it is on create, not on append.
@@ -34,6 +77,7 @@ pub enum EmptyArray {
 
 /// Splits a JSON body into its messages, each serialised compactly.
 pub fn messages(body: &[u8], empty: EmptyArray) -> Result<Vec<Bytes>, JsonError> {
+    check_value_count(body)?;
     let invalid = |e: serde_json::Error| JsonError::Invalid(e.to_string());
     let is_array = body
         .iter()
@@ -91,6 +135,7 @@ impl<'de> Visitor<'de> for Elements<'_> {
 
 /// One JSON value (never flattened), serialised compactly.
 pub fn canonical_value(body: &[u8]) -> Result<Bytes, JsonError> {
+    check_value_count(body)?;
     let value: Value =
         serde_json::from_slice(body).map_err(|e| JsonError::Invalid(e.to_string()))?;
     Ok(canonical(&value))
@@ -168,6 +213,26 @@ mod tests {
             messages(body(MAX_MESSAGES + 1).as_bytes(), EmptyArray::Rejected),
             Err(JsonError::TooMany)
         );
+    }
+
+    #[test]
+    fn a_body_holds_at_most_max_values_at_any_depth() {
+        let nested = format!("[[{}]]", vec!["0"; MAX_VALUES + 1].join(","));
+        assert_eq!(
+            messages(nested.as_bytes(), EmptyArray::Rejected),
+            Err(JsonError::TooManyValues)
+        );
+        assert_eq!(
+            canonical_value(nested.as_bytes()),
+            Err(JsonError::TooManyValues)
+        );
+        let quoted = format!("[\"{}\"]", ",".repeat(MAX_VALUES + 1));
+        assert_eq!(
+            texts(&quoted).len(),
+            1,
+            "commas inside strings are not values"
+        );
+        assert_eq!(texts(r#"["a\",[", 1]"#), [r#""a\",[""#, "1"]);
     }
 
     #[test]

@@ -117,7 +117,8 @@ pub async fn serve(
             continue;
         };
         let _ = tcp.set_nodelay(true);
-        let (tcp, stall) = Watched::new(tcp, slot);
+        let socket = std::os::fd::AsRawFd::as_raw_fd(&tcp);
+        let (tcp, stall) = Watched::new(tcp, Some(socket), slot);
         let service = TowerToHyperService::new(if tls.is_some() {
             app.over_tls()
         } else {

@@ -1,10 +1,13 @@
 //! Clients that stop reading. A response waits on the client's socket while the client takes
-//! nothing; past the send timeout the connection is closed, so a stalled reader cannot hold its
-//! response buffers, its live-reader slot or its connection slot for good. Each socket also
+//! nothing; past the send timeout the connection is reset, so a stalled reader cannot hold its
+//! response buffers, its live-reader slot or its connection slot for good. A slow reader is not
+//! stalled: the data it acknowledges leaves the socket's queue, which is watched as well as the
+//! writes (a full socket becomes writable again only once much of its buffer has drained). Each socket also
 //! carries its connection slot, so a connection upgraded to a WebSocket still counts against
 //! `--max-connections` for as long as it lives.
 
 use std::io;
+use std::os::fd::RawFd;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -23,6 +26,9 @@ pub struct Stall {
     blocked: AtomicBool,
     /// Told when the socket fills up, so an idle connection needs no timer.
     filled: Notify,
+    /// The TCP socket: a full socket whose client reads slowly only becomes writable again
+    /// once much of its buffer has drained, so what the kernel still holds is watched too.
+    socket: Option<RawFd>,
 }
 
 impl Stall {
@@ -39,7 +45,9 @@ impl Stall {
         }
     }
 
-    /// Completes once a write has waited `timeout` without the client taking anything.
+    /// Completes once a write has waited `timeout` while the client took nothing at all: no
+    /// write went through, and the socket's queue did not shrink. The connection is then
+    /// reset rather than closed, so the kernel does not keep its unsent data either.
     pub async fn stalled(&self, timeout: Duration) {
         loop {
             if !self.blocked.load(Ordering::Relaxed) {
@@ -47,12 +55,54 @@ impl Stall {
                 continue;
             }
             let seen = self.progress.load(Ordering::Relaxed);
+            let queued = self.socket.and_then(unsent);
             tokio::time::sleep(timeout).await;
-            if self.blocked.load(Ordering::Relaxed) && self.progress.load(Ordering::Relaxed) == seen
-            {
+            let wrote = self.progress.load(Ordering::Relaxed) != seen;
+            let drained = match (queued, self.socket.and_then(unsent)) {
+                (Some(before), Some(now)) => now < before,
+                _ => false,
+            };
+            if self.blocked.load(Ordering::Relaxed) && !wrote && !drained {
+                if let Some(socket) = self.socket {
+                    reset_on_close(socket);
+                }
                 return;
             }
         }
+    }
+}
+
+/// Bytes the kernel holds for the socket that the peer has not acknowledged.
+#[cfg(target_os = "linux")]
+fn unsent(socket: RawFd) -> Option<usize> {
+    let mut bytes: libc::c_int = 0;
+    // SAFETY: SIOCOUTQ (TIOCOUTQ) writes one int through the pointer; `socket` is open for as
+    // long as its connection is being served, which is when this runs.
+    let done = unsafe { libc::ioctl(socket, libc::TIOCOUTQ, &mut bytes) };
+    (done == 0).then(|| usize::try_from(bytes).unwrap_or(0))
+}
+
+#[cfg(not(target_os = "linux"))]
+fn unsent(_: RawFd) -> Option<usize> {
+    None
+}
+
+/// Makes closing the socket send a reset and drop its unsent data.
+fn reset_on_close(socket: RawFd) {
+    let linger = libc::linger {
+        l_onoff: 1,
+        l_linger: 0,
+    };
+    // SAFETY: SO_LINGER reads one `linger` from the pointer, of the length given; `socket` is
+    // open (see `unsent`).
+    unsafe {
+        libc::setsockopt(
+            socket,
+            libc::SOL_SOCKET,
+            libc::SO_LINGER,
+            std::ptr::from_ref(&linger).cast(),
+            std::mem::size_of::<libc::linger>() as libc::socklen_t,
+        );
     }
 }
 
@@ -64,8 +114,12 @@ pub struct Watched<IO> {
 }
 
 impl<IO> Watched<IO> {
-    pub fn new(io: IO, slot: OwnedSemaphorePermit) -> (Self, Arc<Stall>) {
-        let stall = Arc::new(Stall::default());
+    /// `socket` is the TCP socket under `io`, when there is one.
+    pub fn new(io: IO, socket: Option<RawFd>, slot: OwnedSemaphorePermit) -> (Self, Arc<Stall>) {
+        let stall = Arc::new(Stall {
+            socket,
+            ..Stall::default()
+        });
         let watched = Watched {
             io,
             stall: stall.clone(),
@@ -139,7 +193,7 @@ mod tests {
     #[tokio::test]
     async fn a_write_the_reader_never_takes_is_reported_stalled() {
         let (near, _far) = tokio::io::duplex(64);
-        let (mut watched, stall) = Watched::new(near, slot());
+        let (mut watched, stall) = Watched::new(near, None, slot());
         // Fill the pipe: the far end never reads.
         let writer = tokio::spawn(async move { watched.write_all(&[0u8; 1024]).await });
         tokio::time::timeout(
@@ -154,7 +208,7 @@ mod tests {
     #[tokio::test]
     async fn a_slow_reader_that_keeps_taking_is_not_stalled() {
         let (near, mut far) = tokio::io::duplex(64);
-        let (mut watched, stall) = Watched::new(near, slot());
+        let (mut watched, stall) = Watched::new(near, None, slot());
         let writer = tokio::spawn(async move { watched.write_all(&[0u8; 4096]).await });
         let reader = tokio::spawn(async move {
             let mut buf = [0u8; 16];
@@ -183,7 +237,8 @@ mod tests {
     async fn the_connection_slot_lives_as_long_as_the_socket() {
         let slots = Arc::new(Semaphore::new(1));
         let (near, _far) = tokio::io::duplex(64);
-        let (watched, _stall) = Watched::new(near, slots.clone().try_acquire_owned().unwrap());
+        let (watched, _stall) =
+            Watched::new(near, None, slots.clone().try_acquire_owned().unwrap());
         assert_eq!(slots.available_permits(), 0);
         drop(watched);
         assert_eq!(slots.available_permits(), 1);

@@ -205,9 +205,26 @@ impl StreamService {
         let mut budget = max_bytes;
         while seq < until {
             let (owner, owner_until) = owner_of(stream, seq, until);
-            let records = owner
+            let mut records = owner
                 .read_own(&self.engine, seq, owner_until, budget)
                 .await?;
+            if !out.is_empty() && !records.is_empty() {
+                // Only the read's first record may go past the budget, not the first one this
+                // part of the fork chain gave.
+                let mut left = budget;
+                let fits = records
+                    .iter()
+                    .take_while(|r| {
+                        let fits = r.body.len() <= left;
+                        left = left.saturating_sub(r.body.len());
+                        fits
+                    })
+                    .count();
+                if fits == 0 {
+                    break;
+                }
+                records.truncate(fits);
+            }
             let Some(last) = records.last() else {
                 if owner_until < until {
                     // This source's part is gone (trimmed by a server that did not yet keep a

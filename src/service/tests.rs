@@ -481,6 +481,34 @@ async fn a_catch_up_read_carries_a_larger_chunk_than_a_live_read() {
     assert!(!history.up_to_date);
 }
 
+#[tokio::test]
+async fn a_read_through_a_fork_keeps_to_its_byte_budget_across_the_fork_point() {
+    let config = ServiceConfig {
+        max_read_bytes: 100,
+        ..ServiceConfig::default()
+    };
+    let service = StreamService::open(Arc::new(MemoryEngine::new()), config).unwrap();
+    service.create(create_text("src")).await.unwrap();
+    service.append("src", text(&"s".repeat(60))).await.unwrap();
+    let fork = CreateRequest {
+        fork: Some(ForkRequest {
+            source: "src".into(),
+            offset: None,
+            sub_offset: 0,
+        }),
+        ..create_text("fork")
+    };
+    service.create(fork).await.unwrap();
+    service.append("fork", text(&"f".repeat(60))).await.unwrap();
+    let fork = service.find("fork", false).await.unwrap();
+    let chunk = service.read_at(&fork, Offset::START, None).await.unwrap();
+    assert_eq!(
+        chunk.records.len(),
+        1,
+        "the fork's own first record would take the read to 120 of 100 bytes"
+    );
+}
+
 async fn one_text_stream() -> (Arc<StreamService>, Arc<Stream>) {
     let service =
         StreamService::open(Arc::new(MemoryEngine::new()), ServiceConfig::default()).unwrap();

@@ -388,8 +388,19 @@ fn stream_key(basin: &str, stream: &str) -> Result<String, S2Error> {
 
 /// A JSON request body's bytes (empty when there is none); a body that is not JSON is
 /// `bad_json`.
+/// The largest S2 request body: a batch is at most 1 MiB metered, which JSON (base64, escapes)
+/// can make a few times larger; more is refused before it is parsed.
+const MAX_S2_BODY_BYTES: usize = 16 << 20;
+
+fn body_limits(app: &AppState) -> request::BodyLimits {
+    app.config
+        .body
+        .at_most(app.config.body.max_bytes.min(MAX_S2_BODY_BYTES))
+}
+
 async fn json_bytes(app: &AppState, headers: &HeaderMap, body: Body) -> Result<Bytes, S2Error> {
-    let bytes = request::body(headers, body, app.config.body).await?;
+    let bytes = request::body(headers, body, body_limits(app)).await?;
+    crate::model::json::check_value_count(&bytes).map_err(|e| bad("bad_json", e))?;
     let is_json = headers
         .get(header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())

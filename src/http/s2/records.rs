@@ -193,7 +193,7 @@ async fn append(
 ) -> S2Result {
     let protobuf_in = s2s::media_type(headers, header::CONTENT_TYPE).is_some_and(s2s::is_protobuf);
     let append = if protobuf_in {
-        let bytes = request::body(headers, body, app.config.body).await?;
+        let bytes = request::body(headers, body, body_limits(app)).await?;
         s2s::append_of(s2s::decode(&bytes)?)
     } else {
         json_append(app, headers, body).await?
