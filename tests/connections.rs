@@ -161,6 +161,22 @@ async fn connections_beyond_the_limit_are_closed_on_arrival() {
     }
 }
 
+/// `/v1/stream/backlog` with 16 MiB in it: more than a socket's buffers hold.
+async fn fill_backlog(server: &Server) {
+    create(server, "/v1/stream/backlog").await;
+    let http = client();
+    for _ in 0..64 {
+        let appended = http
+            .post(server.url("/v1/stream/backlog"))
+            .header("content-type", "application/octet-stream")
+            .body(vec![b'x'; 256 << 10])
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(appended.status(), 204);
+    }
+}
+
 /// `runnel_live_readers` from `/metrics`.
 async fn live_readers(server: &Server) -> u64 {
     let text = client()
@@ -180,18 +196,7 @@ async fn live_readers(server: &Server) -> u64 {
 #[tokio::test]
 async fn a_reader_that_takes_nothing_is_cut_off_after_the_send_timeout_and_frees_its_slot() {
     let server = Server::start(&["--memory", "--send-timeout-secs", "1"]);
-    create(&server, "/v1/stream/backlog").await;
-    let http = client();
-    for _ in 0..64 {
-        let appended = http
-            .post(server.url("/v1/stream/backlog"))
-            .header("content-type", "application/octet-stream")
-            .body(vec![b'x'; 256 << 10])
-            .send()
-            .await
-            .unwrap();
-        assert_eq!(appended.status(), 204);
-    }
+    fill_backlog(&server).await;
     // 16 MiB to send, more than the socket buffers hold, to a reader that never reads.
     let mut stalled = TcpStream::connect(addr(&server)).await.unwrap();
     stalled
@@ -220,18 +225,7 @@ async fn a_reader_that_takes_nothing_is_cut_off_after_the_send_timeout_and_frees
 #[tokio::test]
 async fn a_slow_reader_that_keeps_reading_is_not_cut_off_by_the_send_timeout() {
     let server = Server::start(&["--memory", "--send-timeout-secs", "2"]);
-    create(&server, "/v1/stream/backlog").await;
-    let http = client();
-    for _ in 0..64 {
-        let appended = http
-            .post(server.url("/v1/stream/backlog"))
-            .header("content-type", "application/octet-stream")
-            .body(vec![b'x'; 256 << 10])
-            .send()
-            .await
-            .unwrap();
-        assert_eq!(appended.status(), 204);
-    }
+    fill_backlog(&server).await;
     // A small receive buffer, as a slow client's is: the window it advertises opens as soon as
     // it reads (a large one stays shut until a sixteenth of it is free).
     let socket = tokio::net::TcpSocket::new_v4().unwrap();
