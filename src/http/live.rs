@@ -87,14 +87,22 @@ pub async fn serve(app: &AppState, request: Request, next: Next) -> Response {
         // A long-poll: it held its permit while it waited.
         return response;
     }
-    let shutdown = app.service.shutdown_signal();
+    // A live read ends at shutdown; an append session carries on while the server drains, so
+    // that the batches it sent are acknowledged.
+    let shutdown = live.then(|| app.service.shutdown_signal());
     let end = async move {
         let (expires_ms, revoked) = match &principal {
             Some(p) => (p.expires_ms, p.revoked.clone()),
             None => (None, tokio_util::sync::CancellationToken::new()),
         };
+        let shutdown = async {
+            match &shutdown {
+                Some(shutdown) => shutdown.cancelled().await,
+                None => std::future::pending().await,
+            }
+        };
         tokio::select! {
-            () = shutdown.cancelled() => {}
+            () = shutdown => {}
             () = token_expiry(expires_ms) => {}
             () = revoked.cancelled() => {}
         }
