@@ -66,8 +66,8 @@ fn is_append_session(request: &Request) -> bool {
 }
 
 /// Runs the request, counting it against the live-reader limit if it is a live read, and ending a
-/// streaming body (a live read or an append session) at shutdown, or when the token that opened
-/// it expires or is revoked.
+/// streaming body (a live read or an append session) when the token that opened it expires or is
+/// revoked, and a live read's also at shutdown.
 pub async fn serve(app: &AppState, request: Request, next: Next) -> Response {
     let live = is_live(&request);
     if !live && !is_append_session(&request) {
