@@ -13,6 +13,14 @@ use common::{Server, TlsServer, client, header};
 
 const BUCKET: &str = "mirrored";
 
+/// A client that reports redirects instead of following them.
+fn no_redirects() -> reqwest::Client {
+    reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .unwrap()
+}
+
 async fn put(
     http: &reqwest::Client,
     url: &str,
@@ -195,10 +203,7 @@ async fn a_mirror_follows_live_resumes_after_crashes_and_rebuilds_after_a_gap() 
     wait_until_mirrored(&http, &upstream, &mirror, &["bin", "events", "later"]).await;
 
     // The mirror is read-only: a write is redirected to the same path upstream.
-    let no_redirects = reqwest::Client::builder()
-        .redirect(reqwest::redirect::Policy::none())
-        .build()
-        .unwrap();
+    let no_redirects = no_redirects();
     let refused = no_redirects
         .post(mirror.url(&format!("/{BUCKET}/events")))
         .header("content-type", "application/json")
@@ -1210,10 +1215,7 @@ async fn over_tls_the_streamld_links_and_locations_use_https_and_wss() {
 #[tokio::test]
 async fn a_bucket_mirror_takes_no_local_streams_or_forks_and_copies_a_close_it_joined_behind() {
     let http = client();
-    let no_redirects = reqwest::Client::builder()
-        .redirect(reqwest::redirect::Policy::none())
-        .build()
-        .unwrap();
+    let no_redirects = no_redirects();
     let upstream = Server::start(&["--memory"]);
     create_bucket(&http, &upstream).await;
     let s = upstream.url(&format!("/{BUCKET}/s"));
@@ -1364,10 +1366,7 @@ async fn an_encrypted_s2_stream_is_mirrored_sealed_and_reads_back_with_its_key()
 #[tokio::test]
 async fn s2_writes_to_a_mirror_are_redirected_to_the_upstream_in_s2s_error_shape() {
     let http = client();
-    let no_redirects = reqwest::Client::builder()
-        .redirect(reqwest::redirect::Policy::none())
-        .build()
-        .unwrap();
+    let no_redirects = no_redirects();
     let upstream = Server::start(&["--memory"]);
     create_bucket(&http, &upstream).await;
     let s = upstream.url(&format!("/{BUCKET}/s"));

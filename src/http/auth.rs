@@ -13,9 +13,8 @@ use std::time::{Duration, Instant};
 
 use axum::extract::Request;
 use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, header};
-use axum::response::{IntoResponse, Response};
+use axum::response::Response;
 use percent_encoding::percent_decode_str;
-use serde_json::json;
 
 use super::AppState;
 use crate::model::access::{self, Operation, Resource};
@@ -224,16 +223,7 @@ fn bearer(headers: &HeaderMap) -> Option<&str> {
 
 /// The error response of a refused request, in the face's own style.
 fn refusal(path: &str, status: StatusCode, code: &str, message: &str) -> Response {
-    let mut response = if super::s2::serves(path) {
-        (
-            status,
-            [(header::CONTENT_TYPE, "application/json")],
-            json!({ "code": code, "message": message }).to_string(),
-        )
-            .into_response()
-    } else {
-        super::text_error(status, message)
-    };
+    let mut response = super::refusal(path, status, code, message);
     if status == StatusCode::UNAUTHORIZED {
         response.headers_mut().insert(
             header::WWW_AUTHENTICATE,

@@ -12,7 +12,7 @@ use axum::middleware::Next;
 use axum::response::Response;
 use futures::StreamExt as _;
 
-use super::{AppState, text_error, token_expiry};
+use super::{AppState, token_expiry};
 use crate::service::Principal;
 
 /// How long a refused live reader is asked to wait before trying again.
@@ -124,11 +124,7 @@ fn too_many_live_readers(request: &Request) -> Response {
         StatusCode::SERVICE_UNAVAILABLE,
         "too many live readers; retry shortly",
     );
-    let mut response = if super::s2::serves(request.uri().path()) {
-        super::s2::error_response(status, "unavailable", reason)
-    } else {
-        text_error(status, reason)
-    };
+    let mut response = super::refusal(request.uri().path(), status, "unavailable", reason);
     response.headers_mut().insert(
         header::RETRY_AFTER,
         HeaderValue::from_static(RETRY_AFTER_SECS),

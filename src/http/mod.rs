@@ -142,14 +142,12 @@ where
             match auth::authorize(app, &mut request) {
                 // Decoders elsewhere keep a stray '%' as it is, so `a%zz` and `a%25zz` would
                 // name one stream: refused here, for every route.
-                Ok(()) if !names::escapes_are_whole(request.uri().path()) => {
-                    let reason = names::NameError::BadEncoding.to_string();
-                    if s2_route {
-                        s2::error_response(StatusCode::BAD_REQUEST, "bad_path", &reason)
-                    } else {
-                        text_error(StatusCode::BAD_REQUEST, &reason)
-                    }
-                }
+                Ok(()) if !names::escapes_are_whole(request.uri().path()) => refusal(
+                    request.uri().path(),
+                    StatusCode::BAD_REQUEST,
+                    "bad_path",
+                    &names::NameError::BadEncoding.to_string(),
+                ),
                 Ok(()) if s2_route && request.method() == Method::OPTIONS => s2::preflight(),
                 Ok(()) => inner(request).await,
                 Err(refusal) => *refusal,
@@ -317,6 +315,16 @@ fn add_common_headers(response: &mut Response, sent_body: bool) {
         header::ACCESS_CONTROL_EXPOSE_HEADERS,
         HeaderValue::from_static(ds::EXPOSED_HEADERS),
     );
+}
+
+/// A refusal made in front of the handlers, in the error shape of the face `path` belongs to:
+/// S2's JSON `{code, message}` on S2's routes, plain text elsewhere.
+pub(crate) fn refusal(path: &str, status: StatusCode, code: &str, reason: &str) -> Response {
+    if s2::serves(path) {
+        s2::error_response(status, code, reason)
+    } else {
+        text_error(status, reason)
+    }
 }
 
 /// A plain-text error response with a short reason.
