@@ -42,6 +42,7 @@ mod session;
 mod tokens;
 
 use manage::{basin, create_basin, create_stream, list_basins, list_streams, stream};
+pub(crate) use records::{RECORDS_ROUTE, unary_append, unary_append_target};
 use records::{batch_json, check_tail, records};
 use tokens::{issue_token, list_tokens, revoke_token};
 
@@ -59,7 +60,7 @@ pub fn routes() -> Router<AppState> {
         .route("/v1/basins/{basin}", any(basin))
         .route("/v1/streams", get(list_streams).post(create_stream))
         .route("/v1/streams/{stream}", any(stream))
-        .route("/v1/streams/{stream}/records", any(records))
+        .route(RECORDS_ROUTE, any(records))
         .route("/v1/streams/{stream}/records/tail", get(check_tail))
         .route("/v1/access-tokens", get(list_tokens).post(issue_token))
         .route("/v1/access-tokens/{id}", delete(revoke_token))

@@ -129,6 +129,59 @@ pub(super) async fn records(
     result.unwrap_or_else(|e| e.at(&parts.uri))
 }
 
+/// The route of a stream's records.
+pub(crate) const RECORDS_ROUTE: &str = "/v1/streams/{stream}/records";
+
+/// The stream a unary append names, when the router would hand `request` to [`records`] and no
+/// layer of S2's router has anything to do: a `POST` to the records route whose body is not
+/// compressed and which opens no session (the response, an ack, is too small to compress).
+/// The name is decoded as the router's `Path` would; one it cannot decode is left to the router.
+pub(crate) fn unary_append_target(request: &axum::extract::Request) -> Option<String> {
+    let headers = request.headers();
+    if request.method() != Method::POST
+        || headers.contains_key(header::CONTENT_ENCODING)
+        || s2s::is_session(headers)
+    {
+        return None;
+    }
+    let segment = request
+        .uri()
+        .path()
+        .strip_prefix("/v1/streams/")?
+        .strip_suffix("/records")?;
+    if segment.is_empty() || segment.contains('/') {
+        return None;
+    }
+    let name = percent_encoding::percent_decode_str(segment)
+        .decode_utf8()
+        .ok()?;
+    Some(name.into_owned())
+}
+
+/// A unary append that [`unary_append_target`] found, past the router: the same handler, with
+/// the principal the front door authenticated.
+pub(crate) async fn unary_append(
+    app: &AppState,
+    name: String,
+    request: axum::extract::Request,
+) -> Response {
+    let Some(principal) = request.extensions().get::<Arc<Principal>>().cloned() else {
+        return S2Error::new(
+            StatusCode::UNAUTHORIZED,
+            "unauthenticated",
+            "send an access token",
+        )
+        .into_response();
+    };
+    records(
+        State(app.clone()),
+        Extension(principal),
+        Path(name),
+        request,
+    )
+    .await
+}
+
 /// Command records need their own permission (`fence`, `trim`) beyond `append`.
 pub(super) struct CommandGuard {
     principal: Arc<Principal>,
