@@ -141,7 +141,10 @@ async fn publish_snapshot(
     headers: &HeaderMap,
     body: Body,
 ) -> Handled {
+    // As at stream creation, a content type without the `type/subtype` shape (an empty one,
+    // say) falls back to the default: bootstrap sends it as a MIME part's header.
     let content_type = request::header(headers, "content-type")?
+        .filter(|given| content_type::is_well_formed(given))
         .unwrap_or(DEFAULT_CONTENT_TYPE)
         .to_string();
     let expected = request::header(headers, "stream-snapshot-match")?.map(str::to_owned);
@@ -161,7 +164,9 @@ async fn latest_snapshot(app: &AppState, key: &str, uri: &Uri) -> Handled {
     let info = app
         .service
         .snapshot_info(&stream)
+        .await?
         .ok_or(crate::service::StreamError::SnapshotNotFound)?;
+    stream.renew();
     let offset = info.offset.to_string();
     let mut response = empty(StatusCode::TEMPORARY_REDIRECT);
     set(
@@ -204,7 +209,8 @@ async fn read_snapshot(app: &AppState, key: &str, at: Offset, method: Method) ->
         },
     );
     if stream.json {
-        set_record_bounds(&mut response, durable.first.seq, durable.tail.seq);
+        // Next names the boundary Stream-Next-Offset does, the snapshot's (seed 000 §6.7).
+        set_record_bounds(&mut response, durable.first.seq, info.offset.seq);
     }
     Ok(response)
 }
@@ -288,11 +294,9 @@ async fn bootstrap(app: &AppState, key: &str, query: Option<&str>) -> Handled {
     set(&mut response, "cache-control", "no-store");
     if stream.json {
         advertise_records(&mut response);
-        set_record_bounds(
-            &mut response,
-            start.seq.max(stream.durable().first.seq),
-            tail.seq,
-        );
+        // First is the stream's first retained record, as HEAD says (seed 000 §6.5), even
+        // where the snapshot covers the records after it.
+        set_record_bounds(&mut response, stream.durable().first.seq, tail.seq);
     }
     Ok(response)
 }

@@ -290,13 +290,18 @@ impl StreamService {
 
     pub async fn head(&self, name: &str) -> StreamResult<(Arc<Stream>, StreamInfo)> {
         let stream = self.find(name, false).await?;
-        let info = self.info(&stream);
+        let info = self
+            .settled(&stream, |state| Self::info_of(&stream, state))
+            .await?;
         Ok((stream, info))
     }
 
     fn info(&self, stream: &Stream) -> StreamInfo {
+        Self::info_of(stream, &stream.lock())
+    }
+
+    fn info_of(stream: &Stream, state: &stream::State) -> StreamInfo {
         let durable = stream.durable();
-        let state = stream.lock();
         StreamInfo {
             content_type: stream.content_type.to_string(),
             json: stream.json,

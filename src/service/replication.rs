@@ -288,21 +288,24 @@ impl StreamService {
                 0,
                 Change::PutStream(stream.id, Box::new(state.meta.clone())),
             );
+            state.submit_meta_change();
             (self.engine.commit(changes), changed)
         };
-        commit.await?;
+        let committed = commit.await;
         if changed {
             let (closed, first) = {
                 let state = stream.lock();
                 (state.meta.closed, state.meta.retained_from)
             };
             stream.publish(|d| {
-                d.closed |= closed;
-                d.first = d.first.max(first);
+                if committed.is_ok() {
+                    d.closed |= closed;
+                    d.first = d.first.max(first);
+                }
                 d.meta_version += 1;
             });
         }
-        Ok(())
+        Ok(committed?)
     }
 
     /// On a mirror: how many records it is behind its upstream, and for how many seconds (the age

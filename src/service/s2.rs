@@ -873,15 +873,18 @@ impl StreamService {
                 return Ok(());
             }
             state.meta.retained_from = at;
+            state.submit_meta_change();
             let mut changes = vec![Change::PutStream(stream.id, Box::new(state.meta.clone()))];
             changes.extend(state.trim_records(stream.id));
             self.engine.commit(changes)
         };
-        commit.await?;
+        let committed = commit.await;
         stream.publish(|d| {
-            d.first = d.first.max(at);
+            if committed.is_ok() {
+                d.first = d.first.max(at);
+            }
             d.meta_version += 1;
         });
-        Ok(())
+        Ok(committed?)
     }
 }

@@ -6,14 +6,16 @@
 use std::sync::Arc;
 
 use bytes::Bytes;
+use futures::future::BoxFuture;
 use sha2::{Digest, Sha256};
 
+use super::stream::State;
 use super::{Stream, StreamError, StreamResult, StreamService};
 use crate::model::Offset;
 use crate::model::attrs::Attrs;
 use crate::model::records::RecordStart;
 use crate::model::stream::SnapshotInfo;
-use crate::storage::Change;
+use crate::storage::{Change, StorageError};
 
 /// What `/bootstrap` returns: the visible snapshot (if any), then the records from `start` up to
 /// `tail`, all as of one moment.
@@ -22,6 +24,28 @@ pub struct Bootstrap {
     pub snapshot: Option<(SnapshotInfo, Bytes)>,
     pub start: Offset,
     pub tail: Offset,
+}
+
+/// A metadata write, decided under the stream's lock and finished after it.
+enum MetaWrite {
+    /// Nothing to write: what was asked for is there already, by the changes submitted up to
+    /// this count. Acknowledged once those are durable, as the first request was.
+    Unchanged(u64),
+    /// The change's commit.
+    Commit(BoxFuture<'static, Result<(), StorageError>>),
+}
+
+impl MetaWrite {
+    async fn finish(self, stream: &Stream) -> StreamResult<()> {
+        match self {
+            MetaWrite::Unchanged(submitted) => stream.meta_settled(submitted).await,
+            MetaWrite::Commit(commit) => {
+                let committed = commit.await;
+                stream.publish_meta_change();
+                Ok(committed?)
+            }
+        }
+    }
 }
 
 /// Where a snapshot or retention boundary goes: an offset, or (on JSON streams) a record ordinal.
@@ -52,7 +76,12 @@ impl StreamService {
         let at = match at {
             Position::Offset(offset) => offset,
             Position::Record(record) => {
-                return self.resolve_record(stream, RecordStart::At(record)).await;
+                return match self.resolve_record(stream, RecordStart::At(record)).await {
+                    Err(StreamError::RecordBeyondTail { .. }) => Err(StreamError::Conflict(
+                        "record is beyond the record tail of the stream",
+                    )),
+                    resolved => resolved,
+                };
             }
         };
         let durable = stream.durable();
@@ -83,43 +112,97 @@ impl StreamService {
         self.engine.room()?;
         let at = self.retained_boundary(&stream, at).await?;
         let digest = digest(&content_type, &blob);
-        let commit = {
+        let write = {
             let mut state = stream.lock_present()?;
-            let current = state.meta.extra().snapshot.as_ref();
-            if let Some(expected) = expected_digest
-                && current.is_none_or(|s| s.digest != expected)
+            stream.renew_locked(&mut state);
+            match state
+                .meta
+                .extra()
+                .snapshot
+                .as_ref()
+                .filter(|s| s.offset == at)
             {
-                return Err(StreamError::Conflict(
-                    "Stream-Snapshot-Match does not match the visible snapshot",
-                ));
-            }
-            if let Some(current) = current.filter(|s| s.offset == at) {
-                return if current.digest == digest {
-                    Ok((at, digest))
-                } else {
-                    Err(StreamError::Conflict(
+                // A repeated publish succeeds as the first did, whatever it was conditioned on:
+                // a client retrying after a lost response must not see a conflict.
+                Some(same) if same.digest == digest => MetaWrite::Unchanged(state.meta_submitted),
+                Some(_) => {
+                    return Err(StreamError::Conflict(
                         "a different snapshot is published at this offset",
-                    ))
-                };
+                    ));
+                }
+                None => {
+                    let snapshot = SnapshotInfo {
+                        offset: at,
+                        content_type,
+                        digest: digest.clone(),
+                    };
+                    let commit = self.replace_snapshot(
+                        &stream,
+                        &mut state,
+                        snapshot,
+                        blob,
+                        expected_digest,
+                    )?;
+                    MetaWrite::Commit(commit)
+                }
             }
-            state.meta.extra_mut().snapshot = Some(SnapshotInfo {
-                offset: at,
-                content_type,
-                digest: digest.clone(),
-            });
-            self.engine.commit(vec![
-                Change::PutSnapshot(stream.id, blob),
-                Change::PutStream(stream.id, Box::new(state.meta.clone())),
-            ])
         };
-        commit.await?;
-        stream.publish_meta_change();
+        write.finish(&stream).await?;
         Ok((at, digest))
     }
 
-    /// The visible snapshot's description, if there is one.
-    pub fn snapshot_info(&self, stream: &Stream) -> Option<SnapshotInfo> {
-        stream.lock().meta.extra().snapshot.clone()
+    /// Under the lock: makes `snapshot` the stream's (readers see it once its commit is
+    /// durable), if the caller's condition on the current one holds and retention has not moved
+    /// past it since it was checked.
+    fn replace_snapshot(
+        &self,
+        stream: &Stream,
+        state: &mut State,
+        snapshot: SnapshotInfo,
+        blob: Bytes,
+        expected_digest: Option<&str>,
+    ) -> StreamResult<BoxFuture<'static, Result<(), StorageError>>> {
+        let current = state.meta.extra().snapshot.as_ref();
+        if let Some(expected) = expected_digest
+            && current.is_none_or(|s| s.digest != expected)
+        {
+            return Err(StreamError::Conflict(
+                "Stream-Snapshot-Match does not match the visible snapshot",
+            ));
+        }
+        if snapshot.offset < state.meta.retained_from {
+            return Err(StreamError::Retained {
+                first: state.meta.retained_from,
+            });
+        }
+        state.meta.extra_mut().snapshot = Some(snapshot);
+        state.submit_meta_change();
+        Ok(self.engine.commit(vec![
+            Change::PutSnapshot(stream.id, blob),
+            Change::PutStream(stream.id, Box::new(state.meta.clone())),
+        ]))
+    }
+
+    /// The visible snapshot's description, if there is one: the latest whose publication is
+    /// durable.
+    pub async fn snapshot_info(&self, stream: &Stream) -> StreamResult<Option<SnapshotInfo>> {
+        self.settled(stream, |state| state.meta.extra().snapshot.clone())
+            .await
+    }
+
+    /// What `read` takes from the stream's state, once every metadata change that state reflects
+    /// is durable: readers never see attributes or a snapshot that a crash could still undo.
+    pub(super) async fn settled<T>(
+        &self,
+        stream: &Stream,
+        read: impl FnOnce(&State) -> T,
+    ) -> StreamResult<T> {
+        let (value, submitted) = {
+            let state = stream.lock();
+            (read(&state), state.meta_submitted)
+        };
+        stream.meta_settled(submitted).await?;
+        Ok(value)
     }
 
     /// The visible snapshot, which must be the one at `at`.
@@ -140,17 +223,24 @@ impl StreamService {
         Ok((stream, info, blob))
     }
 
-    /// The visible snapshot with its blob, read consistently even while a new one is published.
+    /// The visible snapshot with its blob, read consistently even while a new one is published:
+    /// the stored blob is the one described once the description's publication is durable, as
+    /// long as no other metadata change is submitted while it is read.
     async fn visible_snapshot(
         &self,
         stream: &Stream,
     ) -> StreamResult<Option<(SnapshotInfo, Bytes)>> {
         loop {
-            let Some(info) = self.snapshot_info(stream) else {
+            let (info, submitted) = self
+                .settled(stream, |state| {
+                    (state.meta.extra().snapshot.clone(), state.meta_submitted)
+                })
+                .await?;
+            let Some(info) = info else {
                 return Ok(None);
             };
             let blob = self.engine.read_snapshot(stream.id).await?;
-            if self.snapshot_info(stream).as_ref() == Some(&info) {
+            if stream.lock().meta_submitted == submitted {
                 return Ok(blob.map(|blob| (info, blob)));
             }
         }
@@ -161,7 +251,7 @@ impl StreamService {
     pub async fn delete_snapshot(&self, name: &str, at: Offset) -> StreamResult<()> {
         let stream = self.find(name, false).await?;
         Self::writable(&stream)?;
-        let commit = {
+        let write = {
             let mut state = stream.lock_present()?;
             if state
                 .meta
@@ -178,14 +268,13 @@ impl StreamService {
                 ));
             }
             state.meta.extra_mut().snapshot = None;
-            self.engine.commit(vec![
+            state.submit_meta_change();
+            MetaWrite::Commit(self.engine.commit(vec![
                 Change::RemoveSnapshot(stream.id),
                 Change::PutStream(stream.id, Box::new(state.meta.clone())),
-            ])
+            ]))
         };
-        commit.await?;
-        stream.publish_meta_change();
-        Ok(())
+        write.finish(&stream).await
     }
 
     /// Moves the first retained offset to `at`, which must not pass the visible snapshot.
@@ -246,8 +335,9 @@ impl StreamService {
 
     pub async fn attrs(&self, name: &str) -> StreamResult<Attrs> {
         let stream = self.find(name, false).await?;
-        let attrs = stream.lock().meta.extra().attrs.clone();
-        Ok(attrs)
+        stream.renew();
+        self.settled(&stream, |state| state.meta.extra().attrs.clone())
+            .await
     }
 
     /// Replaces the attributes. Allowed on closed streams: closing forbids appends only.
@@ -255,20 +345,21 @@ impl StreamService {
         let stream = self.find(name, false).await?;
         Self::writable(&stream)?;
         self.engine.room()?;
-        let commit = {
+        let write = {
             let mut state = stream.lock_present()?;
+            stream.renew_locked(&mut state);
             if state.meta.extra().attrs == attrs {
-                return Ok(());
+                MetaWrite::Unchanged(state.meta_submitted)
+            } else {
+                state.meta.extra_mut().attrs = attrs;
+                state.submit_meta_change();
+                MetaWrite::Commit(self.engine.commit(vec![Change::PutStream(
+                    stream.id,
+                    Box::new(state.meta.clone()),
+                )]))
             }
-            state.meta.extra_mut().attrs = attrs;
-            self.engine.commit(vec![Change::PutStream(
-                stream.id,
-                Box::new(state.meta.clone()),
-            )])
         };
-        commit.await?;
-        stream.publish_meta_change();
-        Ok(())
+        write.finish(&stream).await
     }
 }
 

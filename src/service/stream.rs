@@ -65,6 +65,18 @@ pub(super) struct State {
     pub forks: u32,
     pub last_access_ms: i64,
     pub removed: bool,
+    /// Metadata changes (attributes, snapshot, retention, configuration) submitted so far;
+    /// [`Durable::meta_version`] counts those committed. Readers of that metadata wait for the
+    /// two to meet, so they never see what a crash could still undo.
+    pub meta_submitted: u64,
+}
+
+impl State {
+    /// Counts a metadata change submitted now, under the lock; its committer bumps
+    /// [`Durable::meta_version`] (see [`Stream::publish_meta_change`]) once the commit is over.
+    pub fn submit_meta_change(&mut self) {
+        self.meta_submitted += 1;
+    }
 }
 
 impl State {
@@ -106,6 +118,7 @@ impl Stream {
                 forks: 0,
                 last_access_ms: now_ms,
                 removed: false,
+                meta_submitted: durable.meta_version,
             }),
             durable: DurableCell::new(durable),
         }
@@ -171,9 +184,27 @@ impl Stream {
         });
     }
 
-    /// Marks a durable metadata change, waking replication sessions.
+    /// Marks a metadata change over (committed, or failed with the storage), waking replication
+    /// sessions and the readers waiting in [`Self::meta_settled`].
     pub(super) fn publish_meta_change(&self) {
         self.publish(|d| d.meta_version += 1);
+    }
+
+    /// Waits until the metadata changes submitted up to `submitted` (see
+    /// [`State::meta_submitted`]) are over; the stream going away first is `NotFound`.
+    pub(super) async fn meta_settled(&self, submitted: u64) -> Result<(), super::StreamError> {
+        let now = self.durable();
+        if now.meta_version >= submitted {
+            return Ok(());
+        }
+        let mut rx = self.subscribe();
+        match rx
+            .wait_for(|d| d.meta_version >= submitted || d.removed)
+            .await
+        {
+            Ok(d) if !d.removed => Ok(()),
+            _ => Err(super::StreamError::NotFound),
+        }
     }
 
     /// Waits until the stream's creation is durable; false if it never will be.

@@ -1168,3 +1168,101 @@ async fn a_refusal_reports_a_close_or_a_tail_only_once_it_is_durable() {
     let results = batch.await.unwrap().unwrap();
     assert!(matches!(results[0], Err(StreamError::Closed { .. })));
 }
+
+/// A memory engine whose commits take effect only when the test lets them: until then the
+/// store holds what it held before, as a storage engine's does while its writer is behind.
+struct HeldEngine {
+    inner: Arc<MemoryEngine>,
+    gate: Arc<Semaphore>,
+}
+
+impl Engine for HeldEngine {
+    fn commit(&self, changes: Vec<Change>) -> BoxFuture<'static, Result<(), StorageError>> {
+        let (inner, gate) = (self.inner.clone(), self.gate.clone());
+        async move {
+            gate.acquire()
+                .await
+                .map_err(|_| StorageError::Failed)?
+                .forget();
+            inner.commit(changes).await
+        }
+        .boxed()
+    }
+
+    fn read(
+        &self,
+        id: StreamId,
+        from: u64,
+        until: u64,
+        max: usize,
+    ) -> BoxFuture<'static, Result<Vec<Record>, StorageError>> {
+        self.inner.read(id, from, until, max)
+    }
+
+    fn read_snapshot(
+        &self,
+        id: StreamId,
+    ) -> BoxFuture<'static, Result<Option<Bytes>, StorageError>> {
+        self.inner.read_snapshot(id)
+    }
+
+    fn recover(&self) -> Result<Recovered, StorageError> {
+        self.inner.recover()
+    }
+}
+
+#[tokio::test]
+async fn readers_see_a_new_snapshot_only_once_it_is_durable_and_only_with_its_own_blob() {
+    let gate = Arc::new(Semaphore::new(3)); // the create, one append, the first snapshot
+    let engine = Arc::new(HeldEngine {
+        inner: Arc::new(MemoryEngine::new()),
+        gate: gate.clone(),
+    });
+    let service = StreamService::open(engine, ServiceConfig::default()).unwrap();
+    service.create(create_text("s")).await.unwrap();
+    let tail = service.append("s", text("one")).await.unwrap().tail;
+    let publish = |at: Offset, blob: &'static [u8]| {
+        let service = service.clone();
+        async move {
+            service
+                .publish_snapshot(
+                    "s",
+                    Position::Offset(at),
+                    "text/plain".into(),
+                    Bytes::from_static(blob),
+                    None,
+                )
+                .await
+        }
+    };
+    publish(Offset::START, b"old").await.unwrap();
+
+    // The second snapshot is submitted; its commit (blob and description) is held.
+    let stream = service.find("s", false).await.unwrap();
+    let submitted = stream.lock().meta_submitted;
+    let second = tokio::spawn(publish(tail, b"new"));
+    while stream.lock().meta_submitted == submitted {
+        tokio::task::yield_now().await;
+    }
+    let bootstrap = {
+        let service = service.clone();
+        tokio::spawn(async move { service.bootstrap("s").await })
+    };
+    let head = {
+        let service = service.clone();
+        tokio::spawn(async move { service.head("s").await })
+    };
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert!(
+        !bootstrap.is_finished() && !head.is_finished(),
+        "readers wait for the snapshot they would describe"
+    );
+
+    gate.add_permits(1);
+    second.await.unwrap().unwrap();
+    let Bootstrap { snapshot, .. } = bootstrap.await.unwrap().unwrap();
+    let (info, blob) = snapshot.unwrap();
+    assert_eq!((info.offset, blob.as_ref()), (tail, b"new".as_ref()));
+    let (_, info) = head.await.unwrap().unwrap();
+    assert_eq!(info.snapshot.unwrap().offset, tail);
+}

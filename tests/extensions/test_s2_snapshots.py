@@ -80,6 +80,16 @@ def test_s2_2_content_type_defaults_to_octet_stream(c, bucket):
     assert check(c.get(snap_url(path, o[1])), 200).headers["content-type"] == OCTET
 
 
+@pytest.mark.parametrize("given", ["", "text", "no/", "a b/c"])
+def test_s2_2_a_content_type_without_type_and_subtype_falls_back_to_octet_stream(
+        c, bucket, given):
+    path, o = seeded(c, bucket)
+    check(c.put(snap_url(path, o[1]), content=b"blob", headers={"Content-Type": given}), 204)
+    assert check(c.get(snap_url(path, o[1])), 200).headers["content-type"] == OCTET
+    parts = multipart(check(c.get(f"{path}/bootstrap"), 200))
+    assert (parts[0].content_type, parts[0].body) == (OCTET, b"blob")
+
+
 def test_s2_2_content_type_is_stored_and_returned(c, bucket):
     path, o = seeded(c, bucket)
     snapshot(c, path, o[1], b'{"k":1}', "application/vnd.example.state+json")
@@ -94,6 +104,19 @@ def test_s2_2_snapshot_match_with_current_digest_publishes(c, bucket):
                   headers={"Stream-Snapshot-Match": d1}).headers["stream-snapshot-digest"]
     assert head(c, path).headers["stream-snapshot-digest"] == d2
     assert head(c, path).headers["stream-snapshot-offset"] == o[2]
+
+
+def test_s2_2_a_repeated_conditional_publish_succeeds_with_the_same_digest(c, bucket):
+    # A client retrying after a lost response sends the same request again: its condition no
+    # longer holds (the visible snapshot is now its own), yet the repeat must succeed.
+    path, o = seeded(c, bucket)
+    first = snapshot(c, path, o[1], b"s1", SNAP_CT).headers["stream-snapshot-digest"]
+    match = {"Stream-Snapshot-Match": first}
+    d1 = snapshot(c, path, o[2], b"s2", SNAP_CT, headers=match).headers["stream-snapshot-digest"]
+    d2 = snapshot(c, path, o[2], b"s2", SNAP_CT, headers=match).headers["stream-snapshot-digest"]
+    assert d1 == d2
+    # A different snapshot at the same offset is still a conflict.
+    snapshot(c, path, o[2], b"other", SNAP_CT, headers=match, status=409)
 
 
 def test_s2_2_snapshot_match_mismatch_is_409(c, bucket):
@@ -519,6 +542,28 @@ def test_s2_2_retention_by_record_on_a_json_stream(c, bucket):
     # Newer than the snapshot, and moving backward, are both refused.
     check(c.put(f"{path}/retention", params={"record": "4"}), 409)
     check(c.put(f"{path}/retention", params={"record": "1"}), 409)
+
+
+@pytest.mark.parametrize("op", ["snapshot", "retention"])
+def test_s2_2_record_variant_beyond_the_tail_is_409(c, bucket, op):
+    # As for an offset beyond the tail: the boundary does not exist yet.
+    path, _ = json_stream(c, bucket, [1, 2, 3])
+    check(c.put(f"{path}/snapshot", params={"record": "3"}, content=b"s"), 204)
+    check(c.put(f"{path}/{op}", params={"record": "4"}, content=b"s"), 409)
+
+
+def test_s6_10_snapshot_and_bootstrap_record_headers_match_their_offsets(c, bucket):
+    values = [{"n": i} for i in range(5)]
+    path, o = json_stream(c, bucket, values)
+    check(c.put(f"{path}/snapshot", params={"record": "2"}, content=b"s"), 204)
+    assert head(c, path).headers["stream-record-first"] == "0"
+    s = check(c.get(snap_url(path, o[2])), 200)
+    # Stream-Record-Next names the boundary Stream-Next-Offset does: the snapshot's.
+    assert s.headers["stream-next-offset"] == o[2]
+    assert (s.headers["stream-record-first"], s.headers["stream-record-next"]) == ("0", "2")
+    b = check(c.get(f"{path}/bootstrap"), 200)
+    assert b.headers["stream-next-offset"] == o[5]
+    assert (b.headers["stream-record-first"], b.headers["stream-record-next"]) == ("0", "5")
 
 
 @pytest.mark.parametrize("op", ["snapshot", "retention"])

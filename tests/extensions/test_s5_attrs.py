@@ -2,6 +2,7 @@
 GET / PUT {stream}/attrs on the bucketed surface."""
 
 import json
+import time
 
 import pytest
 
@@ -305,3 +306,26 @@ def test_s5_1_attribute_changes_do_not_touch_the_stream(c, bucket, content_type)
     put_attrs(c, path, {"title": "after close"})
     assert observe(c, path) == closed
     assert closed["closed"] == "true"
+
+
+# --- TTL: attribute and snapshot requests are reads and writes ------------------------
+
+@pytest.mark.parametrize("request_kind", ["get-attrs", "put-attrs", "latest-snapshot"])
+def test_attribute_and_snapshot_requests_renew_a_sliding_ttl(c, bucket, request_kind):
+    # Each read or write resets a Stream-TTL window (base protocol). With a 2 s window, a
+    # request every 0.5 s for 3.5 s keeps the stream; without renewal it expires at 2 s.
+    path = spath(bucket, unique("ttl"))
+    create_stream(c, path, TEXT, headers={"Stream-TTL": "2"})
+    snapshot(c, path, next_offset(c, path), b"s")
+    send = {
+        "get-attrs": lambda: c.get(f"{path}/attrs"),
+        "put-attrs": lambda: c.put(f"{path}/attrs", content=b'{"title":"t"}',
+                                   headers={"Content-Type": JSON_CT}),
+        "latest-snapshot": lambda: c.get(f"{path}/snapshot"),
+    }[request_kind]
+    deadline = time.monotonic() + 3.5
+    while time.monotonic() < deadline:
+        r = send()
+        assert r.status_code in (200, 204, 307), r.status_code
+        time.sleep(0.5)
+    check(c.head(path), 200)
