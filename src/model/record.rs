@@ -54,8 +54,21 @@ impl Record {
     }
 }
 
-/// Lays out the bodies of one append unit after `tail`, stamped with `timestamp_ms`.
+/// Lays out the bodies of one append unit after `tail`, stamped with `timestamp_ms`, which is
+/// also taken for their arrival.
 pub fn lay_out(tail: Offset, timestamp_ms: i64, bodies: Vec<Bytes>) -> Vec<Record> {
+    lay_out_arrived(tail, timestamp_ms, timestamp_ms, bodies)
+}
+
+/// [`lay_out`], for records that arrived at `arrival_ms` (the server's clock) but carry
+/// `timestamp_ms`, which never goes below the stream's last timestamp and so may be ahead of
+/// the clock. Retention ages count from arrival.
+pub fn lay_out_arrived(
+    tail: Offset,
+    timestamp_ms: i64,
+    arrival_ms: i64,
+    bodies: Vec<Bytes>,
+) -> Vec<Record> {
     let mut at = tail;
     bodies
         .into_iter()
@@ -65,7 +78,7 @@ pub fn lay_out(tail: Offset, timestamp_ms: i64, bodies: Vec<Bytes>) -> Vec<Recor
                 seq: at.seq,
                 pos: at.pos,
                 timestamp_ms,
-                arrival_ms: timestamp_ms,
+                arrival_ms,
                 starts_unit: i == 0,
                 headers: Vec::new(),
                 body,

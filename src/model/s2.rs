@@ -247,6 +247,15 @@ pub fn command_of(headers: &[(Bytes, Bytes)], body: &[u8]) -> Result<Option<Comm
     }
 }
 
+/// S2's storage classes. Runnel stores every stream alike; the class is kept and reported.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum StorageClass {
+    Standard,
+    #[default]
+    Express,
+}
+
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum TimestampingMode {
@@ -303,7 +312,7 @@ pub trait CheckedConfig {
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct StreamConfig {
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub storage_class: Option<String>,
+    pub storage_class: Option<StorageClass>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub retention_policy: Option<RetentionPolicy>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -317,7 +326,7 @@ impl StreamConfig {
     /// client-prefer capped timestamps, no delete-on-empty.
     pub fn system_default() -> StreamConfig {
         StreamConfig {
-            storage_class: Some(DEFAULT_STORAGE_CLASS.to_string()),
+            storage_class: Some(StorageClass::default()),
             retention_policy: Some(RetentionPolicy::Infinite(Default::default())),
             timestamping: Some(Timestamping {
                 mode: Some(TimestampingMode::default()),
@@ -388,9 +397,6 @@ impl CheckedConfig for BasinConfig {
             .map_or(Ok(()), CheckedConfig::check)
     }
 }
-
-/// The storage class reported when none is set (Runnel stores every stream the same way).
-pub const DEFAULT_STORAGE_CLASS: &str = "express";
 
 /// An S2 basin's configuration (unknown fields ignored, as for streams).
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -731,8 +737,8 @@ mod tests {
             ..BasinConfig::default()
         };
         assert_eq!(
-            own.resolved_in(&basin).storage_class.as_deref(),
-            Some(DEFAULT_STORAGE_CLASS),
+            own.resolved_in(&basin).storage_class,
+            Some(StorageClass::Express),
             "what neither sets is Runnel's default"
         );
         assert_eq!(own.resolved_in(&BasinConfig::default()), own.effective());
@@ -811,10 +817,13 @@ mod tests {
             StreamConfig::default(),
             "unknown fields are ignored"
         );
-        assert!(
-            serde_json::from_value::<StreamConfig>(serde_json::json!({"storage_class": 1}))
-                .is_err()
-        );
+        for bad in [serde_json::json!(1), serde_json::json!("bogus")] {
+            assert!(
+                serde_json::from_value::<StreamConfig>(serde_json::json!({"storage_class": bad}))
+                    .is_err(),
+                "a storage class is standard or express"
+            );
+        }
     }
 
     #[test]

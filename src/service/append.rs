@@ -11,7 +11,7 @@ use super::stream::State;
 use super::{Durable, StreamError, StreamResult, StreamService, now_ms};
 use crate::model::json::{self, EmptyArray};
 use crate::model::producer::{self, ProducerClaim, ProducerDecision, ProducerState};
-use crate::model::record::lay_out;
+use crate::model::record::lay_out_arrived;
 use crate::model::stream::ClosingProducer;
 use crate::model::{Offset, Record, content_type};
 use crate::service::Stream;
@@ -434,8 +434,9 @@ fn decide(
     }
 
     let bodies = bodies.map_err(StreamError::BadRequest)?;
-    let timestamp = now_ms().max(state.meta.last_timestamp_ms);
-    let records = lay_out(tail, timestamp, bodies);
+    let arrival = now_ms();
+    let timestamp = arrival.max(state.meta.last_timestamp_ms);
+    let records = lay_out_arrived(tail, timestamp, arrival, bodies);
     let new_tail = records.last().map_or(tail, Record::next_offset);
     let range = (tail.seq, new_tail.seq);
 

@@ -29,7 +29,7 @@ use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 
 use crate::model::json::{self, EmptyArray};
-use crate::model::record::lay_out;
+use crate::model::record::lay_out_arrived;
 use crate::model::stream::{
     BucketMeta, ForkOrigin, MetaExtra, RequestedConfig, RequestedFork, StreamMeta,
 };
@@ -499,7 +499,12 @@ impl StreamService {
             .map(|r| r.timestamp_ms)
             .or(plan.map(|p| p.source.durable().last_timestamp_ms))
             .unwrap_or(0);
-        records.extend(lay_out(start, now.max(inherited_ms), bodies.to_vec()));
+        records.extend(lay_out_arrived(
+            start,
+            now.max(inherited_ms),
+            now,
+            bodies.to_vec(),
+        ));
         let tail = records.last().map_or(start, Record::next_offset);
         // An empty stream's latest timestamp is 0 (S2's tail of a new stream); a fork starts from
         // its inherited history.

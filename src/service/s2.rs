@@ -339,7 +339,7 @@ impl StreamService {
                 .clone()
                 .unwrap_or_else(|| Value::Object(Default::default()));
             change(&mut config);
-            parse_config::<BasinConfig>(&config)?;
+            self.check_basin_config(&config)?;
             meta.s2_config = Some(config.clone());
             (
                 config,

@@ -398,6 +398,51 @@ async fn s2_retention_ages_count_from_arrival_not_from_client_timestamps() {
 }
 
 #[tokio::test]
+async fn a_base_protocol_append_after_a_future_timestamp_still_arrives_at_the_server_clock() {
+    let service =
+        StreamService::open(Arc::new(MemoryEngine::new()), ServiceConfig::default()).unwrap();
+    service.create_bucket("aging", None, None).await.unwrap();
+    let config = serde_json::json!({
+        "retention_policy": {"age": 3600},
+        "timestamping": {"uncapped": true}
+    });
+    service
+        .create_s2_stream("aging", "s", Some(config), None)
+        .await
+        .unwrap();
+    let stream = service.find("/aging/s", false).await.unwrap();
+    let future_ms = now_ms() + 10 * 365 * 86_400_000;
+    let append = S2Append {
+        records: vec![S2Record {
+            timestamp: Some(future_ms as u64),
+            headers: Vec::new(),
+            body: Bytes::from_static(b"from the future"),
+        }],
+        match_seq_num: None,
+        fencing_token: None,
+    }
+    .check()
+    .unwrap();
+    service.s2_append(&stream, append, None).await.unwrap();
+    let plain = AppendRequest {
+        content_type: Some("application/octet-stream"),
+        body: Bytes::from_static(b"plain"),
+        ..Default::default()
+    };
+    service.append("/aging/s", plain).await.unwrap();
+
+    let chunk = service.read_at(&stream, Offset::START, None).await.unwrap();
+    let plain = &chunk.records[1];
+    assert!(
+        plain.timestamp_ms >= future_ms,
+        "timestamps never go back along a stream"
+    );
+    // Retention ages count from arrival: a record stamped ten years ahead must not make every
+    // later record outlive its age.
+    assert!(plain.arrival_ms <= now_ms());
+}
+
+#[tokio::test]
 async fn a_trim_hides_its_records_at_once_and_after_a_restart() {
     use crate::storage::{FjallEngine, SyncMode};
     let dir = tempfile::tempdir().unwrap();
@@ -621,7 +666,8 @@ async fn a_mirror_rebuild_keeps_the_old_stream_readable_until_the_new_one_is_dur
         .mirror_stream("m", upstream, &first, None)
         .await
         .unwrap();
-    let records = lay_out(Offset::START, 1, vec![Bytes::from("ab"), Bytes::from("cd")]);
+    let records =
+        crate::model::record::lay_out(Offset::START, 1, vec![Bytes::from("ab"), Bytes::from("cd")]);
     let old_tail = records[1].next_offset();
     service.mirror_records(&old, records).await.unwrap();
 

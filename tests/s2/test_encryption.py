@@ -130,3 +130,12 @@ def test_stream_without_cipher_basin_needs_no_key(c):
     stream = b.create_stream()
     b.ack(stream, ["clear"])
     check(b.read(stream, seq_num=0), 200)
+
+
+@pytest.mark.parametrize("cipher", ["bogus", "aegis-256"])
+def test_reconfiguring_a_basin_to_a_cipher_runnel_does_not_offer_is_422(c, cipher):
+    # As creating one with it is: streams would advertise a cipher they are not sealed with.
+    b = Basin.create(c)
+    r = c.patch(s2.basin_path(b.name), json={"stream_cipher": cipher})
+    expect_error(r, 422, "invalid")
+    assert json_of(c.get(s2.basin_path(b.name))).get("stream_cipher") is None

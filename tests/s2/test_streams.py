@@ -375,3 +375,14 @@ def test_stream_management_on_unknown_basin_is_404(c):
     b = Basin(c, s2.unique_basin())
     r = c.put(stream_path(f"s{uuid.uuid4().hex[:6]}"), headers=b.headers())
     expect_error(r, 404, "basin_not_found")
+
+
+@pytest.mark.parametrize("how", ["create", "patch"])
+def test_a_storage_class_other_than_standard_or_express_is_400_bad_json(c, basin, stream, how):
+    config = {"storage_class": "bogus"}
+    if how == "create":
+        r = c.post("/v1/streams", json={"stream": "odd-class", "config": config},
+                   headers=basin.headers())
+    else:
+        r = c.patch(stream_path(stream), json=config, headers=basin.headers())
+    expect_error(r, 400, "bad_json")
