@@ -11,6 +11,13 @@ use sha2::{Digest, Sha256};
 /// The ciphers a basin may name in `stream_cipher`.
 pub const AES_256_GCM: &str = "aes-256-gcm";
 const NONCE_LEN: usize = 12;
+/// AES-GCM's authentication tag, after the ciphertext.
+const TAG_LEN: usize = 16;
+
+/// The length of the plaintext sealed in `sealed_len` bytes (S2 meters plaintext).
+pub fn opened_len(sealed_len: usize) -> usize {
+    sealed_len.saturating_sub(NONCE_LEN + TAG_LEN)
+}
 
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum CipherError {
@@ -107,6 +114,7 @@ mod tests {
             "no plaintext in storage"
         );
         assert_eq!(key(1).open(&sealed).unwrap(), "secret");
+        assert_eq!(opened_len(sealed.len()), b"secret".len());
         assert_eq!(key(2).open(&sealed), Err(CipherError::DecryptionFailed));
         assert_eq!(key(1).open(b"short"), Err(CipherError::DecryptionFailed));
     }

@@ -76,14 +76,9 @@ impl S2Append {
         {
             return Err(BatchError::FencingToken);
         }
-        let mut total = 0u64;
+        check_metered(&self.records)?;
         let mut records = Vec::with_capacity(self.records.len());
         for record in self.records {
-            let size = metered_size(&record.headers, &record.body);
-            total += size;
-            if size > MAX_BATCH_METERED || total > MAX_BATCH_METERED {
-                return Err(BatchError::TooLarge);
-            }
             let command = command_of(&record.headers, &record.body)?;
             records.push(CheckedRecord { record, command });
         }
@@ -93,6 +88,20 @@ impl S2Append {
             fencing_token: self.fencing_token,
         })
     }
+}
+
+/// Checks the 1 MiB metered cap of a batch, which holds for each of its records too.
+pub fn check_metered<'a>(
+    records: impl IntoIterator<Item = &'a S2Record>,
+) -> Result<(), BatchError> {
+    let mut total = 0u64;
+    for record in records {
+        total += metered_size(&record.headers, &record.body);
+        if total > MAX_BATCH_METERED {
+            return Err(BatchError::TooLarge);
+        }
+    }
+    Ok(())
 }
 
 /// How record bytes travel in JSON (the `s2-format` header).
@@ -195,8 +204,13 @@ pub fn parse_append_json(body: &[u8], format: Format) -> Result<S2Append, JsonIn
 /// S2's metered size of a record: 8 bytes of overhead, 2 per header, and every byte of the
 /// header names, values and body.
 pub fn metered_size(headers: &[(Bytes, Bytes)], body: &[u8]) -> u64 {
+    metered_size_of(headers, body.len())
+}
+
+/// [`metered_size`] of a record whose body is `body_len` bytes.
+pub fn metered_size_of(headers: &[(Bytes, Bytes)], body_len: usize) -> u64 {
     let header_bytes: usize = headers.iter().map(|(n, v)| 2 + n.len() + v.len()).sum();
-    (8 + header_bytes + body.len()) as u64
+    (8 + header_bytes + body_len) as u64
 }
 
 /// A command record: exactly one header, with an empty name; its value names the command.

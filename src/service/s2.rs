@@ -722,7 +722,7 @@ impl StreamService {
                 limit_reached = true;
                 break;
             }
-            let size = s2::metered_size(&record.headers, &record.body);
+            let size = s2_metered_size(stream, &record);
             if metered + size > bytes_cap {
                 let past_limit = limits.bytes.is_some_and(|b| metered + size > b);
                 // A record larger than one step (a Durable Streams append may be; S2 caps
@@ -751,6 +751,18 @@ impl StreamService {
     }
 }
 
+/// A stored record's S2 metered size: of its plaintext, on an encrypted stream as on any other,
+/// so that reads meter what appends did (read limits and SSE event ids count these sizes).
+fn s2_metered_size(stream: &Stream, record: &Record) -> u64 {
+    let sealed = stream.encrypted && !record.command;
+    let body_len = if sealed {
+        cipher::opened_len(record.body.len())
+    } else {
+        record.body.len()
+    };
+    s2::metered_size_of(&record.headers, body_len)
+}
+
 /// A checked batch's bodies as a JSON stream stores them: one canonical JSON value each.
 /// Command records are refused there: each would take a record ordinal that no JSON reader
 /// sees, and JSON record ordinals are consecutive (seed 000 §6.1).
@@ -772,7 +784,10 @@ fn canonical_json_bodies(stream: &Stream, records: &mut [CheckedRecord]) -> Stre
             ))
         })?;
     }
-    Ok(())
+    // The canonical form may be longer than what was sent (numbers are written out anew): the
+    // cap holds for what is stored and read back.
+    s2::check_metered(records.iter().map(|r| &r.record))
+        .map_err(|e| StreamError::Invalid(format!("{e}, with its JSON values in canonical form")))
 }
 
 /// Checks the append's conditions against the stream and sequences its records.

@@ -11,7 +11,8 @@ import os
 import pytest
 
 import s2lib as s2
-from s2lib import Basin, b64, batch_records, check, expect_error, json_of, rec
+from s2lib import (Basin, b64, batch_records, batches, check, event_id, expect_error, json_of,
+                   metered, rec)
 
 CIPHER = "aes-256-gcm"
 PLAINTEXT = "attack at dawn"
@@ -139,3 +140,17 @@ def test_reconfiguring_a_basin_to_a_cipher_runnel_does_not_offer_is_422(c, ciphe
     r = c.patch(s2.basin_path(b.name), json={"stream_cipher": cipher})
     expect_error(r, 422, "invalid")
     assert json_of(c.get(s2.basin_path(b.name))).get("stream_cipher") is None
+
+
+def test_reads_of_an_encrypted_stream_meter_the_plaintext_as_appends_do(cbasin, key):
+    # Sealing adds a nonce and a tag to every body; S2 meters the plaintext, on reads (byte
+    # limits, SSE event ids) as on appends.
+    name = cbasin.create_stream()
+    cbasin.ack(name, ["secret", rec("xyz", headers=[["ab", "cde"]])], headers=with_key(key))
+    first, second = metered("secret"), metered("xyz", [["ab", "cde"]])
+    assert cbasin.records(name, headers=with_key(key), seq_num=0, bytes=first - 1) == []
+    got = cbasin.records(name, headers=with_key(key), seq_num=0, bytes=first)
+    assert s2.bodies(got) == ["secret"]
+    with cbasin.sse(name, headers=with_key(key), seq_num=0, count=2) as s:
+        events = s.expect_ok().rest()
+    assert event_id(batches(events)[-1]) == (1, 2, first + second)

@@ -164,6 +164,17 @@ def test_s2_record_that_is_not_one_json_value_is_422_invalid_on_a_json_stream(c,
     assert ds_read(c, basin.name, stream).json() == []
 
 
+def test_s2_record_over_1_mib_once_its_json_is_normalised_is_422_invalid(c, basin):
+    # Sent under the cap, stored over it: `1e9` is written out longer. Readers with a 1 MiB
+    # byte limit could never get such a record.
+    stream = json_stream(c, basin)
+    body = "[" + ",".join(["1e9"] * 262_000) + "]"
+    assert s2.metered(body) < 1 << 20
+    r = basin.append(stream, [body], status=422)
+    expect_error(r, 422, "invalid")
+    assert basin.tail(stream)["seq_num"] == 0
+
+
 def test_s2_reads_of_a_json_stream_return_normalised_json_text(c, basin):
     stream = json_stream(c, basin)
     texts = ['{ "b" : 1 ,\n "a" : [ 1 , 2 ] }', " 7 ", '"x"']
