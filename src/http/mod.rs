@@ -96,9 +96,9 @@ impl AppState {
 
 fn router(state: AppState) -> Router {
     Router::new()
-        .route("/healthz", get(|| async { "ok\n" }))
-        .route("/readyz", get(readyz))
-        .route("/metrics", get(metrics::metrics))
+        .route("/healthz", get(|| async { "ok\n" }).put(reserved_bucket))
+        .route("/readyz", get(readyz).put(reserved_bucket))
+        .route("/metrics", get(metrics::metrics).put(reserved_bucket))
         .route(ds::BASE_ROUTE, any(ds::base_stream))
         .merge(s2::routes())
         .route("/v1/streamld/replication", get(streamld::replication))
@@ -254,6 +254,14 @@ fn normalize_path(request: &mut Request) {
     if let Ok(normalized) = axum::http::Uri::from_parts(parts) {
         *request.uri_mut() = normalized;
     }
+}
+
+/// `PUT` of a route the server keeps for itself, which would otherwise create a bucket there.
+async fn reserved_bucket() -> Response {
+    text_error(
+        StatusCode::BAD_REQUEST,
+        &names::NameError::ReservedBucket.to_string(),
+    )
 }
 
 /// 200 while the server takes requests; 503 once it is shutting down, so load balancers stop

@@ -8,6 +8,9 @@ pub const BASE_PREFIX: &str = "/v1/stream/";
 /// The bucket-local stream id reserved for the listing endpoint.
 pub const RESERVED_STREAM_ID: &str = "streams";
 
+/// Bucket ids that name the server's own routes (`GET /metrics`, say), so no bucket can have them.
+pub const RESERVED_BUCKET_IDS: [&str; 3] = ["healthz", "metrics", "readyz"];
+
 /// The most bytes a stream id, and the combined `bucket/stream` key, may have.
 pub const MAX_STREAM_KEY_BYTES: usize = 122;
 
@@ -26,6 +29,8 @@ pub enum NameError {
     BadS2Name,
     #[error("the stream id 'streams' is reserved for the bucket listing")]
     Reserved,
+    #[error("the bucket ids healthz, metrics and readyz are reserved for the server's own routes")]
+    ReservedBucket,
     #[error("a base-protocol stream path must be 1 to 1024 bytes, free of control characters")]
     BadPath,
     #[error("the path has a '%' not followed by two hex digits, or is not UTF-8 once decoded")]
@@ -44,6 +49,15 @@ pub fn validate_bucket_id(bucket: &str) -> Result<(), NameError> {
     } else {
         Err(NameError::BadBucket)
     }
+}
+
+/// Checks the id of a bucket to be created: a valid one, and not one of the reserved ids.
+pub fn validate_new_bucket_id(bucket: &str) -> Result<(), NameError> {
+    validate_bucket_id(bucket)?;
+    if RESERVED_BUCKET_IDS.contains(&bucket) {
+        return Err(NameError::ReservedBucket);
+    }
+    Ok(())
 }
 
 /// The key of a stream in a bucket, after checking both identifiers.

@@ -43,6 +43,8 @@ impl StreamService {
         s2_config: Option<serde_json::Value>,
         s2_creation: Option<String>,
     ) -> StreamResult<Creation> {
+        names::validate_new_bucket_id(bucket)
+            .map_err(|e| StreamError::BadRequest(e.to_string()))?;
         self.engine.room()?;
         let meta = BucketMeta {
             created_ms: now_ms(),

@@ -81,6 +81,14 @@ def test_s1_4_invalid_bucket_id_listing_is_400(c, raw_id):
     check(c.get(f"/{raw_id}/streams"), 400)
 
 
+@pytest.mark.parametrize("reserved", ["healthz", "metrics", "readyz"])
+def test_s1_1_bucket_ids_of_the_servers_own_routes_are_reserved_400(c, reserved):
+    # Valid by the id rule, but `/metrics` and the health checks answer at those paths.
+    r = check(c.put(f"/{reserved}"), 400)
+    assert "reserved" in r.text
+    check(c.get(f"/{reserved}"), 200)
+
+
 def test_s1_1_combined_key_of_122_bytes_is_accepted_123_rejected(c):
     bucket = create_bucket(c)
     room = 122 - len(bucket) - 1
