@@ -6,7 +6,10 @@
 
 use std::sync::Arc;
 
+use bytes::Bytes;
+
 use super::{StreamError, StreamResult, StreamService};
+use crate::model::stream::SnapshotInfo;
 use crate::model::{Offset, Record};
 use crate::service::Stream;
 
@@ -30,6 +33,9 @@ pub(super) struct ForkPlan {
     pub prefix: Vec<Record>,
     pub ttl_secs: Option<u64>,
     pub expires_at_ms: Option<i64>,
+    /// The source's snapshot, when the fork's history starts trimmed (see
+    /// [`StreamService::inherited_snapshot`]).
+    pub snapshot: Option<(SnapshotInfo, Bytes)>,
 }
 
 impl ForkPlan {
@@ -83,6 +89,7 @@ impl StreamService {
             self.sub_offset_prefix(&source, anchor, request.sub_offset)
                 .await?
         };
+        let snapshot = self.inherited_snapshot(&source, anchor).await?;
         let (ttl_secs, expires_at_ms) = {
             let state = source.lock();
             (state.meta.ttl_secs, state.meta.expires_at_ms)
@@ -94,7 +101,32 @@ impl StreamService {
             prefix,
             ttl_secs,
             expires_at_ms,
+            snapshot,
         })
+    }
+
+    /// What a fork at `anchor` inherits of `source`'s snapshot. A fork starts where its source's
+    /// retained history does, and a stream that answers 410 below its retained offset must
+    /// bootstrap from a snapshot covering it (seed 000 §3.4): when the source's history is
+    /// trimmed, its snapshot goes with the fork, which must then not start before it.
+    async fn inherited_snapshot(
+        &self,
+        source: &Stream,
+        anchor: Offset,
+    ) -> StreamResult<Option<(SnapshotInfo, Bytes)>> {
+        let first = source.durable().first;
+        // An anchor below retention is refused as gone when the fork is built.
+        if first == Offset::START || anchor < first {
+            return Ok(None);
+        }
+        match self.visible_snapshot(source).await? {
+            Some((info, _)) if info.offset > anchor => Err(StreamError::Conflict(
+                "the source's records before its snapshot are trimmed, and the fork offset is \
+                 before the snapshot: fork at or after the snapshot's offset",
+            )),
+            // None: trimmed by an S2 trim, which needs no snapshot; there is nothing to inherit.
+            inherited => Ok(inherited),
+        }
     }
 
     /// The first `sub_offset` messages (JSON) or bytes (otherwise) of the unit at `anchor`.

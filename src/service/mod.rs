@@ -533,7 +533,10 @@ impl StreamService {
             mirror_of: requested.mirror_of.clone(),
             s2_creation: requested.s2_creation.clone(),
             s2_config: requested.s2_config.clone(),
-            snapshot: mirror.and_then(|m| m.snapshot.as_ref().map(|(info, _)| info.clone())),
+            snapshot: mirror
+                .and_then(|m| m.snapshot.as_ref())
+                .or(plan.and_then(|p| p.snapshot.as_ref()))
+                .map(|(info, _)| info.clone()),
             ..MetaExtra::default()
         });
         if let Some(plan) = plan {
@@ -545,6 +548,12 @@ impl StreamService {
             let first = source.meta.retained_from;
             if plan.anchor < first {
                 return Err(StreamError::Retained { first });
+            }
+            let inherited = plan.snapshot.as_ref().map(|(info, _)| info);
+            if first > Offset::START && source.meta.extra().snapshot.as_ref() != inherited {
+                return Err(StreamError::Conflict(
+                    "the source's snapshot changed while the fork was made; try again",
+                ));
             }
             // The fork's history starts where its source's does.
             meta.retained_from = first;
@@ -573,7 +582,10 @@ impl StreamService {
         if !records.is_empty() {
             changes.push(Change::PutRecords(id, records));
         }
-        if let Some((_, blob)) = mirror.and_then(|m| m.snapshot.as_ref()) {
+        let snapshot = mirror
+            .and_then(|m| m.snapshot.as_ref())
+            .or(plan.and_then(|p| p.snapshot.as_ref()));
+        if let Some((_, blob)) = snapshot {
             changes.push(Change::PutSnapshot(id, blob.clone()));
         }
         Ok((stream, changes))

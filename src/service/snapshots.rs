@@ -226,7 +226,7 @@ impl StreamService {
     /// The visible snapshot with its blob, read consistently even while a new one is published:
     /// the stored blob is the one described once the description's publication is durable, as
     /// long as no other metadata change is submitted while it is read.
-    async fn visible_snapshot(
+    pub(super) async fn visible_snapshot(
         &self,
         stream: &Stream,
     ) -> StreamResult<Option<(SnapshotInfo, Bytes)>> {

@@ -233,3 +233,28 @@ def test_s3_4_after_410_bootstrap_rebuilds_the_state(c, bucket):
     assert [p.body for p in parts] == [b"1+2+3", b"4"]
     append(c, path, b"5")
     assert read_bytes(c, path, r.headers["stream-next-offset"]) == b"5"
+
+
+def test_s3_4_a_fork_of_a_trimmed_stream_bootstraps_from_the_sources_snapshot(c, bucket):
+    # The fork starts where its source's retained history does: it answers 410 below that
+    # offset, so its bootstrap must carry a snapshot covering it.
+    path = spath(bucket, "src")
+    create_stream(c, path, OCTET)
+    o = append_all(c, path, [b"aaa", b"bbb", b"ccc"])
+    snapshot(c, path, o[2], b"aaabbb", SNAP_CT)
+    retain(c, path, o[1])
+    fork = spath(bucket, "fork")
+    check(c.put(fork, headers={"Content-Type": OCTET, "Stream-Forked-From": path}), 201)
+    check(c.get(fork, params={"offset": START}), 410)
+    r, parts = bootstrap(c, fork)
+    assert r.headers["stream-snapshot-offset"] == o[2]
+    assert [(p.content_type, p.body) for p in parts] == [(SNAP_CT, b"aaabbb"), (OCTET, b"ccc")]
+    assert check(c.get(f"{fork}/snapshot/{o[2]}"), 200).content == b"aaabbb"
+
+    def fork_at(name, offset):
+        return c.put(spath(bucket, name), headers={
+            "Content-Type": OCTET, "Stream-Forked-From": path, "Stream-Fork-Offset": offset})
+    # Between the retained offset and the snapshot no snapshot covers the fork's history;
+    # below the retained offset the history is gone.
+    check(fork_at("early", o[1]), 409)
+    check(fork_at("gone", o[0]), 410)
