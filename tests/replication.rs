@@ -1488,3 +1488,56 @@ async fn a_replication_websocket_counts_against_max_connections_for_as_long_as_i
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
+
+/// Copies a stopped server's data directory, as a backup would.
+fn copy_dir(from: &Path, to: &Path) {
+    let _ = std::fs::remove_dir_all(to);
+    let status = std::process::Command::new("cp")
+        .arg("-a")
+        .arg(from)
+        .arg(to)
+        .status()
+        .unwrap();
+    assert!(status.success(), "cp -a {from:?} {to:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_mirror_whose_upstream_was_restored_from_an_older_backup_and_written_again_is_rebuilt() {
+    let dir = tempfile::tempdir().unwrap();
+    let (up_data, backup) = (dir.path().join("up"), dir.path().join("backup"));
+    let http = client();
+    let start_upstream = |listen: Option<&str>| {
+        let mut args = vec!["--data-dir", up_data.to_str().unwrap()];
+        if let Some(listen) = listen {
+            args.extend(["--listen", listen]);
+        }
+        Server::start(&args)
+    };
+    let mut upstream = start_upstream(None);
+    let listen = upstream.base.trim_start_matches("http://").to_string();
+    create_bucket(&http, &upstream).await;
+    let stream = upstream.url(&format!("/{BUCKET}/s"));
+    assert_eq!(put(&http, &stream, "text/plain", "r1;").await.status(), 201);
+    append(&http, &stream, "text/plain", "r2;").await;
+    upstream.terminate(Duration::from_secs(10)).unwrap();
+    copy_dir(&up_data, &backup);
+    let mut upstream = start_upstream(Some(&listen));
+    append(&http, &stream, "text/plain", "r3;").await;
+
+    let args = durable_bucket_mirror(&dir.path().join("mirror"), &upstream);
+    mirror_then_kill(&http, &upstream, &args, &["s"]).await;
+
+    // The upstream comes back from the backup and takes a record of the same length where the
+    // mirror's copy has r3: same ordinals, same offsets, another record.
+    upstream.terminate(Duration::from_secs(10)).unwrap();
+    std::fs::remove_dir_all(&up_data).unwrap();
+    copy_dir(&backup, &up_data);
+    let upstream = start_upstream(Some(&listen));
+    append(&http, &stream, "text/plain", "R3;").await;
+    append(&http, &stream, "text/plain", "r4;").await;
+
+    let mirror = Server::start(&strs(&args));
+    wait_until_mirrored(&http, &upstream, &mirror, &["s"]).await;
+    let (_, _, body) = view(&http, &mirror.url(&format!("/{BUCKET}/s"))).await;
+    assert_eq!(body, b"r1;r2;R3;r4;");
+}

@@ -108,8 +108,8 @@ fuzz_target!(|data: &[u8]| {
         .collect();
     let request = Message::Subscribe(SubscriptionRequest {
         stream: "http://upstream/bucket".into(),
-        after: None,
         cursors: Some(cursors),
+        ..Default::default()
     });
     let sent = request.to_json();
     assert_eq!(

@@ -40,6 +40,8 @@ const SEND_TIMEOUT: Duration = Duration::from_secs(30);
 const READ_BATCH: u64 = 1000;
 /// How long a replica may stay connected without following anything.
 const JOIN_TIMEOUT: Duration = Duration::from_secs(30);
+/// The most per-stream cursors a join's log line lists.
+const LOGGED_CURSORS: usize = 64;
 
 /// `Link` header values advertising the StreamLD endpoints of a bucketed stream (or bucket) at
 /// `path` (as the request spelled it), on the origin the request used.
@@ -195,8 +197,8 @@ async fn session(app: AppState, principal: Arc<Principal>, socket: WebSocket, or
             target_of(&request.stream).filter(|t| known(t) && may_replicate(&principal, t))
         else {
             let gap = GapSignal {
-                oldest_available: None,
                 stream: Some(request.stream.clone()),
+                ..Default::default()
             };
             let _ = queue
                 .send((CancellationToken::new(), Message::Gap(gap)))
@@ -205,21 +207,34 @@ async fn session(app: AppState, principal: Arc<Principal>, socket: WebSocket, or
         };
         match target {
             Target::Stream(key) => {
-                let after = request.after.unwrap_or(0);
-                tracing::info!(stream = %key, after, "replication join");
+                let cursor = Cursor {
+                    after: request.after.unwrap_or(0),
+                    last_timestamp: request.last_timestamp,
+                };
+                tracing::info!(stream = %key, after = cursor.after, "replication join");
                 // The old subscription (if any) ends before the new one starts.
                 subscriptions.remove(&key);
                 let subscription = Subscription::start(&queue, |outbox| {
-                    stream_pump(app.clone(), outbox, origin.clone(), key.clone(), after)
+                    stream_pump(app.clone(), outbox, origin.clone(), key.clone(), cursor)
                 });
                 subscriptions.insert(key, subscription);
             }
             Target::Bucket(bucket) => {
-                tracing::info!(bucket = %bucket, cursors = ?request.cursors, "replication join");
                 let cursors = request.cursors.clone().unwrap_or_default();
+                let last_timestamps = request.last_timestamps.clone().unwrap_or_default();
+                // A replica of a large bucket sends a cursor per stream: listed only when few.
+                if cursors.len() <= LOGGED_CURSORS {
+                    tracing::info!(bucket = %bucket, cursors = ?cursors, "replication join");
+                } else {
+                    tracing::info!(bucket = %bucket, streams = cursors.len(), "replication join");
+                }
                 let name = format!("bucket:{bucket}");
                 subscriptions.remove(&name);
                 let subscription = Subscription::start(&queue, |outbox| {
+                    let cursors = Cursors {
+                        after: cursors,
+                        last_timestamps,
+                    };
                     bucket_pump(app.clone(), outbox, origin.clone(), bucket.clone(), cursors)
                 });
                 subscriptions.insert(name, subscription);
@@ -342,7 +357,7 @@ async fn bucket_pump(
     queue: Outbox,
     origin: String,
     bucket: String,
-    cursors: std::collections::BTreeMap<String, u64>,
+    cursors: Cursors,
 ) {
     // Subscribed before the first look at the bucket, so no stream slips between the two.
     let mut appearing = app.service.streams_appearing_in(&bucket);
@@ -351,14 +366,14 @@ async fn bucket_pump(
     // here; the replica subscribes again when it is ready.
     let mut pumps: HashMap<u64, Pump> = HashMap::new();
     let prefix = names::bucket_prefix(&bucket);
-    let mut follow = |id: u64, key: &str, after: u64| {
+    let mut follow = |id: u64, key: &str, cursor: Cursor| {
         pumps.entry(id).or_insert_with(|| {
             Pump::spawn(stream_pump(
                 app.clone(),
                 queue.clone(),
                 origin.clone(),
                 key.to_string(),
-                after,
+                cursor,
             ))
         });
     };
@@ -366,7 +381,7 @@ async fn bucket_pump(
     // was away when they were deleted) are deleted on the replica too, before anything else.
     let streams = app.service.bucket_streams(&bucket);
     let present: HashSet<&str> = streams.iter().map(|s| &*s.name).collect();
-    for name in cursors.keys() {
+    for name in cursors.after.keys() {
         let Ok(key) = names::stream_key_in(&bucket, name) else {
             continue;
         };
@@ -382,17 +397,17 @@ async fn bucket_pump(
         }
     }
     for stream in &streams {
-        let after = cursors
-            .get(&stream.name[prefix.len()..])
-            .copied()
-            .unwrap_or(0);
-        follow(stream.id, &stream.name, after);
+        follow(
+            stream.id,
+            &stream.name,
+            cursors.of(&stream.name[prefix.len()..]),
+        );
     }
     drop(streams);
     // Streams that appear later are followed from their start.
     while let Some(appeared) = appearing.next(&app.service).await {
         for stream in appeared {
-            follow(stream.id, &stream.name, 0);
+            follow(stream.id, &stream.name, Cursor::default());
         }
         if queue.is_closed() {
             break;
@@ -400,9 +415,32 @@ async fn bucket_pump(
     }
 }
 
-/// Sends one stream's state, then its records after `after`, then every change, until the
-/// stream is deleted or the session ends.
-async fn stream_pump(app: AppState, queue: Outbox, origin: String, key: String, after: u64) {
+/// Where a replica's copy of a stream ends: the cursor it joined with (its next record), and the
+/// timestamp of its last record when it said (see `SubscriptionRequest::last_timestamp`).
+#[derive(Clone, Copy, Debug, Default)]
+struct Cursor {
+    after: u64,
+    last_timestamp: Option<i64>,
+}
+
+/// A bucket subscription's cursors, by stream name.
+struct Cursors {
+    after: std::collections::BTreeMap<String, u64>,
+    last_timestamps: std::collections::BTreeMap<String, i64>,
+}
+
+impl Cursors {
+    fn of(&self, name: &str) -> Cursor {
+        Cursor {
+            after: self.after.get(name).copied().unwrap_or(0),
+            last_timestamp: self.last_timestamps.get(name).copied(),
+        }
+    }
+}
+
+/// Sends one stream's state, then its records after the replica's cursor, then every change,
+/// until the stream is deleted or the session ends.
+async fn stream_pump(app: AppState, queue: Outbox, origin: String, key: String, cursor: Cursor) {
     let url = streamld::stream_iri(&origin, &key);
     let stream = match app.service.find(&key, false).await {
         Ok(stream) => stream,
@@ -413,7 +451,7 @@ async fn stream_pump(app: AppState, queue: Outbox, origin: String, key: String, 
             return;
         }
     };
-    if let Err(e) = pump(&app, &queue, &url, &stream, after).await {
+    if let Err(e) = pump(&app, &queue, &url, &stream, cursor).await {
         tracing::info!(stream = %key, error = %e, "replication pump stopped");
     }
 }
@@ -423,8 +461,9 @@ async fn pump(
     queue: &Outbox,
     url: &str,
     stream: &Arc<Stream>,
-    after: u64,
+    cursor: Cursor,
 ) -> Result<(), StreamError> {
+    let after = cursor.after;
     let send = |message: Message| async move {
         queue.send(message).await.map_err(|_| StreamError::NotFound)
     };
@@ -439,9 +478,20 @@ async fn pump(
     let gap = |first: Offset| GapSignal {
         oldest_available: Some(streamld::sequence_of(first.seq)),
         stream: Some(url.to_string()),
+        ..Default::default()
     };
     if after < state.retained_from.seq || after > state.tail.seq {
         return send(Message::Gap(gap(state.retained_from))).await;
+    }
+    if let Some(timestamp_ms) = cursor.last_timestamp
+        && after > state.retained_from.seq
+        && !last_record_is(app, stream, after - 1, timestamp_ms, state.tail).await?
+    {
+        let diverged = GapSignal {
+            diverged: true,
+            ..gap(state.retained_from)
+        };
+        return send(Message::Gap(diverged)).await;
     }
     let mut next = after;
     let mut watch = stream.subscribe();
@@ -516,6 +566,24 @@ fn state_message(url: &str, state: &ReplicatedState) -> Message {
     }))
 }
 
+/// Whether record `seq` of `stream` carries `timestamp_ms`, as the replica's copy of it does.
+/// Another timestamp there means the stream was written anew past that point since the replica
+/// copied it (restored from an older backup, say): same ordinals, other records.
+async fn last_record_is(
+    app: &AppState,
+    stream: &Arc<Stream>,
+    seq: u64,
+    timestamp_ms: i64,
+    tail: Offset,
+) -> Result<bool, StreamError> {
+    let at = app.service.record_offset(stream, seq, tail).await?;
+    let chunk = app.service.read_at(stream, at, Some(1)).await?;
+    Ok(chunk
+        .records
+        .first()
+        .is_some_and(|r| r.seq == seq && r.timestamp_ms == timestamp_ms))
+}
+
 /// The SSE binding: one event per record, `id` = its cursor; `Last-Event-ID` (or `?after=`)
 /// resumes; a cursor that cannot be served answers 409 with a `GapSignal`.
 pub async fn sse(
@@ -533,7 +601,7 @@ pub async fn sse(
     if after < durable.first.seq || after > durable.tail.seq {
         let gap = Message::Gap(GapSignal {
             oldest_available: Some(streamld::sequence_of(durable.first.seq)),
-            stream: None,
+            ..Default::default()
         });
         return Ok((
             StatusCode::CONFLICT,

@@ -27,7 +27,7 @@ pub fn context() -> Value {
 }
 
 /// A subscriber asks for every event after `after` (absent or 0: from the beginning).
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct SubscriptionRequest {
     pub stream: String,
@@ -40,6 +40,22 @@ pub struct SubscriptionRequest {
         skip_serializing_if = "Option::is_none"
     )]
     pub cursors: Option<std::collections::BTreeMap<String, u64>>,
+    /// Runnel: the timestamp of the replica's last record (the one before `after`), so that an
+    /// upstream holding another record there (restored from an older backup, then written
+    /// again) answers with a diverged [`GapSignal`] rather than continue a copy of something else.
+    #[serde(
+        default,
+        rename = "runnel:lastTimestamp",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub last_timestamp: Option<i64>,
+    /// Runnel: the same per stream, beside `cursors`.
+    #[serde(
+        default,
+        rename = "runnel:lastTimestamps",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub last_timestamps: Option<std::collections::BTreeMap<String, i64>>,
 }
 
 /// One event of a stream: its sequence number (from 1), the stream, and the payload.
@@ -120,7 +136,7 @@ pub struct ReplicationFrame {
 }
 
 /// The requested cursor cannot be served; events from `oldest_available` on still can.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct GapSignal {
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -132,6 +148,14 @@ pub struct GapSignal {
         skip_serializing_if = "Option::is_none"
     )]
     pub stream: Option<String>,
+    /// Runnel: the replica's copy is not a copy of this stream any more (its last record is not
+    /// the upstream's): it must be rebuilt, even where its cursor is among the records held.
+    #[serde(
+        default,
+        rename = "runnel:diverged",
+        skip_serializing_if = "std::ops::Not::not"
+    )]
+    pub diverged: bool,
 }
 
 /// Runnel: everything about a stream beside its records, sent on join and whenever it changes.
@@ -475,7 +499,7 @@ mod tests {
             Message::Subscribe(SubscriptionRequest {
                 stream: "http://up/b/s".into(),
                 after: Some(41),
-                cursors: None
+                ..Default::default()
             })
         );
     }
@@ -494,7 +518,7 @@ mod tests {
             Message::parse(gap).unwrap(),
             Message::Gap(GapSignal {
                 oldest_available: Some(7),
-                stream: None
+                ..Default::default()
             })
         );
     }

@@ -17,7 +17,7 @@ use tokio_tungstenite::tungstenite::Message as WsMessage;
 use crate::model::stream::SnapshotInfo;
 use crate::model::streamld::{self, GapSignal, Message, StreamState, SubscriptionRequest};
 use crate::model::{Offset, Record, names};
-use crate::service::{ReplicatedState, Stream, StreamError, StreamService};
+use crate::service::{Durable, ReplicatedState, Stream, StreamError, StreamService};
 
 pub mod tls;
 
@@ -284,24 +284,34 @@ async fn follow_once(
     let join = match &upstream.stream {
         Some(stream) => {
             let key = stream_key(&upstream.bucket, stream)?;
-            let after = local_cursor(service, &key).await;
+            let (after, last_timestamp) = match service.find(&key, false).await {
+                Ok(stream) => cursor_of(&stream.durable()),
+                Err(_) => (0, None),
+            };
             SubscriptionRequest {
                 stream: upstream.url(),
                 after: Some(after),
-                cursors: None,
+                last_timestamp,
+                ..Default::default()
             }
         }
         None => {
             let prefix = names::bucket_prefix(&upstream.bucket);
-            let cursors: BTreeMap<String, u64> = service
-                .bucket_streams(&upstream.bucket)
-                .iter()
-                .map(|s| (s.name[prefix.len()..].to_string(), s.durable().tail.seq))
-                .collect();
+            let mut cursors = BTreeMap::new();
+            let mut last_timestamps = BTreeMap::new();
+            for stream in service.bucket_streams(&upstream.bucket).iter() {
+                let name = &stream.name[prefix.len()..];
+                let (after, last_timestamp) = cursor_of(&stream.durable());
+                cursors.insert(name.to_string(), after);
+                if let Some(timestamp) = last_timestamp {
+                    last_timestamps.insert(name.to_string(), timestamp);
+                }
+            }
             SubscriptionRequest {
                 stream: upstream.url(),
-                after: None,
                 cursors: Some(cursors),
+                last_timestamps: Some(last_timestamps),
+                ..Default::default()
             }
         }
     };
@@ -404,12 +414,16 @@ fn stream_key(bucket: &str, stream: &str) -> Result<String, MirrorError> {
     names::stream_key_in(bucket, stream).map_err(|e| MirrorError::BadMessage(e.to_string()))
 }
 
-/// The cursor the mirror holds for a stream: the number of records it has, which is its tail.
-async fn local_cursor(service: &StreamService, key: &str) -> u64 {
-    service
-        .find(key, false)
-        .await
-        .map_or(0, |s| s.durable().tail.seq)
+/// The cursor the mirror holds for a stream (the number of records it has, which is its tail),
+/// and the timestamp of its last record when it holds that record: the upstream checks it is
+/// still the record it has there (timestamps never go back along a stream, so the stream's
+/// latest is its last record's).
+fn cursor_of(durable: &Durable) -> (u64, Option<i64>) {
+    let holds_last = durable.tail.seq > durable.first.seq;
+    (
+        durable.tail.seq,
+        holds_last.then_some(durable.last_timestamp_ms),
+    )
 }
 
 struct Mirror<'a> {
@@ -649,7 +663,13 @@ impl Mirror<'_> {
     /// upstream's retained start (its snapshot covers what came before), and join again there.
     async fn rebuild(&mut self, gap: GapSignal, sink: &mut Sink) -> Result<(), MirrorError> {
         let url = gap.stream.clone().unwrap_or_else(|| self.upstream.url());
-        let stream = match self.resumable(&url).await? {
+        let resumable = if gap.diverged {
+            tracing::warn!(stream = %url, "the upstream holds other records than the mirror's copy (restored from an older backup?): rebuilding the copy from the upstream");
+            None
+        } else {
+            self.resumable(&url).await?
+        };
+        let stream = match resumable {
             Some(stream) => {
                 tracing::info!(stream = %url, "gap: the mirror's tail is within what the upstream holds; joining again from it");
                 stream
@@ -659,10 +679,12 @@ impl Mirror<'_> {
                 self.rebuild_from_upstream(&url).await?
             }
         };
+        let (after, last_timestamp) = cursor_of(&stream.durable());
         let join = SubscriptionRequest {
             stream: url,
-            after: Some(stream.durable().tail.seq),
-            cursors: None,
+            after: Some(after),
+            last_timestamp,
+            ..Default::default()
         };
         sink.send(WsMessage::Text(Message::Subscribe(join).to_json().into()))
             .await?;
