@@ -145,3 +145,80 @@ async fn routes_answer_over_http2_with_prior_knowledge() {
     let read = h2.get(format!("{url}?offset=-1")).send().await.unwrap();
     assert_eq!(read.text().await.unwrap(), "over h2");
 }
+
+#[tokio::test]
+async fn a_stream_with_a_waiting_live_reader_does_not_expire_under_its_ttl() {
+    // "A stream with active live readers will not expire" (base protocol, Stream-TTL).
+    let server = Server::start(&["--memory", "--long-poll-timeout-ms", "2500"]);
+    let http = client();
+    let url = server.url("/v1/stream/kept-alive");
+    let created = http
+        .put(&url)
+        .header("content-type", "text/plain")
+        .header("stream-ttl", "1")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(created.status(), 201);
+    let tail = header(&created, "stream-next-offset").unwrap().to_string();
+    let poll = http
+        .get(format!("{url}?offset={tail}&live=long-poll"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(poll.status(), 204, "the poll ran its course");
+    // Its TTL window starts again as the reader leaves.
+    assert_eq!(http.head(&url).send().await.unwrap().status(), 200);
+}
+
+#[tokio::test]
+async fn live_readers_of_a_stream_deleted_while_forks_hold_it_are_told_410_at_once() {
+    let server = Server::start(&["--memory", "--long-poll-timeout-ms", "20000"]);
+    let http = client();
+    let source = server.url("/v1/stream/held");
+    create_text(&http, &source).await;
+    let fork = http
+        .put(server.url("/v1/stream/holder"))
+        .header("content-type", "text/plain")
+        .header("stream-forked-from", "/v1/stream/held")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(fork.status(), 201);
+    let tail = header(
+        &http.head(&source).send().await.unwrap(),
+        "stream-next-offset",
+    )
+    .unwrap()
+    .to_string();
+    let poll = tokio::spawn({
+        let (http, source) = (http.clone(), source.clone());
+        async move {
+            http.get(format!("{source}?offset={tail}&live=long-poll"))
+                .send()
+                .await
+                .unwrap()
+                .status()
+        }
+    });
+    let mut sse = http
+        .get(format!("{source}?offset=-1&live=sse"))
+        .send()
+        .await
+        .unwrap()
+        .bytes_stream();
+    sse.next().await.unwrap().unwrap(); // the first control event: attached
+    tokio::time::sleep(Duration::from_millis(100)).await;
+
+    assert_eq!(http.delete(&source).send().await.unwrap().status(), 204);
+    let status = tokio::time::timeout(Duration::from_secs(5), poll)
+        .await
+        .expect("the long-poll ends with the deletion, not its 20 s timeout")
+        .unwrap();
+    assert_eq!(status, 410);
+    let ended = tokio::time::timeout(Duration::from_secs(5), async {
+        while let Some(Ok(_)) = sse.next().await {}
+    })
+    .await;
+    assert!(ended.is_ok(), "the SSE response ends with the deletion");
+}

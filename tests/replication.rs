@@ -1541,3 +1541,31 @@ async fn a_mirror_whose_upstream_was_restored_from_an_older_backup_and_written_a
     let (_, _, body) = view(&http, &mirror.url(&format!("/{BUCKET}/s"))).await;
     assert_eq!(body, b"r1;r2;R3;r4;");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_deleted_upstream_while_a_fork_holds_it_is_removed_from_a_live_mirror() {
+    let http = client();
+    let upstream = Server::start(&["--memory"]);
+    create_bucket(&http, &upstream).await;
+    let source = upstream.url(&format!("/{BUCKET}/src"));
+    assert_eq!(put(&http, &source, "text/plain", "abc").await.status(), 201);
+    let fork = http
+        .put(upstream.url(&format!("/{BUCKET}/fork")))
+        .header("content-type", "text/plain")
+        .header("stream-forked-from", format!("/{BUCKET}/src"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(fork.status(), 201);
+    let mirror = Server::start(&[
+        "--memory",
+        "--mirror-from",
+        &upstream.url(&format!("/{BUCKET}")),
+    ]);
+    wait_until_mirrored(&http, &upstream, &mirror, &["src"]).await;
+
+    // Soft: the fork still reads through it, but for everyone else it is gone (410 upstream).
+    assert_eq!(http.delete(&source).send().await.unwrap().status(), 204);
+    assert_eq!(http.head(&source).send().await.unwrap().status(), 410);
+    wait_for_status(&http, &mirror.url(&format!("/{BUCKET}/src")), 404).await;
+}

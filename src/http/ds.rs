@@ -632,6 +632,9 @@ async fn long_poll(app: &AppState, read: &Read) -> Handled {
         if seen.removed {
             return Err(StreamError::NotFound.into());
         }
+        if seen.soft_deleted {
+            return Err(StreamError::Gone.into());
+        }
         chunk = app
             .service
             .read_at(stream, read.start, read.max_records)

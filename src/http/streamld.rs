@@ -497,7 +497,8 @@ async fn pump(
     let mut watch = stream.subscribe();
     loop {
         let durable = *watch.borrow_and_update();
-        if durable.removed {
+        // Deleted, for good or while forks still read through it: gone for the replica either way.
+        if durable.removed || durable.soft_deleted {
             return send(Message::Deleted(StreamDeleted {
                 stream: url.to_string(),
             }))
@@ -622,7 +623,7 @@ pub async fn sse(
         let mut next = after;
         loop {
             let durable = stream.durable();
-            if durable.removed {
+            if durable.removed || durable.soft_deleted {
                 return;
             }
             if next < durable.tail.seq {

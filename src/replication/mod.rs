@@ -210,7 +210,11 @@ async fn discover(http: &reqwest::Client, upstream: &Upstream) -> Result<String,
         .header("accept", "application/json")
         .send()
         .await?;
-    if response.status() == reqwest::StatusCode::NOT_FOUND {
+    // 410: deleted while forks read through it, which a mirror does not follow.
+    if matches!(
+        response.status(),
+        reqwest::StatusCode::NOT_FOUND | reqwest::StatusCode::GONE
+    ) {
         return Err(MirrorError::Missing(upstream.url()));
     }
     let links = response

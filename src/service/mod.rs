@@ -568,6 +568,7 @@ impl StreamService {
             closed: requested.closed,
             ready: false,
             removed: false,
+            soft_deleted: false,
         };
         let stream = Arc::new(Stream::new(
             id,
@@ -660,9 +661,13 @@ impl StreamService {
                 self.forget(stream);
             }
             commit.await?;
-            if removal == Removal::Hard {
-                stream.publish(|d| d.removed = true);
-                self.release_source(stream).await;
+            match removal {
+                Removal::Hard => {
+                    stream.publish(|d| d.removed = true);
+                    self.release_source(stream).await;
+                }
+                // Its live readers and replication sessions learn it is gone for them.
+                Removal::Soft => stream.publish(|d| d.soft_deleted = true),
             }
             Ok(Some(removal))
         })
@@ -818,6 +823,7 @@ impl Rebuild {
             closed: recovered.meta.closed,
             ready: true,
             removed: false,
+            soft_deleted: recovered.meta.soft_deleted,
         };
         let soft_deleted = recovered.meta.soft_deleted;
         let stream = Arc::new(Stream::new(

@@ -11,6 +11,7 @@ use tokio::time::{Instant, Sleep};
 use tokio_util::sync::{CancellationToken, WaitForCancellationFutureOwned};
 
 use super::read_memory::ReadLease;
+use super::stream::LiveReader;
 use super::{Durable, Stream, StreamError, StreamResult, StreamService};
 use crate::model::records::RecordStart;
 use crate::model::{Offset, ReadFrom, Record};
@@ -247,7 +248,12 @@ impl StreamService {
 
     /// Waits until the durable tail moves past `offset`, the stream closes or goes away, or the
     /// timeout passes. Returns the durable state it saw last.
-    pub async fn wait_beyond(&self, stream: &Stream, offset: Offset, timeout: Duration) -> Durable {
+    pub async fn wait_beyond(
+        &self,
+        stream: &Arc<Stream>,
+        offset: Offset,
+        timeout: Duration,
+    ) -> Durable {
         match self.watch_tail(stream, timeout, None).next(offset).await {
             Wake::Moved(seen) => seen,
             Wake::Idle | Wake::Ended => stream.durable(),
@@ -257,12 +263,13 @@ impl StreamService {
     /// A live reader's standing wait on `stream`'s durable tail: see [`TailWatch`].
     pub fn watch_tail(
         &self,
-        stream: &Stream,
+        stream: &Arc<Stream>,
         idle_after: Duration,
         deadline: Option<Instant>,
     ) -> TailWatch {
         let last_sent = Instant::now();
         TailWatch {
+            _reader: stream.attach_reader(),
             tail: stream.subscribe(),
             shutdown: Box::pin(self.shutdown.clone().cancelled_owned()),
             stopping: self.stopping.clone(),
@@ -292,6 +299,8 @@ impl StreamService {
 /// its one timer is touched only when it fires, so a busy stream costs a reader no timer or
 /// subscription work per event.
 pub struct TailWatch {
+    /// Keeps the stream from expiring while the reader waits.
+    _reader: LiveReader,
     tail: watch::Receiver<Durable>,
     shutdown: Pin<Box<WaitForCancellationFutureOwned>>,
     stopping: Arc<AtomicBool>,
@@ -326,7 +335,8 @@ impl TailWatch {
 
     /// Waits for the tail to move past `offset`, for an idle period to pass, or for the end.
     pub async fn next(&mut self, offset: Offset) -> Wake {
-        let moved = |d: &Durable| d.tail.seq > offset.seq || d.closed || d.removed;
+        let moved =
+            |d: &Durable| d.tail.seq > offset.seq || d.closed || d.removed || d.soft_deleted;
         loop {
             // The tail first: a woken reader of a busy stream then returns without touching the
             // shutdown future or the timer. A reader whose tail keeps moving would never poll

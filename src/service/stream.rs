@@ -29,6 +29,9 @@ pub struct Durable {
     pub ready: bool,
     /// The stream is gone (deleted, expired, or its creation failed).
     pub removed: bool,
+    /// The stream was deleted while forks still read through it: gone for its own readers
+    /// (410), kept for its forks.
+    pub soft_deleted: bool,
 }
 
 /// A server holds one of these for every stream it has, most of them idle, so it is kept small:
@@ -50,8 +53,23 @@ pub struct Stream {
     pub upstream_tail: std::sync::atomic::AtomicU64,
     /// The stream this one was forked from: reads below the fork offset go there.
     pub source: Option<Arc<Stream>>,
+    /// Live readers (long-poll, SSE) waiting on it now: a stream with one does not expire.
+    live_readers: std::sync::atomic::AtomicU32,
     pub(super) state: Mutex<State>,
     durable: DurableCell,
+}
+
+/// A live reader waiting on a stream (see [`Stream::attach_reader`]). When it leaves, the
+/// stream's TTL window starts again from then.
+pub struct LiveReader(Arc<Stream>);
+
+impl Drop for LiveReader {
+    fn drop(&mut self) {
+        self.0.renew();
+        self.0
+            .live_readers
+            .fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
+    }
 }
 
 /// The writer-side view, which runs ahead of the durable one while commits are in flight.
@@ -111,6 +129,7 @@ impl Stream {
             upstream_tail: std::sync::atomic::AtomicU64::new(0),
             content_type: meta.content_type.clone(),
             source,
+            live_readers: std::sync::atomic::AtomicU32::new(0),
             state: Mutex::new(State {
                 meta,
                 producers,
@@ -142,9 +161,19 @@ impl Stream {
         Ok(state)
     }
 
-    /// Its TTL or expiry time has passed (`state` is its state, locked).
+    /// Its TTL or expiry time has passed (`state` is its state, locked). A stream with live
+    /// readers has not: the base protocol keeps it while they wait, renewed as they leave.
     pub(super) fn expired(&self, state: &State, now_ms: i64) -> bool {
-        self.may_expire && state.meta.is_expired(now_ms, state.last_access_ms)
+        self.may_expire
+            && self.live_readers.load(std::sync::atomic::Ordering::Relaxed) == 0
+            && state.meta.is_expired(now_ms, state.last_access_ms)
+    }
+
+    /// Marks a live reader waiting on this stream until the returned guard is dropped.
+    pub(super) fn attach_reader(self: &Arc<Self>) -> LiveReader {
+        self.live_readers
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        LiveReader(self.clone())
     }
 
     /// Slides the TTL window: a read or an append was accepted (a rejected request, or a
@@ -316,6 +345,7 @@ mod tests {
             closed: false,
             ready: true,
             removed: false,
+            soft_deleted: false,
         }
     }
 
