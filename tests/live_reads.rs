@@ -56,6 +56,11 @@ async fn a_waiting_long_poll_receives_the_data_of_an_append_and_close() {
         .unwrap();
     assert_eq!(response.status(), 200);
     assert_eq!(header(&response, "stream-closed"), Some("true"));
+    // Cacheable like a catch-up read, so revalidatable like one (base protocol §10.1).
+    assert!(
+        header(&response, "etag").is_some(),
+        "a long-poll 200 has an ETag"
+    );
     assert_eq!(response.text().await.unwrap(), "last words");
 }
 

@@ -488,26 +488,12 @@ fn catch_up(
     at_now: bool,
     if_none_match: Option<&str>,
 ) -> Response {
-    let stream = &read.stream;
-    let view_tag = match read.view {
-        View::Canonical => "",
-        View::Records(RecordView::Values) => ":ndjson",
-        View::Records(RecordView::Envelope) => ":envelope",
+    let etag = etag_of(read, &chunk);
+    let mut response = if !at_now && if_none_match.is_some_and(|tags| matches_etag(tags, &etag)) {
+        empty(StatusCode::NOT_MODIFIED)
+    } else {
+        with_body(StatusCode::OK, read, &mut chunk)
     };
-    let etag = format!(
-        "\"{}:{}:{}{}{}\"",
-        stream.id,
-        chunk.start,
-        chunk.next,
-        if chunk.closed { ":c" } else { "" },
-        view_tag
-    );
-    let mut response =
-        if !at_now && if_none_match.is_some_and(|tags| tags.split(',').any(|t| t.trim() == etag)) {
-            empty(StatusCode::NOT_MODIFIED)
-        } else {
-            with_body(StatusCode::OK, read, &mut chunk)
-        };
     describe_chunk(&mut response, read, &chunk);
     if at_now {
         set(&mut response, "cache-control", "no-store");
@@ -524,6 +510,32 @@ fn catch_up(
         );
     }
     response
+}
+
+/// The entity tag of a read's answer: the stream, the range, whether it closed, and the view.
+fn etag_of(read: &Read, chunk: &ReadChunk) -> String {
+    let view_tag = match read.view {
+        View::Canonical => "",
+        View::Records(RecordView::Values) => ":ndjson",
+        View::Records(RecordView::Envelope) => ":envelope",
+    };
+    format!(
+        "\"{}:{}:{}{}{}\"",
+        read.stream.id,
+        chunk.start,
+        chunk.next,
+        if chunk.closed { ":c" } else { "" },
+        view_tag
+    )
+}
+
+/// Whether an `If-None-Match` list names `etag`, by weak comparison (RFC 9110 §13.1.2): a
+/// `W/` prefix is ignored (proxies that compress weaken tags), and `*` matches.
+fn matches_etag(if_none_match: &str, etag: &str) -> bool {
+    if_none_match
+        .split(',')
+        .map(str::trim)
+        .any(|tag| tag == "*" || tag.strip_prefix("W/").unwrap_or(tag) == etag)
 }
 
 /// A response carrying the chunk's records in the read's view.
@@ -645,8 +657,11 @@ async fn long_poll(app: &AppState, read: &Read) -> Handled {
         set(&mut response, "cache-control", "no-store");
         response
     } else {
+        let etag = etag_of(read, &chunk);
         let mut response = with_body(StatusCode::OK, read, &mut chunk);
         set(&mut response, "cache-control", CACHE_HISTORIC);
+        // As on catch-up reads (base protocol §10.1): a cache may revalidate it.
+        set(&mut response, "etag", &etag);
         response
     };
     describe_chunk(&mut response, read, &chunk);
@@ -676,6 +691,15 @@ mod tests {
             body: Bytes::from_static(body),
             command,
         }
+    }
+
+    #[test]
+    fn if_none_match_compares_weakly_and_star_matches() {
+        let tag = "\"7:a:b\"";
+        assert!(matches_etag("\"7:a:b\"", tag));
+        assert!(matches_etag("\"x\", W/\"7:a:b\"", tag));
+        assert!(matches_etag("*", tag));
+        assert!(!matches_etag("\"7:a:c\", W/\"x\"", tag));
     }
 
     #[test]

@@ -323,7 +323,22 @@ impl StreamService {
             self.bucket_writable(bucket)?;
         }
         let plan = match &request.fork {
-            Some(fork) => Some(self.plan_fork(fork).await?),
+            Some(fork) => match self.plan_fork(fork).await {
+                Ok(plan) => Some(plan),
+                // Forks outlive their source: a retry of a fork's creation made before its
+                // source went is answered as the first request was.
+                Err(e @ (StreamError::ForkSourceGone | StreamError::ForkSourceNotFound)) => {
+                    return match self.existing_fork(&request.name, fork).await {
+                        Some(info) => Ok(CreateOutcome {
+                            records: (info.tail.seq, info.tail.seq),
+                            info,
+                            created: false,
+                        }),
+                        None => Err(e),
+                    };
+                }
+                Err(e) => return Err(e),
+            },
             None => None,
         };
         let requested = requested_config(&request, plan.as_ref())?;
@@ -390,6 +405,27 @@ impl StreamService {
                 }
             };
         }
+    }
+
+    /// The stream `name`, when it is a fork made as `fork` asks (same source, offset when one
+    /// is given, and sub-offset).
+    async fn existing_fork(&self, name: &str, fork: &ForkRequest) -> Option<StreamInfo> {
+        let existing = self.lock_registry().streams.get(name).cloned()?;
+        if !existing.wait_ready().await {
+            return None;
+        }
+        let same = {
+            let state = existing.lock();
+            let origin = state.meta.extra().fork.as_ref();
+            !state.removed
+                && !state.meta.soft_deleted
+                && origin.is_some_and(|o| {
+                    o.source_name == fork.source
+                        && fork.offset.is_none_or(|at| at == o.offset)
+                        && o.sub_offset == fork.sub_offset
+                })
+        };
+        same.then(|| self.info(&existing))
     }
 
     async fn confirm_existing(

@@ -497,6 +497,23 @@ def test_s1_6_fork_across_buckets(c, bucket):
     assert read_bytes(c, spath(other, "copy")) == b"\x00\x01"
 
 
+def test_s1_6_a_retried_fork_creation_is_200_even_after_its_source_was_deleted(c, bucket):
+    # Forks outlive their source; a client whose first 201 was lost retries, and must not get
+    # a conflict because the source went meanwhile (base protocol: idempotent fork creation).
+    src = spath(bucket, "src")
+    create_stream(c, src, TEXT, body=b"hello world")
+    fork_headers = {"Content-Type": TEXT, "Stream-Forked-From": f"/{bucket}/src",
+                    "Stream-Fork-Offset": next_offset(c, src)}
+    fork = spath(bucket, "fork")
+    check(c.put(fork, headers=fork_headers), 201)
+    check(c.put(fork, headers=fork_headers), 200)
+    check(c.delete(src), 204)
+    check(c.put(fork, headers=fork_headers), 200)
+    # Another fork of the deleted source is still refused.
+    check(c.put(spath(bucket, "late"), headers=fork_headers), (404, 409, 410))
+    assert read_bytes(c, fork) == b"hello world"
+
+
 def test_s1_6_fork_from_missing_source_is_404(c, bucket):
     check(c.put(spath(bucket, "fork"), headers={"Content-Type": OCTET,
                                                 "Stream-Forked-From": f"/{bucket}/nope"}), 404)
