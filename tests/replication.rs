@@ -1569,3 +1569,49 @@ async fn a_stream_deleted_upstream_while_a_fork_holds_it_is_removed_from_a_live_
     assert_eq!(http.head(&source).send().await.unwrap().status(), 410);
     wait_for_status(&http, &mirror.url(&format!("/{BUCKET}/src")), 404).await;
 }
+
+#[tokio::test]
+async fn a_single_stream_mirror_refuses_to_create_the_stream_it_mirrors_locally() {
+    // Whatever was written to a local stream of that name would be replaced by the upstream's
+    // once it appears there: acknowledged writes silently lost.
+    let http = client();
+    let upstream = Server::start(&["--memory"]);
+    create_bucket(&http, &upstream).await;
+    let target = upstream.url(&format!("/{BUCKET}/one"));
+    let mirror = Server::start(&["--memory", "--mirror-from", &target]);
+    let local = no_redirects()
+        .put(mirror.url(&format!("/{BUCKET}/one")))
+        .header("content-type", "text/plain")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(local.status(), 307);
+    assert_eq!(header(&local, "location"), Some(target.as_str()));
+}
+
+#[test]
+fn overlapping_mirror_targets_stop_the_server_at_start() {
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_runnel"))
+        .args(["serve", "--memory", "--listen", "127.0.0.1:0"])
+        .args(["--mirror-from", "http://127.0.0.1:9/docs"])
+        .args(["--mirror-from", "http://127.0.0.1:9/docs/s"])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        if std::time::Instant::now() > deadline {
+            let _ = child.kill();
+            panic!("the server started with overlapping --mirror-from targets");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let mut stderr = String::new();
+    std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut stderr).unwrap();
+    assert!(!status.success());
+    assert!(stderr.contains("overlap"), "{stderr}");
+}

@@ -120,6 +120,39 @@ pub fn mirrored_bucket(url: &str) -> Option<(String, String)> {
         .map(|upstream| (upstream.bucket, upstream.base))
 }
 
+/// The stream a `--mirror-from` URL mirrors alone (its key), and its upstream
+/// (`scheme://host:port`); `None` for the URL of a bucket, or one that does not parse.
+pub fn mirrored_stream(url: &str) -> Option<(String, String)> {
+    let upstream = Upstream::parse(url).ok()?;
+    let key = stream_key(&upstream.bucket, upstream.stream.as_deref()?).ok()?;
+    Some((key, upstream.base))
+}
+
+/// Checks that no two `--mirror-from` targets overlap: the same bucket or stream twice, or a
+/// stream of a bucket mirrored whole. Two sessions would then apply the same records, each
+/// taking the other's for a divergence and rebuilding the copy over and over.
+pub fn check_targets(urls: &[String]) -> Result<(), String> {
+    let parsed: Vec<(&String, Upstream)> = urls
+        .iter()
+        .filter_map(|url| Upstream::parse(url).ok().map(|u| (url, u)))
+        .collect();
+    for (i, (url, target)) in parsed.iter().enumerate() {
+        for (other_url, other) in &parsed[..i] {
+            let overlap = target.bucket == other.bucket
+                && (target.stream.is_none()
+                    || other.stream.is_none()
+                    || target.stream == other.stream);
+            if overlap {
+                return Err(format!(
+                    "--mirror-from {other_url} and {url} overlap: each bucket or stream may be \
+                     mirrored once (a bucket mirrored whole includes its streams)"
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
 fn encode(segment: &str) -> String {
     percent_encoding::utf8_percent_encode(segment, percent_encoding::NON_ALPHANUMERIC).to_string()
 }
@@ -699,6 +732,24 @@ impl Mirror<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn overlapping_mirror_targets_are_refused() {
+        let urls = |list: &[&str]| list.iter().map(|u| u.to_string()).collect::<Vec<_>>();
+        assert!(check_targets(&urls(&["http://a:1/docs", "http://a:1/logs/s"])).is_ok());
+        assert!(check_targets(&urls(&["http://a:1/docs/x", "http://a:1/docs/y"])).is_ok());
+        for overlapping in [
+            ["http://a:1/docs", "http://a:1/docs/s"],
+            ["http://a:1/docs/s", "http://a:1/docs"],
+            ["http://a:1/docs", "http://b:2/docs"],
+            ["http://a:1/docs/s", "http://b:2/docs/s"],
+        ] {
+            assert!(
+                check_targets(&urls(&overlapping)).is_err(),
+                "{overlapping:?}"
+            );
+        }
+    }
 
     #[test]
     fn a_message_of_an_unknown_type_is_skipped_and_a_malformed_one_refused() {

@@ -52,6 +52,11 @@ pub async fn serve(settings: Settings) -> anyhow::Result<()> {
             .iter()
             .filter_map(|url| crate::replication::mirrored_bucket(url))
             .collect(),
+        mirrored_streams: settings
+            .mirror_from
+            .iter()
+            .filter_map(|url| crate::replication::mirrored_stream(url))
+            .collect(),
         ..ServiceConfig::default()
     };
     let service = StreamService::open(engine, service_config)

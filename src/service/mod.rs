@@ -75,6 +75,9 @@ pub struct ServiceConfig {
     /// Buckets this server mirrors whole, with their upstream (`scheme://host:port`): the
     /// mirror alone creates streams in them.
     pub mirrored_buckets: HashMap<String, String>,
+    /// Streams this server mirrors alone (by key), with their upstream: the mirror alone
+    /// creates them.
+    pub mirrored_streams: HashMap<String, String>,
 }
 
 impl Default for ServiceConfig {
@@ -87,6 +90,7 @@ impl Default for ServiceConfig {
             max_inflight_commits: 8192,
             max_streams_per_bucket: None,
             mirrored_buckets: HashMap::new(),
+            mirrored_streams: HashMap::new(),
         }
     }
 }
@@ -316,11 +320,17 @@ impl StreamService {
 
     /// Creates a stream, or confirms an identical one exists.
     pub async fn create(&self, request: CreateRequest) -> StreamResult<CreateOutcome> {
-        // A stream made here in a mirrored bucket would be deleted by the mirror later.
-        if request.mirror.is_none()
-            && let Some(bucket) = names::bucket_of(&request.name)
-        {
-            self.bucket_writable(bucket)?;
+        // A stream made here in a mirrored bucket, or under a mirrored stream's name, would be
+        // replaced by the mirror later, with whatever was written to it.
+        if request.mirror.is_none() {
+            if let Some(bucket) = names::bucket_of(&request.name) {
+                self.bucket_writable(bucket)?;
+            }
+            if let Some(upstream) = self.config.mirrored_streams.get(&request.name) {
+                return Err(StreamError::Mirrored {
+                    upstream: upstream.clone(),
+                });
+            }
         }
         let plan = match &request.fork {
             Some(fork) => match self.plan_fork(fork).await {
