@@ -149,7 +149,11 @@ async fn session(app: AppState, principal: Arc<Principal>, socket: WebSocket, or
                 refuse_with(
                     &mut refuse,
                     close_code::POLICY,
-                    format!("no SubscriptionRequest within {} s", JOIN_TIMEOUT.as_secs()),
+                    format!(
+                        "following nothing after {} s: no SubscriptionRequest named a stream or \
+                         bucket this server serves to this replica",
+                        JOIN_TIMEOUT.as_secs()
+                    ),
                 );
                 break;
             }
@@ -168,7 +172,7 @@ async fn session(app: AppState, principal: Arc<Principal>, socket: WebSocket, or
                 break;
             }
         };
-        let request = match Message::parse(&text) {
+        let mut request = match Message::parse_from_replica(&text) {
             Ok(Message::Subscribe(request)) => request,
             Ok(_) => {
                 refuse_with(
@@ -220,8 +224,8 @@ async fn session(app: AppState, principal: Arc<Principal>, socket: WebSocket, or
                 subscriptions.insert(key, subscription);
             }
             Target::Bucket(bucket) => {
-                let cursors = request.cursors.clone().unwrap_or_default();
-                let last_timestamps = request.last_timestamps.clone().unwrap_or_default();
+                let cursors = request.cursors.take().unwrap_or_default();
+                let last_timestamps = request.last_timestamps.take().unwrap_or_default();
                 // A replica of a large bucket sends a cursor per stream: listed only when few.
                 if cursors.len() <= LOGGED_CURSORS {
                     tracing::info!(bucket = %bucket, cursors = ?cursors, "replication join");

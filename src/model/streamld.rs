@@ -220,6 +220,69 @@ pub enum MessageError {
     UnknownType(String),
     #[error("malformed {kind}: {reason}")]
     Malformed { kind: &'static str, reason: String },
+    #[error(
+        "a replica's message lists at most {MAX_CURSORS} cursors, and holds at most {} JSON values",
+        super::json::MAX_VALUES
+    )]
+    TooLarge,
+}
+
+/// The most per-stream cursors (or last timestamps) a replica's join may list.
+pub const MAX_CURSORS: usize = 1_000_000;
+
+/// A `SubscriptionRequest` spelled as Runnel's replicas spell it: short names, no prefixes.
+/// Parsed straight into its fields, without the JSON tree [`Message::parse`] builds for any
+/// other spelling, which costs many times the text's size on a large bucket's cursor map.
+#[derive(Deserialize)]
+struct PlainSubscription {
+    #[serde(rename = "@type")]
+    kind: String,
+    stream: String,
+    #[serde(default)]
+    after: Option<u64>,
+    #[serde(default, rename = "runnel:cursors", deserialize_with = "bounded_map")]
+    cursors: Option<std::collections::BTreeMap<String, u64>>,
+    #[serde(default, rename = "runnel:lastTimestamp")]
+    last_timestamp: Option<i64>,
+    #[serde(
+        default,
+        rename = "runnel:lastTimestamps",
+        deserialize_with = "bounded_map"
+    )]
+    last_timestamps: Option<std::collections::BTreeMap<String, i64>>,
+}
+
+/// A map of at most [`MAX_CURSORS`] entries, refused as soon as it holds more.
+fn bounded_map<'de, D, V>(
+    deserializer: D,
+) -> Result<Option<std::collections::BTreeMap<String, V>>, D::Error>
+where
+    D: serde::Deserializer<'de>,
+    V: Deserialize<'de>,
+{
+    struct Bounded<V>(std::marker::PhantomData<V>);
+    impl<'de, V: Deserialize<'de>> serde::de::Visitor<'de> for Bounded<V> {
+        type Value = std::collections::BTreeMap<String, V>;
+        fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+            write!(f, "a map of at most {MAX_CURSORS} entries")
+        }
+        fn visit_map<A: serde::de::MapAccess<'de>>(
+            self,
+            mut map: A,
+        ) -> Result<Self::Value, A::Error> {
+            let mut out = std::collections::BTreeMap::new();
+            while let Some((key, value)) = map.next_entry::<String, V>()? {
+                if out.len() == MAX_CURSORS {
+                    return Err(serde::de::Error::custom(MessageError::TooLarge));
+                }
+                out.insert(key, value);
+            }
+            Ok(out)
+        }
+    }
+    deserializer
+        .deserialize_map(Bounded(std::marker::PhantomData))
+        .map(Some)
 }
 
 /// Strips the StreamLD namespace from a term, in any of its three spellings.
@@ -237,7 +300,12 @@ fn short_term(term: &str) -> String {
 
 /// Members whose values are data, not vocabulary: a record's payload, a stream's attributes and
 /// cursors keyed by stream name. They travel exactly as sent.
-const DATA_TERMS: [&str; 3] = ["payload", "attrs", "runnel:cursors"];
+const DATA_TERMS: [&str; 4] = [
+    "payload",
+    "attrs",
+    "runnel:cursors",
+    "runnel:lastTimestamps",
+];
 
 /// Rewrites every key (and `@type` value) to its short name, recursively, dropping `@context`;
 /// the values of data members are left as they are.
@@ -295,6 +363,32 @@ impl Message {
             "runnel:StreamDeleted" => typed("StreamDeleted", body).map(Message::Deleted),
             _ => Err(MessageError::UnknownType(kind)),
         }
+    }
+
+    /// A message from a replica: its join. Runnel's own spelling is parsed directly; any other
+    /// takes [`Self::parse`], after a cheap count of the values it could hold.
+    pub fn parse_from_replica(text: &str) -> Result<Message, MessageError> {
+        match serde_json::from_str::<PlainSubscription>(text) {
+            Ok(plain) if plain.kind == "SubscriptionRequest" => {
+                return Ok(Message::Subscribe(SubscriptionRequest {
+                    stream: plain.stream,
+                    after: plain.after,
+                    cursors: plain.cursors,
+                    last_timestamp: plain.last_timestamp,
+                    last_timestamps: plain.last_timestamps,
+                }));
+            }
+            // The bound's own error, as serde_json reports it (with a position after it).
+            Err(e)
+                if e.to_string()
+                    .starts_with(&MessageError::TooLarge.to_string()) =>
+            {
+                return Err(MessageError::TooLarge);
+            }
+            _ => {}
+        }
+        super::json::check_value_count(text.as_bytes()).map_err(|_| MessageError::TooLarge)?;
+        Message::parse(text)
     }
 
     pub fn to_json(&self) -> String {
@@ -501,6 +595,49 @@ mod tests {
                 after: Some(41),
                 ..Default::default()
             })
+        );
+    }
+
+    #[test]
+    fn a_replicas_join_parses_the_same_by_the_direct_path_and_is_bounded() {
+        let cursors: std::collections::BTreeMap<String, u64> =
+            [("a".to_string(), 3), ("streamld:b".to_string(), 0)].into();
+        let join = Message::Subscribe(SubscriptionRequest {
+            stream: "http://up/b".into(),
+            cursors: Some(cursors),
+            last_timestamps: Some([("a".to_string(), -5)].into()),
+            ..Default::default()
+        });
+        let text = join.to_json();
+        assert_eq!(Message::parse_from_replica(&text).unwrap(), join);
+        assert_eq!(
+            Message::parse(&text).unwrap(),
+            join,
+            "stream names travel as sent"
+        );
+        // Other spellings take the general path.
+        let prefixed =
+            r#"{"@type":"streamld:SubscriptionRequest","streamld:stream":"http://up/b/s"}"#;
+        assert!(matches!(
+            Message::parse_from_replica(prefixed),
+            Ok(Message::Subscribe(_))
+        ));
+
+        let many: String = (0..=MAX_CURSORS)
+            .map(|i| format!("\"{i}\":0"))
+            .collect::<Vec<_>>()
+            .join(",");
+        let text = format!(
+            r#"{{"@type":"SubscriptionRequest","stream":"http://up/b","runnel:cursors":{{{many}}}}}"#
+        );
+        assert_eq!(
+            Message::parse_from_replica(&text),
+            Err(MessageError::TooLarge)
+        );
+        let spelled_otherwise = text.replace("\"stream\"", "\"streamld:stream\"");
+        assert_eq!(
+            Message::parse_from_replica(&spelled_otherwise),
+            Err(MessageError::TooLarge)
         );
     }
 
