@@ -37,7 +37,8 @@ pub struct SubscriptionRequest {
     #[serde(
         default,
         rename = "runnel:cursors",
-        skip_serializing_if = "Option::is_none"
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "bounded_map"
     )]
     pub cursors: Option<std::collections::BTreeMap<String, u64>>,
     /// Runnel: the timestamp of the replica's last record (the one before `after`), so that an
@@ -53,7 +54,8 @@ pub struct SubscriptionRequest {
     #[serde(
         default,
         rename = "runnel:lastTimestamps",
-        skip_serializing_if = "Option::is_none"
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "bounded_map"
     )]
     pub last_timestamps: Option<std::collections::BTreeMap<String, i64>>,
 }
@@ -230,26 +232,48 @@ pub enum MessageError {
 /// The most per-stream cursors (or last timestamps) a replica's join may list.
 pub const MAX_CURSORS: usize = 1_000_000;
 
-/// A `SubscriptionRequest` spelled as Runnel's replicas spell it: short names, no prefixes.
-/// Parsed straight into its fields, without the JSON tree [`Message::parse`] builds for any
-/// other spelling, which costs many times the text's size on a large bucket's cursor map.
-#[derive(Deserialize)]
-struct PlainSubscription {
-    #[serde(rename = "@type")]
-    kind: String,
-    stream: String,
-    #[serde(default)]
-    after: Option<u64>,
-    #[serde(default, rename = "runnel:cursors", deserialize_with = "bounded_map")]
-    cursors: Option<std::collections::BTreeMap<String, u64>>,
-    #[serde(default, rename = "runnel:lastTimestamp")]
-    last_timestamp: Option<i64>,
-    #[serde(
-        default,
-        rename = "runnel:lastTimestamps",
-        deserialize_with = "bounded_map"
-    )]
-    last_timestamps: Option<std::collections::BTreeMap<String, i64>>,
+/// The members a `SubscriptionRequest` has as Runnel's replicas write it.
+const PLAIN_JOIN_MEMBERS: [&str; 6] = [
+    "@context",
+    "stream",
+    "after",
+    "runnel:cursors",
+    "runnel:lastTimestamp",
+    "runnel:lastTimestamps",
+];
+
+/// A first look at a message: whether it is a `SubscriptionRequest` whose members all have
+/// Runnel's own names, so that it can be parsed straight into its fields. The members' values
+/// are skipped unparsed.
+struct PlainJoin(bool);
+
+impl<'de> Deserialize<'de> for PlainJoin {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct Look;
+        impl<'de> serde::de::Visitor<'de> for Look {
+            type Value = PlainJoin;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("a JSON object")
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(
+                self,
+                mut map: A,
+            ) -> Result<PlainJoin, A::Error> {
+                let (mut join, mut plain) = (false, true);
+                while let Some(key) = map.next_key::<std::borrow::Cow<'de, str>>()? {
+                    if key == "@type" {
+                        join = map.next_value::<std::borrow::Cow<'de, str>>()?
+                            == "SubscriptionRequest";
+                    } else {
+                        plain &= PLAIN_JOIN_MEMBERS.contains(&key.as_ref());
+                        map.next_value::<serde::de::IgnoredAny>()?;
+                    }
+                }
+                Ok(PlainJoin(join && plain))
+            }
+        }
+        deserializer.deserialize_map(Look)
+    }
 }
 
 /// A map of at most [`MAX_CURSORS`] entries, refused as soon as it holds more.
@@ -368,24 +392,22 @@ impl Message {
     /// A message from a replica: its join. Runnel's own spelling is parsed directly; any other
     /// takes [`Self::parse`], after a cheap count of the values it could hold.
     pub fn parse_from_replica(text: &str) -> Result<Message, MessageError> {
-        match serde_json::from_str::<PlainSubscription>(text) {
-            Ok(plain) if plain.kind == "SubscriptionRequest" => {
-                return Ok(Message::Subscribe(SubscriptionRequest {
-                    stream: plain.stream,
-                    after: plain.after,
-                    cursors: plain.cursors,
-                    last_timestamp: plain.last_timestamp,
-                    last_timestamps: plain.last_timestamps,
-                }));
-            }
-            // The bound's own error, as serde_json reports it (with a position after it).
-            Err(e)
-                if e.to_string()
-                    .starts_with(&MessageError::TooLarge.to_string()) =>
-            {
-                return Err(MessageError::TooLarge);
-            }
-            _ => {}
+        if serde_json::from_str::<PlainJoin>(text).is_ok_and(|PlainJoin(plain)| plain) {
+            return serde_json::from_str::<SubscriptionRequest>(text)
+                .map(Message::Subscribe)
+                .map_err(|e| {
+                    // The bound's own error, as serde_json reports it (a position after it).
+                    if e.to_string()
+                        .starts_with(&MessageError::TooLarge.to_string())
+                    {
+                        MessageError::TooLarge
+                    } else {
+                        MessageError::Malformed {
+                            kind: "SubscriptionRequest",
+                            reason: e.to_string(),
+                        }
+                    }
+                });
         }
         super::json::check_value_count(text.as_bytes()).map_err(|_| MessageError::TooLarge)?;
         Message::parse(text)
@@ -615,7 +637,13 @@ mod tests {
             join,
             "stream names travel as sent"
         );
-        // Other spellings take the general path.
+        // Other spellings take the general path, a mixed one included.
+        let mixed =
+            r#"{"@type":"SubscriptionRequest","stream":"http://up/b/s","streamld:after":4}"#;
+        let Ok(Message::Subscribe(request)) = Message::parse_from_replica(mixed) else {
+            panic!()
+        };
+        assert_eq!(request.after, Some(4));
         let prefixed =
             r#"{"@type":"streamld:SubscriptionRequest","streamld:stream":"http://up/b/s"}"#;
         assert!(matches!(

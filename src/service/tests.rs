@@ -14,20 +14,47 @@ use crate::storage::{Engine, MemoryEngine, Recovered};
 
 /// A memory engine whose commits complete only when the test lets them.
 struct GatedEngine {
-    inner: MemoryEngine,
+    inner: Arc<MemoryEngine>,
     gate: Arc<Semaphore>,
+    /// Commits take effect only when the gate lets them through: until then the store holds
+    /// what it held before, as a storage engine's does while its writer is behind. Otherwise
+    /// they take effect at once and only their completion waits.
+    held: bool,
+}
+
+impl GatedEngine {
+    fn new(gate: Arc<Semaphore>) -> GatedEngine {
+        GatedEngine {
+            inner: Arc::new(MemoryEngine::new()),
+            gate,
+            held: false,
+        }
+    }
+
+    fn held(gate: Arc<Semaphore>) -> GatedEngine {
+        GatedEngine {
+            held: true,
+            ..GatedEngine::new(gate)
+        }
+    }
 }
 
 impl Engine for GatedEngine {
     fn commit(&self, changes: Vec<Change>) -> BoxFuture<'static, Result<(), StorageError>> {
-        let applied = self.inner.commit(changes);
         let gate = self.gate.clone();
+        // A memory engine's commit takes effect when called; a held one is called only later.
+        let commit = if self.held {
+            let inner = self.inner.clone();
+            async move { inner.commit(changes).await }.boxed()
+        } else {
+            self.inner.commit(changes)
+        };
         async move {
             gate.acquire()
                 .await
                 .map_err(|_| StorageError::Failed)?
                 .forget();
-            applied.await
+            commit.await
         }
         .boxed()
     }
@@ -73,10 +100,7 @@ fn create_text(name: &str) -> CreateRequest {
 #[tokio::test]
 async fn readers_see_an_append_only_once_it_is_durable() {
     let gate = Arc::new(Semaphore::new(1)); // lets the create through
-    let engine = Arc::new(GatedEngine {
-        inner: MemoryEngine::new(),
-        gate: gate.clone(),
-    });
+    let engine = Arc::new(GatedEngine::new(gate.clone()));
     let service = StreamService::open(engine, ServiceConfig::default()).unwrap();
     service.create(create_text("s")).await.unwrap();
 
@@ -119,10 +143,7 @@ async fn readers_see_an_append_only_once_it_is_durable() {
 #[tokio::test]
 async fn an_append_whose_requester_went_away_still_becomes_visible_once_durable() {
     let gate = Arc::new(Semaphore::new(1)); // lets the create through
-    let engine = Arc::new(GatedEngine {
-        inner: MemoryEngine::new(),
-        gate: gate.clone(),
-    });
+    let engine = Arc::new(GatedEngine::new(gate.clone()));
     let service = StreamService::open(engine, ServiceConfig::default()).unwrap();
     service.create(create_text("s")).await.unwrap();
     let stream = service.find("s", false).await.unwrap();
@@ -655,10 +676,7 @@ fn mirrored_state(retained_from: Offset, tail: Offset, snapshot: bool) -> Replic
 #[tokio::test]
 async fn a_mirror_rebuild_keeps_the_old_stream_readable_until_the_new_one_is_durable() {
     let gate = Arc::new(Semaphore::new(2)); // the mirror's creation and its first records
-    let engine = Arc::new(GatedEngine {
-        inner: MemoryEngine::new(),
-        gate: gate.clone(),
-    });
+    let engine = Arc::new(GatedEngine::new(gate.clone()));
     let service = StreamService::open(engine.clone(), ServiceConfig::default()).unwrap();
     let upstream = "http://upstream:1";
     let first = mirrored_state(Offset::START, Offset::START, false);
@@ -729,10 +747,7 @@ async fn a_mirror_rebuild_keeps_the_old_stream_readable_until_the_new_one_is_dur
 #[tokio::test]
 async fn a_new_mirror_is_made_in_one_commit_at_the_upstreams_retained_start_with_its_snapshot() {
     let gate = Arc::new(Semaphore::new(1)); // one commit, no more
-    let engine = Arc::new(GatedEngine {
-        inner: MemoryEngine::new(),
-        gate: gate.clone(),
-    });
+    let engine = Arc::new(GatedEngine::new(gate.clone()));
     let service = StreamService::open(engine.clone(), ServiceConfig::default()).unwrap();
     let retained = Offset::new(7, 40);
     let state = mirrored_state(retained, Offset::new(9, 50), true);
@@ -1129,10 +1144,7 @@ async fn only_accepted_reads_and_appends_renew_a_ttl() {
 #[tokio::test]
 async fn a_repeated_close_is_acknowledged_only_once_the_close_is_durable() {
     let gate = Arc::new(Semaphore::new(1)); // lets the create through
-    let engine = Arc::new(GatedEngine {
-        inner: MemoryEngine::new(),
-        gate: gate.clone(),
-    });
+    let engine = Arc::new(GatedEngine::new(gate.clone()));
     let service = StreamService::open(engine, ServiceConfig::default()).unwrap();
     service.create(create_text("s")).await.unwrap();
     let stream = service.find("s", false).await.unwrap();
@@ -1168,10 +1180,7 @@ async fn a_repeated_close_is_acknowledged_only_once_the_close_is_durable() {
 #[tokio::test]
 async fn a_refusal_reports_a_close_or_a_tail_only_once_it_is_durable() {
     let gate = Arc::new(Semaphore::new(2)); // lets the create and the first append through
-    let engine = Arc::new(GatedEngine {
-        inner: MemoryEngine::new(),
-        gate: gate.clone(),
-    });
+    let engine = Arc::new(GatedEngine::new(gate.clone()));
     let service = StreamService::open(engine, ServiceConfig::default()).unwrap();
     service.create(create_text("s")).await.unwrap();
     service.append("s", text("first")).await.unwrap();
@@ -1215,55 +1224,10 @@ async fn a_refusal_reports_a_close_or_a_tail_only_once_it_is_durable() {
     assert!(matches!(results[0], Err(StreamError::Closed { .. })));
 }
 
-/// A memory engine whose commits take effect only when the test lets them: until then the
-/// store holds what it held before, as a storage engine's does while its writer is behind.
-struct HeldEngine {
-    inner: Arc<MemoryEngine>,
-    gate: Arc<Semaphore>,
-}
-
-impl Engine for HeldEngine {
-    fn commit(&self, changes: Vec<Change>) -> BoxFuture<'static, Result<(), StorageError>> {
-        let (inner, gate) = (self.inner.clone(), self.gate.clone());
-        async move {
-            gate.acquire()
-                .await
-                .map_err(|_| StorageError::Failed)?
-                .forget();
-            inner.commit(changes).await
-        }
-        .boxed()
-    }
-
-    fn read(
-        &self,
-        id: StreamId,
-        from: u64,
-        until: u64,
-        max: usize,
-    ) -> BoxFuture<'static, Result<Vec<Record>, StorageError>> {
-        self.inner.read(id, from, until, max)
-    }
-
-    fn read_snapshot(
-        &self,
-        id: StreamId,
-    ) -> BoxFuture<'static, Result<Option<Bytes>, StorageError>> {
-        self.inner.read_snapshot(id)
-    }
-
-    fn recover(&self) -> Result<Recovered, StorageError> {
-        self.inner.recover()
-    }
-}
-
 #[tokio::test]
 async fn readers_see_a_new_snapshot_only_once_it_is_durable_and_only_with_its_own_blob() {
     let gate = Arc::new(Semaphore::new(3)); // the create, one append, the first snapshot
-    let engine = Arc::new(HeldEngine {
-        inner: Arc::new(MemoryEngine::new()),
-        gate: gate.clone(),
-    });
+    let engine = Arc::new(GatedEngine::held(gate.clone()));
     let service = StreamService::open(engine, ServiceConfig::default()).unwrap();
     service.create(create_text("s")).await.unwrap();
     let tail = service.append("s", text("one")).await.unwrap().tail;
