@@ -95,9 +95,7 @@ impl State {
     pub fn submit_meta_change(&mut self) {
         self.meta_submitted += 1;
     }
-}
 
-impl State {
     /// The deletion of the records below the retained offset, unless forks read through this
     /// stream: their history stays on disk (hidden from this stream's own readers by the
     /// retained offset) until the last of them goes, and is deleted then.
