@@ -196,7 +196,7 @@ async fn malformed_requests_get_4xx_and_change_nothing() {
     assert!(header(&response, "allow").unwrap().contains("POST"));
     // A method a route does not take is explained, in S2's error shape on S2's routes.
     for (method, path, allow) in [
-        (reqwest::Method::PUT, "/healthz", "GET"),
+        (reqwest::Method::DELETE, "/healthz", "GET"),
         (reqwest::Method::POST, "/metrics", "GET"),
         (reqwest::Method::DELETE, "/v1/basins", "GET"),
         (reqwest::Method::POST, "/v1/streams/x/records/tail", "GET"),
