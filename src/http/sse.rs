@@ -100,7 +100,7 @@ pub fn respond(app: &AppState, read: Read) -> Response {
             // Caught up: wait for the tail to move, with a keep-alive control event meanwhile.
             loop {
                 match tail.next(at).await {
-                    Wake::Moved(seen) if seen.removed || seen.soft_deleted => return,
+                    Wake::Moved(seen) if seen.deleted() => return,
                     Wake::Moved(_) => break,
                     Wake::Ended => return,
                     Wake::Idle => {

@@ -502,7 +502,7 @@ async fn pump(
     loop {
         let durable = *watch.borrow_and_update();
         // Deleted, for good or while forks still read through it: gone for the replica either way.
-        if durable.removed || durable.soft_deleted {
+        if durable.deleted() {
             return send(Message::Deleted(StreamDeleted {
                 stream: url.to_string(),
             }))
@@ -627,7 +627,7 @@ pub async fn sse(
         let mut next = after;
         loop {
             let durable = stream.durable();
-            if durable.removed || durable.soft_deleted {
+            if durable.deleted() {
                 return;
             }
             if next < durable.tail.seq {

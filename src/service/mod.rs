@@ -320,17 +320,8 @@ impl StreamService {
 
     /// Creates a stream, or confirms an identical one exists.
     pub async fn create(&self, request: CreateRequest) -> StreamResult<CreateOutcome> {
-        // A stream made here in a mirrored bucket, or under a mirrored stream's name, would be
-        // replaced by the mirror later, with whatever was written to it.
         if request.mirror.is_none() {
-            if let Some(bucket) = names::bucket_of(&request.name) {
-                self.bucket_writable(bucket)?;
-            }
-            if let Some(upstream) = self.config.mirrored_streams.get(&request.name) {
-                return Err(StreamError::Mirrored {
-                    upstream: upstream.clone(),
-                });
-            }
+            self.creatable(&request.name)?;
         }
         let plan = match &request.fork {
             Some(fork) => match self.plan_fork(fork).await {
@@ -567,6 +558,11 @@ impl StreamService {
             retained_from,
             ..StreamMeta::new(name, &requested.content_type)
         };
+        // A mirror starts with its upstream's snapshot; a fork of a trimmed stream with its
+        // source's.
+        let initial_snapshot = mirror
+            .and_then(|m| m.snapshot.as_ref())
+            .or(plan.and_then(|p| p.snapshot.as_ref()));
         meta.set_extra(MetaExtra {
             fork: plan.map(|p| ForkOrigin {
                 source_id: p.source.id,
@@ -579,10 +575,7 @@ impl StreamService {
             mirror_of: requested.mirror_of.clone(),
             s2_creation: requested.s2_creation.clone(),
             s2_config: requested.s2_config.clone(),
-            snapshot: mirror
-                .and_then(|m| m.snapshot.as_ref())
-                .or(plan.and_then(|p| p.snapshot.as_ref()))
-                .map(|(info, _)| info.clone()),
+            snapshot: initial_snapshot.map(|(info, _)| info.clone()),
             ..MetaExtra::default()
         });
         if let Some(plan) = plan {
@@ -629,10 +622,7 @@ impl StreamService {
         if !records.is_empty() {
             changes.push(Change::PutRecords(id, records));
         }
-        let snapshot = mirror
-            .and_then(|m| m.snapshot.as_ref())
-            .or(plan.and_then(|p| p.snapshot.as_ref()));
-        if let Some((_, blob)) = snapshot {
+        if let Some((_, blob)) = initial_snapshot {
             changes.push(Change::PutSnapshot(id, blob.clone()));
         }
         Ok((stream, changes))

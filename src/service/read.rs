@@ -335,8 +335,7 @@ impl TailWatch {
 
     /// Waits for the tail to move past `offset`, for an idle period to pass, or for the end.
     pub async fn next(&mut self, offset: Offset) -> Wake {
-        let moved =
-            |d: &Durable| d.tail.seq > offset.seq || d.closed || d.removed || d.soft_deleted;
+        let moved = |d: &Durable| d.tail.seq > offset.seq || d.closed || d.deleted();
         loop {
             // The tail first: a woken reader of a busy stream then returns without touching the
             // shutdown future or the timer. A reader whose tail keeps moving would never poll

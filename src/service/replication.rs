@@ -132,6 +132,21 @@ impl StreamService {
         }
     }
 
+    /// Refuses a stream created here under `key` when a mirror would later replace it, with
+    /// whatever was written to it: in a bucket mirrored whole, or as the stream a mirror of one
+    /// stream follows.
+    pub(super) fn creatable(&self, key: &str) -> StreamResult<()> {
+        if let Some(bucket) = names::bucket_of(key) {
+            self.bucket_writable(bucket)?;
+        }
+        match self.config.mirrored_streams.get(key) {
+            Some(upstream) => Err(StreamError::Mirrored {
+                upstream: upstream.clone(),
+            }),
+            None => Ok(()),
+        }
+    }
+
     /// Refuses changes to a bucket mirrored from another server (`--mirror-from`): its streams,
     /// their configuration and its own come from the upstream only.
     pub(super) fn bucket_writable(&self, bucket: &str) -> StreamResult<()> {

@@ -34,6 +34,13 @@ pub struct Durable {
     pub soft_deleted: bool,
 }
 
+impl Durable {
+    /// The stream is gone for its own readers: deleted for good, or kept only for its forks.
+    pub fn deleted(&self) -> bool {
+        self.removed || self.soft_deleted
+    }
+}
+
 /// A server holds one of these for every stream it has, most of them idle, so it is kept small:
 /// the name and content type are shared, rarely used state is allocated only when first used.
 pub struct Stream {
