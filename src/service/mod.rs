@@ -319,9 +319,12 @@ impl StreamService {
     }
 
     /// Creates a stream, or confirms an identical one exists.
-    pub async fn create(&self, request: CreateRequest) -> StreamResult<CreateOutcome> {
+    pub async fn create(&self, mut request: CreateRequest) -> StreamResult<CreateOutcome> {
         if request.mirror.is_none() {
             self.creatable(&request.name)?;
+            if request.s2_config.is_none() {
+                request.s2_config = self.basin_defaults(&request.name)?;
+            }
         }
         let plan = match &request.fork {
             Some(fork) => match self.plan_fork(fork).await {

@@ -127,6 +127,29 @@ impl StreamService {
         })
     }
 
+    /// What a stream created through another face than S2 takes from its bucket's basin
+    /// configuration: the basin's default stream configuration, when it has one. A basin that
+    /// seals its streams' bodies (`stream_cipher`) takes new streams only through S2, where the
+    /// client gives the key; Durable Streams would store them in the clear.
+    pub(super) fn basin_defaults(&self, name: &str) -> StreamResult<Option<Value>> {
+        let Some(bucket) = names::bucket_of(name) else {
+            return Ok(None);
+        };
+        let basin = match self.basin_config(bucket) {
+            Err(StreamError::BucketNotFound) => return Ok(None), // reported by the create
+            other => other?,
+        };
+        if basin.stream_cipher.is_some() {
+            return Err(StreamError::Conflict(
+                "the bucket's streams are encrypted (S2 stream_cipher): create them through S2",
+            ));
+        }
+        Ok(basin
+            .default_stream_config
+            .is_some()
+            .then(|| config_value(&StreamConfig::default().resolved_in(&basin))))
+    }
+
     /// Finds an S2 stream, creating it first when the basin says so for this operation.
     pub async fn s2_stream(
         &self,

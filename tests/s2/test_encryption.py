@@ -126,6 +126,16 @@ def test_a_fork_of_an_encrypted_stream_is_refused_never_a_copy_of_its_ciphertext
     assert c.head(fork).status_code == 404
 
 
+def test_durable_streams_create_in_an_encrypting_basin_is_409_never_a_clear_stream(c, cbasin):
+    # Durable Streams has no way to give the key: such a stream would hold S2 records in the
+    # clear in a basin whose streams are all meant to be sealed.
+    path = s2.ds_path(cbasin.name, "clear")
+    r = c.put(path, headers={"content-type": "application/octet-stream"}, content=b"secret")
+    assert r.status_code == 409, s2.describe(r)
+    assert "encrypted" in r.text
+    assert c.head(path).status_code == 404
+
+
 def test_stream_without_cipher_basin_needs_no_key(c):
     b = Basin.create(c)
     stream = b.create_stream()

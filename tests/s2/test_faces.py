@@ -93,6 +93,24 @@ def test_stream_created_on_durable_streams_is_appendable_through_s2(c, basin):
     assert s2.bodies(basin.records("ds-made", seq_num=0)) == ["initial", "+s2"]
 
 
+def test_stream_created_on_durable_streams_takes_the_basins_default_stream_config(c):
+    b = s2.Basin.create(c, config={"default_stream_config": {
+        "retention_policy": {"age": 3600}, "storage_class": "express"}})
+    ds_create(c, b.name, "ds-made", s2.TEXT)
+    config = b.stream_config("ds-made")
+    assert config["retention_policy"] == {"age": 3600}, config
+    assert config["storage_class"] == "express", config
+
+
+def test_fork_on_durable_streams_takes_the_basins_default_stream_config(c):
+    b = s2.Basin.create(c, config={"default_stream_config": {"retention_policy": {"age": 60}}})
+    ds_create(c, b.name, "source", s2.TEXT, body="x")
+    r = c.put(ds_path(b.name, "fork"), headers={"content-type": s2.TEXT,
+                                               "stream-forked-from": ds_path(b.name, "source")})
+    check(r, 201)
+    assert b.stream_config("fork")["retention_policy"] == {"age": 60}
+
+
 def test_text_stream_created_on_durable_streams_reads_through_s2(c, basin):
     ds_create(c, basin.name, "text", s2.TEXT, body="line one\n")
     ds_append(c, basin.name, "text", "line two\n", s2.TEXT)
