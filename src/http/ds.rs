@@ -314,7 +314,9 @@ async fn append(app: &AppState, name: &str, headers: &HeaderMap, body: Body) -> 
     let mut response = acknowledge(&ack, has_body);
     if ack.record_aware {
         advertise_records(&mut response);
-        set_record_range(&mut response, ack.records);
+        if let Some(records) = ack.records {
+            set_record_range(&mut response, records);
+        }
     }
     Ok(response)
 }

@@ -356,8 +356,9 @@ fn batch_results_json(results: &[StreamResult<AppendAck>]) -> String {
             // Offsets render as digits and `_`: nothing to escape.
             Ok(ack) => {
                 let _ = write!(out, r#"{{"status":204,"stream_next_offset":"{}""#, ack.tail);
-                if ack.record_aware {
-                    let (start, next) = ack.records;
+                if ack.record_aware
+                    && let Some((start, next)) = ack.records
+                {
                     let _ = write!(
                         out,
                         r#","stream_record_start":{start},"stream_record_next":{next}"#
@@ -425,7 +426,7 @@ mod tests {
             closed: false,
             producer: None,
             duplicate: false,
-            records: (2, 3),
+            records: Some((2, 3)),
             record_aware,
             timestamp_ms: 0,
         }

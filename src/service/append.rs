@@ -38,8 +38,9 @@ pub struct AppendAck {
     pub producer: Option<(u64, u64)>,
     /// Nothing was written: the request repeated one already applied.
     pub duplicate: bool,
-    /// Records `[start, next)` this append created (for a duplicate, the original's).
-    pub records: (u64, u64),
+    /// Records `[start, next)` this append created; for a duplicate the original's, or `None`
+    /// when it is older than the appends its producer's state remembers.
+    pub records: Option<(u64, u64)>,
     /// The stream is a JSON stream, so `records` are record coordinates worth reporting.
     pub record_aware: bool,
     /// The timestamp of the stream's last record after this append.
@@ -364,7 +365,7 @@ fn decide(
             closed: true,
             producer: request.producer.as_ref().map(|c| (c.epoch, c.seq)),
             duplicate: true,
-            records,
+            records: Some(records),
             record_aware: stream.json,
             timestamp_ms: state.meta.last_timestamp_ms,
         };
@@ -391,8 +392,7 @@ fn decide(
         let records = state
             .producers
             .get(&claim.id)
-            .and_then(|p| p.records_of(claim.seq))
-            .unwrap_or((tail.seq, tail.seq));
+            .and_then(|p| p.records_of(claim.seq));
         let ack = AppendAck {
             tail,
             closed: false,
@@ -405,7 +405,7 @@ fn decide(
         return Ok(Decision::Acknowledge {
             ack,
             awaited: Awaited {
-                seq: records.1,
+                seq: records.map_or(tail.seq, |(_, next)| next),
                 closed: false,
             },
         });
@@ -476,7 +476,7 @@ fn decide(
         closed: request.close,
         producer: request.producer.as_ref().map(|c| (c.epoch, c.seq)),
         duplicate: false,
-        records: range,
+        records: Some(range),
         record_aware: stream.json,
         timestamp_ms: state.meta.last_timestamp_ms,
     };

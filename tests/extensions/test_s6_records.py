@@ -166,6 +166,21 @@ def test_s6_3_deduplicated_retry_of_an_older_request_returns_its_range(c, surfac
     assert first_next(c, path) == (0, 3)
 
 
+def test_s6_3_deduplicated_retry_older_than_the_remembered_appends_reports_no_range(c, surface):
+    # Runnel remembers each producer's last 16 appends. An older retry is still deduplicated,
+    # but its range is forgotten: no range is better than a wrong one.
+    path = surface()
+    jstream(c, path)
+    for seq in range(20):
+        assert acked_range(producer_post(c, path, seq, str(seq))) == (seq, seq + 1)
+    retry = producer_post(c, path, 0, "0")
+    assert retry.status_code == 204
+    assert "stream-record-start" not in retry.headers
+    assert "stream-record-next" not in retry.headers
+    assert acked_range(producer_post(c, path, 10, "10")) == (10, 11)
+    assert first_next(c, path) == (0, 20)
+
+
 def test_s6_3_concurrent_appenders_get_disjoint_ranges_in_commit_order(c, bucket):
     path = spath(bucket, "j")
     jstream(c, path)
