@@ -245,7 +245,7 @@ async fn recovery_restores_forks_soft_deletes_and_producers() {
     );
     assert_eq!(
         retry.records,
-        (0, 1),
+        Some((0, 1)),
         "and acknowledged with the original record range"
     );
 
