@@ -690,3 +690,64 @@ async fn ensuring_an_existing_s2_stream_needs_reconfigure_not_just_create() {
     );
     assert_eq!(ensure("/v1/streams/fresh").await.status(), 201);
 }
+
+#[tokio::test]
+async fn a_bucket_description_counts_only_the_streams_the_token_covers() {
+    let server = auth_server(&[]);
+    setup(&server).await;
+    for name in ["pub-one", "pub-two", "private"] {
+        let r = client()
+            .put(server.url(&format!("/team-alpha/{name}")))
+            .bearer_auth(OPERATOR)
+            .header("content-type", "text/plain")
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 201);
+    }
+    let narrow = issued(
+        &server,
+        "narrow",
+        json!({
+            "basins": {"exact": "team-alpha"},
+            "streams": {"prefix": "pub-"},
+            "op_groups": {"stream": {"read": true}, "basin": {"read": true}}
+        }),
+    )
+    .await;
+    let count = |token: String| {
+        let server = &server;
+        async move {
+            let r = send(
+                server,
+                reqwest::Method::GET,
+                "/team-alpha",
+                Some(&token),
+                &[],
+                None,
+            )
+            .await;
+            assert_eq!(r.status(), 200);
+            json_of(r).await["streams"].clone()
+        }
+    };
+    assert_eq!(count(OPERATOR.to_string()).await, 4);
+    assert_eq!(
+        count(narrow.clone()).await,
+        2,
+        "events and private are out of scope"
+    );
+    let listing = json_of(
+        send(
+            &server,
+            reqwest::Method::GET,
+            "/team-alpha/streams",
+            Some(&narrow),
+            &[],
+            None,
+        )
+        .await,
+    )
+    .await;
+    assert_eq!(listing["stream_count"], 2, "the listing agrees");
+}

@@ -28,6 +28,7 @@ pub async fn bucket(
     method: Method,
     uri: Uri,
     origin: Origin,
+    Extension(principal): Extension<Arc<Principal>>,
 ) -> Response {
     let result = async {
         names::validate_bucket_id(&bucket).map_err(|e| Rejection::bad_request(e.to_string()))?;
@@ -38,7 +39,10 @@ pub async fn bucket(
             }
             Method::GET | Method::HEAD => {
                 let info = app.service.bucket_info(&bucket)?;
-                let streams = app.service.bucket_stream_count(&bucket)?;
+                let scope = &principal.scope;
+                let streams = app
+                    .service
+                    .bucket_stream_count(&bucket, |id| scope.covers_stream(&bucket, id))?;
                 let body = json!({
                     "bucket_id": bucket,
                     "streams": streams,

@@ -96,8 +96,14 @@ impl StreamService {
             .ok_or(StreamError::BucketNotFound)?)
     }
 
-    /// How many of the bucket's streams clients can see. It looks at every one of them.
-    pub fn bucket_stream_count(&self, bucket: &str) -> StreamResult<usize> {
+    /// How many of the bucket's streams the caller can see: those whose id is `shown` (its
+    /// scope), not deleted, not expired. It looks at every one of them.
+    pub fn bucket_stream_count(
+        &self,
+        bucket: &str,
+        shown: impl Fn(&str) -> bool,
+    ) -> StreamResult<usize> {
+        let key_prefix = bucket_prefix(bucket);
         let members = {
             let registry = self.lock_registry();
             if !registry.buckets.contains_key(bucket) {
@@ -106,7 +112,10 @@ impl StreamService {
             members(&registry, bucket)
         };
         let now = now_ms();
-        Ok(members.iter().filter(|s| visible(s, now)).count())
+        Ok(members
+            .iter()
+            .filter(|s| shown(&s.name[key_prefix.len()..]) && visible(s, now))
+            .count())
     }
 
     /// Deletes an empty bucket. Streams kept only for their forks still count: their data lives on.
