@@ -140,14 +140,20 @@ pub fn method_not_allowed() -> Response {
 }
 
 /// Resolves `Stream-Forked-From` (a stream's path on this server, or an absolute URL to it) to
-/// the stream's key.
-fn fork_source_key(value: &str) -> Result<String, Rejection> {
+/// the stream's key. A URL naming another server is refused: a fork's source must be here.
+fn fork_source_key(value: &str, here: &Origin) -> Result<String, Rejection> {
     let path = match value.find("://") {
-        Some(scheme_end) => {
+        Some(scheme_end) if !value.starts_with('/') => {
+            if !here.addresses(value) {
+                return Err(Rejection::bad_request(
+                    "Stream-Forked-From names a stream on another server: a fork's source \
+                     must be a stream of this server",
+                ));
+            }
             let after = &value[scheme_end + 3..];
             after.find('/').map_or("", |slash| &after[slash..])
         }
-        None => value,
+        _ => value,
     };
     let path = path.split(['?', '#']).next().unwrap_or_default();
     let decoded = names::decode_path(path)
@@ -202,7 +208,7 @@ async fn create(
                 )
                 .into());
             }
-            let source = fork_source_key(source)?;
+            let source = fork_source_key(source, &Origin::of(headers, uri, extensions))?;
             // A fork reads its source: the caller must be allowed to (403 before the source is
             // looked up, so the answer says nothing of whether it exists).
             if !super::auth::may_read(extensions, &source) {

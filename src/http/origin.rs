@@ -42,6 +42,27 @@ impl Origin {
         format!("{scheme}://{}", self.authority)
     }
 
+    /// Whether `url` (absolute) points at this server as the request addressed it: the same
+    /// host (case aside) and port, a missing port being its scheme's default. The scheme itself
+    /// is not compared, as a proxy in front may end TLS.
+    pub fn addresses(&self, url: &str) -> bool {
+        let Ok(url) = url.parse::<Uri>() else {
+            return false;
+        };
+        let (Some(theirs), Ok(ours)) = (url.authority(), self.authority.parse::<Authority>())
+        else {
+            return false;
+        };
+        let their_default = if url.scheme_str() == Some("https") {
+            443
+        } else {
+            80
+        };
+        let our_default = if self.secure { 443 } else { 80 };
+        theirs.host().eq_ignore_ascii_case(ours.host())
+            && theirs.port_u16().unwrap_or(their_default) == ours.port_u16().unwrap_or(our_default)
+    }
+
     /// `ws://authority`, or `wss://` over TLS.
     pub fn websocket(&self) -> String {
         let scheme = if self.secure { "wss" } else { "ws" };
@@ -87,6 +108,20 @@ mod tests {
             "http://localhost",
             "a malformed Host is not echoed"
         );
+    }
+
+    #[test]
+    fn a_url_addresses_this_server_by_host_and_port_whatever_its_scheme() {
+        let o = origin(Some("Streams.example:8080"), "/x", false);
+        assert!(o.addresses("http://streams.example:8080/v1/stream/a"));
+        assert!(o.addresses("https://STREAMS.example:8080/a"));
+        assert!(!o.addresses("http://streams.example/a"), "port 80");
+        assert!(!o.addresses("http://other.example:8080/a"));
+        assert!(!o.addresses("not a url"));
+        let o = origin(Some("streams.example"), "/x", true);
+        assert!(o.addresses("https://streams.example:443/a"));
+        assert!(o.addresses("https://streams.example/a"));
+        assert!(!o.addresses("http://streams.example/a"), "port 80, not 443");
     }
 
     #[test]

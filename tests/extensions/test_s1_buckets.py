@@ -489,6 +489,22 @@ def test_s1_6_fork_from_a_bucketed_stream(c, bucket):
     assert c.get(f"/{bucket}").json()["streams"] == 3
 
 
+def test_s1_6_fork_source_as_an_absolute_url_must_name_this_server(c, bucket):
+    create_stream(c, spath(bucket, "src"), TEXT, body=b"here")
+    here = str(c.base_url).rstrip("/")
+    create_stream(c, spath(bucket, "fork"), None,
+                  headers={"Stream-Forked-From": f"{here}/{bucket}/src"})
+    assert read_bytes(c, spath(bucket, "fork")) == b"here"
+    # The same path on another host is not this stream: never fork the local one instead.
+    for elsewhere in [f"http://elsewhere.example/{bucket}/src",
+                      f"{here.rsplit(':', 1)[0]}:1/{bucket}/src"]:
+        r = c.put(spath(bucket, "wrong"), headers={"Content-Type": TEXT,
+                                                   "Stream-Forked-From": elsewhere})
+        check(r, 400)
+        assert "another server" in r.text
+    check(c.head(spath(bucket, "wrong")), 404)
+
+
 def test_s1_6_fork_across_buckets(c, bucket):
     other = create_bucket(c)
     create_stream(c, spath(bucket, "src"), OCTET, body=b"\x00\x01")
