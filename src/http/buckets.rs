@@ -60,7 +60,9 @@ pub async fn bucket(
                 Ok(empty(StatusCode::NO_CONTENT))
             }
             Method::OPTIONS => Ok(ds::preflight()),
-            _ => Ok(not_allowed(BUCKET_METHODS)),
+            _ => Ok(super::method_not_allowed(HeaderValue::from_static(
+                BUCKET_METHODS,
+            ))),
         }
     };
     result
@@ -144,12 +146,4 @@ fn list(app: &AppState, principal: &Principal, bucket: &str, query: Option<&str>
 
 pub fn json_response(status: StatusCode, body: String) -> Response {
     (status, [(header::CONTENT_TYPE, "application/json")], body).into_response()
-}
-
-fn not_allowed(methods: &'static str) -> Response {
-    let mut response = text_error(StatusCode::METHOD_NOT_ALLOWED, "method not allowed here");
-    response
-        .headers_mut()
-        .insert(header::ALLOW, HeaderValue::from_static(methods));
-    response
 }

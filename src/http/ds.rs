@@ -95,7 +95,9 @@ pub async fn stream_request(app: &AppState, key: String, request: Request) -> Re
         Method::HEAD => Box::pin(head(app, &key)).await,
         Method::DELETE => Box::pin(delete(app, &key)).await,
         Method::OPTIONS => Ok(preflight()),
-        _ => Ok(method_not_allowed()),
+        _ => Ok(super::method_not_allowed(HeaderValue::from_static(
+            ALLOWED_METHODS,
+        ))),
     };
     let mut response = result.unwrap_or_else(|failure| failure.into_response_at(uri));
     if advertise && response.status().is_success() {
@@ -125,17 +127,6 @@ pub fn preflight() -> Response {
         header::ACCESS_CONTROL_MAX_AGE,
         HeaderValue::from_static("86400"),
     );
-    response
-}
-
-pub fn method_not_allowed() -> Response {
-    let mut response = text_error(
-        StatusCode::METHOD_NOT_ALLOWED,
-        "method not allowed on a stream",
-    );
-    response
-        .headers_mut()
-        .insert(header::ALLOW, HeaderValue::from_static(ALLOWED_METHODS));
     response
 }
 

@@ -10,7 +10,7 @@ use bytes::Bytes;
 use serde_json::json;
 
 use super::buckets::json_response;
-use super::ds::{advertise_records, method_not_allowed, set_record_bounds};
+use super::ds::{self, advertise_records, set_record_bounds};
 use super::error::{self, Failure, Handled, empty, set};
 use super::gather::Gather;
 use super::header_names;
@@ -59,18 +59,36 @@ pub async fn extension(
                 Ok(super::streamld::sse(&app, &key, &origin.http(), after.unwrap_or(0)).await?)
             }
             ("attrs", Method::PUT) => write_attrs(&app, &key, &headers, body).await,
-            ("snapshot" | "retention" | "bootstrap" | "append-batch" | "attrs" | "streamld", _) => {
-                Ok(method_not_allowed())
-            }
-            _ => Ok(text_error(
-                StatusCode::NOT_FOUND,
-                "no such stream extension",
-            )),
+            (extension, method) => Ok(other_method(extension, false, &method)),
         }
     };
     result
         .await
         .unwrap_or_else(|failure: Failure| failure.into_response_at(&uri))
+}
+
+/// The methods an extension's route takes, at `/{extension}` or at `/{extension}/{offset}`;
+/// `None` for a route that does not exist.
+fn allowed_methods(extension: &str, at_offset: bool) -> Option<&'static str> {
+    Some(match (extension, at_offset) {
+        ("snapshot", false) => "GET, HEAD, PUT, OPTIONS",
+        ("snapshot", true) => "GET, HEAD, PUT, DELETE, OPTIONS",
+        ("retention", _) => "PUT, OPTIONS",
+        ("bootstrap" | "streamld", false) => "GET, OPTIONS",
+        ("append-batch", false) => "POST, OPTIONS",
+        ("attrs", false) => "GET, PUT, OPTIONS",
+        _ => return None,
+    })
+}
+
+/// The answer to a method an extension's handlers do not take: a CORS preflight, 405 with the
+/// route's methods, or 404 for no such route.
+fn other_method(extension: &str, at_offset: bool, method: &Method) -> Response {
+    match allowed_methods(extension, at_offset) {
+        Some(_) if method == Method::OPTIONS => ds::preflight(),
+        Some(allowed) => super::method_not_allowed(HeaderValue::from_static(allowed)),
+        None => text_error(StatusCode::NOT_FOUND, "no such stream extension"),
+    }
 }
 
 /// `/{bucket}/{stream}/{extension}/{offset}`
@@ -98,11 +116,7 @@ pub async fn extension_at(
                 Ok(empty(StatusCode::NO_CONTENT))
             }
             ("retention", Method::PUT) => set_retention(&app, &key, Position::Offset(at)).await,
-            ("snapshot" | "retention", _) => Ok(method_not_allowed()),
-            _ => Ok(text_error(
-                StatusCode::NOT_FOUND,
-                "no such stream extension",
-            )),
+            (extension, method) => Ok(other_method(extension, true, &method)),
         }
     };
     result

@@ -291,7 +291,6 @@ fn sent_body(request: &Request) -> bool {
         || request.headers().contains_key(header::TRANSFER_ENCODING)
 }
 
-/// Headers every response carries: browser security headers and CORS.
 /// axum's routers answer a method a route does not take with a bare 405 (an `Allow` header and
 /// no body): give it a reason, in S2's error shape on S2's routes.
 fn explain_method_not_allowed(response: &mut Response, s2_route: bool) {
@@ -300,16 +299,19 @@ fn explain_method_not_allowed(response: &mut Response, s2_route: bool) {
         return;
     }
     let allow = response.headers_mut().remove(header::ALLOW);
-    *response = if s2_route {
-        s2::method_not_allowed_response()
-    } else {
-        text_error(StatusCode::METHOD_NOT_ALLOWED, "method not allowed")
+    *response = match allow {
+        Some(allow) if !s2_route => method_not_allowed(allow),
+        allow => {
+            let mut explained = s2::method_not_allowed_response();
+            if let Some(allow) = allow {
+                explained.headers_mut().insert(header::ALLOW, allow);
+            }
+            explained
+        }
     };
-    if let Some(allow) = allow {
-        response.headers_mut().insert(header::ALLOW, allow);
-    }
 }
 
+/// Headers every response carries: browser security headers and CORS.
 fn add_common_headers(response: &mut Response, sent_body: bool) {
     let rejected = response.status().is_client_error() || response.status().is_server_error();
     let headers = response.headers_mut();
@@ -344,6 +346,18 @@ pub(crate) fn refusal(path: &str, status: StatusCode, code: &str, reason: &str) 
     } else {
         text_error(status, reason)
     }
+}
+
+/// 405 for a method the resource does not take, with the ones it does in `Allow` and in the
+/// reason.
+pub(crate) fn method_not_allowed(allow: HeaderValue) -> Response {
+    let reason = format!(
+        "method not allowed here (allowed: {})",
+        allow.to_str().unwrap_or_default()
+    );
+    let mut response = text_error(StatusCode::METHOD_NOT_ALLOWED, &reason);
+    response.headers_mut().insert(header::ALLOW, allow);
+    response
 }
 
 /// A plain-text error response with a short reason.

@@ -536,3 +536,30 @@ def test_s1_6_fork_from_missing_source_is_404(c, bucket):
     check(c.put(spath(bucket, "fork2"), headers={
         "Content-Type": OCTET, "Stream-Forked-From": f"/{unique('b')}/nope"}), 404)
     check(c.head(spath(bucket, "fork")), 404)
+
+
+@pytest.mark.parametrize("route,method,allowed", [
+    ("bootstrap", "DELETE", "GET, OPTIONS"),
+    ("append-batch", "GET", "POST, OPTIONS"),
+    ("attrs", "POST", "GET, PUT, OPTIONS"),
+    ("retention", "GET", "PUT, OPTIONS"),
+    ("snapshot", "DELETE", "GET, HEAD, PUT, OPTIONS"),
+    ("snapshot/0000000000000000_0000000000000000", "POST", "GET, HEAD, PUT, DELETE, OPTIONS"),
+])
+def test_s1_extension_routes_answer_other_methods_with_405_and_their_own_allow(
+        c, bucket, route, method, allowed):
+    create_stream(c, spath(bucket, "s"), TEXT, body=b"x")
+    r = c.request(method, f"{spath(bucket, 's')}/{route}")
+    check(r, 405)
+    assert r.headers["allow"] == allowed
+    assert allowed in r.text
+
+
+@pytest.mark.parametrize("route", ["attrs", "append-batch", "snapshot", "snapshot/0000000000000000_0000000000000000",
+                                   "retention", "bootstrap", "streamld"])
+def test_s1_extension_routes_answer_cors_preflights(c, bucket, route):
+    create_stream(c, spath(bucket, "s"), TEXT, body=b"x")
+    r = c.options(f"{spath(bucket, 's')}/{route}", headers={
+        "Origin": "https://app.example", "Access-Control-Request-Method": "PUT"})
+    assert r.status_code in (200, 204), r.text
+    assert "PUT" in r.headers["access-control-allow-methods"]
