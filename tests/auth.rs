@@ -498,6 +498,80 @@ async fn requests_over_the_rate_limit_get_429_with_retry_after() {
     assert!(header(&limited, "retry-after").is_some());
 }
 
+/// Requests sent round-robin with `tokens` until the first 429: how many were answered 200.
+async fn answered_before_the_limit(server: &Server, tokens: &[String], path: &str) -> usize {
+    for sent in 0..200 {
+        let token = &tokens[sent % tokens.len()];
+        let r = send(server, reqwest::Method::GET, path, Some(token), &[], None).await;
+        if r.status() == 429 {
+            assert!(header(&r, "retry-after").is_some());
+            return sent;
+        }
+        assert!(matches!(r.status().as_u16(), 200 | 401), "{}", r.status());
+    }
+    panic!("no 429 within 200 requests");
+}
+
+#[tokio::test]
+async fn tokens_issued_by_a_token_share_its_rate_budget_and_invalid_tokens_share_one() {
+    let server = auth_server(&["--rate-limit", "20"]);
+    setup(&server).await;
+    let parent = issued(
+        &server,
+        "team-alpha-admin",
+        json!({
+            "basins": {"exact": "team-alpha"}, "streams": {"prefix": ""},
+            "access_tokens": {"prefix": "team-alpha-"},
+            "op_groups": {"stream": {"read": true}}, "ops": ["issue-access-token"]
+        }),
+    )
+    .await;
+    let mut tokens = vec![parent.clone()];
+    for child in ["team-alpha-1", "team-alpha-2", "team-alpha-3"] {
+        let r = issue(
+            &server,
+            &parent,
+            child,
+            json!({"basins": {"exact": "team-alpha"}, "streams": {"prefix": ""}, "op_groups": {"stream": {"read": true}}}),
+            None,
+        )
+        .await;
+        assert_eq!(r.status(), 201);
+        tokens.push(
+            json_of(r).await["access_token"]
+                .as_str()
+                .unwrap()
+                .to_string(),
+        );
+    }
+    // One budget of 20 (3 spent issuing) for the four: separate budgets would answer about 70.
+    let answered =
+        answered_before_the_limit(&server, &tokens, "/team-alpha/events?offset=-1").await;
+    assert!(
+        answered < 40,
+        "{answered} requests answered before the first 429"
+    );
+
+    let guesses: Vec<String> = (0..4).map(|i| format!("rnl_guess{i}")).collect();
+    let answered =
+        answered_before_the_limit(&server, &guesses, "/team-alpha/events?offset=-1").await;
+    assert!(
+        answered < 40,
+        "{answered} guesses answered before the first 429"
+    );
+    // The operator's budget is its own.
+    let r = send(
+        &server,
+        reqwest::Method::GET,
+        "/v1/basins",
+        Some(OPERATOR),
+        &[],
+        None,
+    )
+    .await;
+    assert_eq!(r.status(), 200);
+}
+
 #[tokio::test]
 async fn tokens_survive_a_restart() {
     let dir = tempfile::tempdir().unwrap();

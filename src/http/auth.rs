@@ -65,6 +65,39 @@ impl RateLimiter {
     }
 }
 
+/// The request budget the operator token spends. Token ids are 1 to 96 printable ASCII
+/// characters, so neither this nor [`INVALID_TOKENS_BUDGET`] is one.
+const OPERATOR_BUDGET: &str = "";
+/// The request budget every request with an unknown or expired token spends.
+const INVALID_TOKENS_BUDGET: &str = "\0invalid";
+
+/// Takes a request from `budget` under `--rate-limit`; `Err` is the 429 to send when it is
+/// spent.
+fn within_rate(auth: &AuthConfig, budget: &str, path: &str) -> Result<(), Box<Response>> {
+    let Some(rate) = auth.rate_limit else {
+        return Ok(());
+    };
+    let Err(wait) = auth.limiter.take(budget, rate) else {
+        return Ok(());
+    };
+    let whose = if budget == INVALID_TOKENS_BUDGET {
+        "for invalid tokens"
+    } else {
+        "for this token and the tokens issued under it"
+    };
+    let mut response = refusal(
+        path,
+        StatusCode::TOO_MANY_REQUESTS,
+        "rate_limited",
+        &format!("over {rate} requests per second {whose}"),
+    );
+    let seconds = wait.as_secs().max(1).to_string();
+    if let Ok(value) = HeaderValue::from_str(&seconds) {
+        response.headers_mut().insert(header::RETRY_AFTER, value);
+    }
+    Err(Box::new(response))
+}
+
 /// What a request asks to do.
 #[derive(Debug, PartialEq, Eq)]
 enum Access {
@@ -279,6 +312,8 @@ pub fn authorize(app: &AppState, request: &mut Request) -> Result<(), Box<Respon
         match app.service.authenticate(secret) {
             Ok(principal) => Arc::new(principal),
             Err(e @ (TokenError::Unknown | TokenError::Expired)) => {
+                // Guesses share one budget, so they cannot be made at any rate.
+                within_rate(auth, INVALID_TOKENS_BUDGET, &path)?;
                 return Err(Box::new(refusal(
                     &path,
                     StatusCode::UNAUTHORIZED,
@@ -288,22 +323,11 @@ pub fn authorize(app: &AppState, request: &mut Request) -> Result<(), Box<Respon
             }
         }
     };
-    if let Some(rate) = auth.rate_limit {
-        let key = principal.token_id.as_deref().unwrap_or("");
-        if let Err(wait) = auth.limiter.take(key, rate) {
-            let mut response = refusal(
-                &path,
-                StatusCode::TOO_MANY_REQUESTS,
-                "rate_limited",
-                &format!("over {rate} requests per second for this token"),
-            );
-            let seconds = wait.as_secs().max(1).to_string();
-            if let Ok(value) = HeaderValue::from_str(&seconds) {
-                response.headers_mut().insert(header::RETRY_AFTER, value);
-            }
-            return Err(Box::new(response));
-        }
-    }
+    within_rate(
+        auth,
+        principal.rate_budget.as_deref().unwrap_or(OPERATOR_BUDGET),
+        &path,
+    )?;
     if let Access::Operation(op, target) = &access
         && !principal.scope.allows(*op, target.resource())
     {

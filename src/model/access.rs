@@ -277,6 +277,11 @@ pub struct TokenRecord {
     pub expires_ms: Option<i64>,
     pub scope: Scope,
     pub created_ms: i64,
+    /// The token whose request budget (`--rate-limit`) this one spends: the token the operator
+    /// issued at the head of its chain of issuers. None for a token the operator issued, which
+    /// spends its own; so issuing tokens cannot multiply a holder's budget.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rate_budget: Option<String>,
 }
 
 /// The hex SHA-256 digest of a secret (tokens are stored and looked up by it).

@@ -49,6 +49,9 @@ pub struct Principal {
     pub expires_ms: Option<i64>,
     /// Cancelled when the token is revoked (never, for the operator).
     pub revoked: CancellationToken,
+    /// The token whose request budget this principal spends ([`TokenRecord::rate_budget`]);
+    /// `None` for the operator.
+    pub rate_budget: Option<String>,
 }
 
 impl Principal {
@@ -58,6 +61,7 @@ impl Principal {
             scope: Scope::everything(),
             expires_ms: None,
             revoked: CancellationToken::new(),
+            rate_budget: None,
         }
     }
 
@@ -118,6 +122,12 @@ impl StreamService {
             scope: token.scope.clone(),
             expires_ms: token.expires_ms,
             revoked,
+            rate_budget: Some(
+                token
+                    .rate_budget
+                    .clone()
+                    .unwrap_or_else(|| token.id.clone()),
+            ),
         })
     }
 
@@ -154,6 +164,7 @@ impl StreamService {
             expires_ms: request.expires_ms,
             scope: request.scope,
             created_ms: now_ms(),
+            rate_budget: issuer.rate_budget.clone(),
         };
         let commit = {
             let mut tokens = self.lock_tokens();
@@ -274,6 +285,7 @@ mod tests {
             scope: reader_of("logs"),
             expires_ms: None,
             revoked: CancellationToken::new(),
+            rate_budget: Some("narrow".into()),
         };
         let wider = IssueToken {
             id: "wider".into(),
