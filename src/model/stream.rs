@@ -62,6 +62,9 @@ pub struct MetaExtra {
     /// The S2 create request that made the stream ([`crate::model::s2::creation_key`]), so a
     /// retry of that request succeeds instead of finding the stream already there.
     pub s2_creation: Option<String>,
+    /// The point of an S2 trim command that is durable but not yet applied: stored with the
+    /// command's record, so a crash in between cannot keep the record and lose its effect.
+    pub pending_trim: Option<u64>,
 }
 
 /// What a stream without extra metadata reads as.
@@ -77,6 +80,7 @@ static NO_EXTRA: MetaExtra = MetaExtra {
     key_fingerprint: None,
     mirror_of: None,
     s2_creation: None,
+    pending_trim: None,
 };
 
 impl MetaExtra {
@@ -145,6 +149,8 @@ struct Stored<'a> {
     mirror_of: Option<Cow<'a, str>>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     s2_creation: Option<Cow<'a, str>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pending_trim: Option<u64>,
 }
 
 fn is_start(offset: &Offset) -> bool {
@@ -176,6 +182,7 @@ impl Serialize for StreamMeta {
             key_fingerprint: extra.key_fingerprint.as_deref().map(Cow::Borrowed),
             mirror_of: extra.mirror_of.as_deref().map(Cow::Borrowed),
             s2_creation: extra.s2_creation.as_deref().map(Cow::Borrowed),
+            pending_trim: extra.pending_trim,
         }
         .serialize(serializer)
     }
@@ -196,6 +203,7 @@ impl<'de> Deserialize<'de> for StreamMeta {
             key_fingerprint: stored.key_fingerprint.map(Cow::into_owned),
             mirror_of: stored.mirror_of.map(Cow::into_owned),
             s2_creation: stored.s2_creation.map(Cow::into_owned),
+            pending_trim: stored.pending_trim,
         };
         let mut meta = StreamMeta {
             name: Arc::from(stored.name.as_ref()),

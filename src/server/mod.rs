@@ -64,6 +64,8 @@ pub async fn serve(settings: Settings) -> anyhow::Result<()> {
     if let Some(path) = &settings.init_file {
         provision::apply_file(&service, path).await?;
     }
+    // Before any request: a trim command stored just before a crash takes effect first.
+    service.settle_pending_trims().await;
 
     let sweeper = service.clone();
     tokio::spawn(async move {

@@ -450,9 +450,14 @@ impl StreamService {
             ) {
                 Ok((ack, records, trim)) => {
                     stream.renew_locked(&mut state);
-                    let fenced = records.iter().any(|r| r.command);
+                    if let Some(point) = trim {
+                        let pending = &mut state.meta.extra_mut().pending_trim;
+                        *pending = Some(pending.map_or(point, |p| p.max(point)));
+                    }
+                    // A command's effect (the fencing token, the pending trim) is stored with it.
+                    let commanded = records.iter().any(|r| r.command);
                     let commit =
-                        self.submit(stream, &mut state, records, std::iter::empty(), fenced);
+                        self.submit(stream, &mut state, records, std::iter::empty(), commanded);
                     Ok((ack, trim, commit))
                 }
                 Err(error) => Err((error, Awaited::seen(&state))),
@@ -533,6 +538,7 @@ impl StreamService {
                 })
                 .collect()
         };
+        self.settle_pending_trims().await;
         self.enforce_retention_ages(&configured).await;
         self.delete_empty_streams(&configured).await;
     }
@@ -626,13 +632,47 @@ impl StreamService {
     /// Moves the stream's first record to `seq` (an S2 trim): older records are gone.
     pub(super) async fn trim(&self, stream: &Arc<Stream>, seq: u64) -> StreamResult<()> {
         let durable = stream.durable();
-        if seq <= durable.first.seq {
-            return Ok(());
+        if seq > durable.first.seq {
+            let at = self
+                .record_offset(stream, seq.min(durable.tail.seq), durable.tail)
+                .await?;
+            self.move_retention(stream, at).await?;
         }
-        let at = self
-            .record_offset(stream, seq.min(durable.tail.seq), durable.tail)
-            .await?;
-        self.move_retention(stream, at).await
+        self.settle_trim(stream, seq).await
+    }
+
+    /// Forgets a pending trim command that a trim to `seq` has carried out.
+    async fn settle_trim(&self, stream: &Arc<Stream>, seq: u64) -> StreamResult<()> {
+        let commit = {
+            let mut state = stream.lock_present()?;
+            if !state.meta.extra().pending_trim.is_some_and(|p| p <= seq) {
+                return Ok(());
+            }
+            state.meta.extra_mut().pending_trim = None;
+            self.engine.commit(vec![Change::PutStream(
+                stream.id,
+                Box::new(state.meta.clone()),
+            )])
+        };
+        Ok(commit.await?)
+    }
+
+    /// Carries out the trim commands that were stored but not applied (the server stopped in
+    /// between, or applying them failed).
+    pub async fn settle_pending_trims(&self) {
+        let pending: Vec<(Arc<Stream>, u64)> = {
+            let registry = self.lock_registry();
+            registry
+                .streams
+                .values()
+                .filter_map(|s| Some((s.clone(), s.lock().meta.extra().pending_trim?)))
+                .collect()
+        };
+        for (stream, seq) in pending {
+            if let Err(e) = self.trim(&stream, seq).await {
+                tracing::warn!(stream = %stream.name, error = %e, "applying a trim command failed");
+            }
+        }
     }
 
     /// Where an S2 read starts, as a sequence number; 416 (`BeyondTail`) past the tail unless

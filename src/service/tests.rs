@@ -1276,3 +1276,70 @@ async fn readers_see_a_new_snapshot_only_once_it_is_durable_and_only_with_its_ow
     let (_, info) = head.await.unwrap().unwrap();
     assert_eq!(info.snapshot.unwrap().offset, tail);
 }
+
+/// An S2 batch of `n` plain records.
+fn plain_records(n: usize) -> CheckedAppend {
+    S2Append {
+        records: (0..n)
+            .map(|_| S2Record {
+                timestamp: None,
+                headers: Vec::new(),
+                body: Bytes::from_static(b"r"),
+            })
+            .collect(),
+        match_seq_num: None,
+        fencing_token: None,
+    }
+    .check()
+    .unwrap()
+}
+
+#[test]
+fn a_trim_command_stored_before_a_crash_takes_effect_after_it() {
+    let engine = Arc::new(MemoryEngine::new());
+    // The first life ends (its runtime dropped, with the task that would apply the trim) once
+    // the trim command's record is committed.
+    let first_life = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    first_life.block_on(async {
+        let service = StreamService::open(engine.clone(), ServiceConfig::default()).unwrap();
+        service.create_bucket("basin", None, None).await.unwrap();
+        service
+            .create_s2_stream("basin", "s", None, None)
+            .await
+            .unwrap();
+        let stream = service.find("/basin/s", false).await.unwrap();
+        service
+            .s2_append(&stream, plain_records(4), None)
+            .await
+            .unwrap();
+        let trim = S2Append {
+            records: vec![S2Record {
+                timestamp: None,
+                headers: vec![(Bytes::new(), Bytes::from_static(b"trim"))],
+                body: Bytes::copy_from_slice(&3u64.to_be_bytes()),
+            }],
+            match_seq_num: None,
+            fencing_token: None,
+        }
+        .check()
+        .unwrap();
+        let _unawaited = service.s2_sequence(&stream, trim, None).await.unwrap();
+    });
+    drop(first_life);
+
+    let second_life = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    second_life.block_on(async {
+        let service = StreamService::open(engine.clone(), ServiceConfig::default()).unwrap();
+        let stream = service.find("/basin/s", false).await.unwrap();
+        assert_eq!(stream.durable().tail.seq, 5, "the trim record is durable");
+        service.settle_pending_trims().await;
+        assert_eq!(stream.durable().first.seq, 3, "and so is its effect");
+        assert_eq!(stream.lock().meta.extra().pending_trim, None);
+    });
+}
