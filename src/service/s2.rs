@@ -645,7 +645,7 @@ impl StreamService {
     async fn settle_trim(&self, stream: &Arc<Stream>, seq: u64) -> StreamResult<()> {
         let commit = {
             let mut state = stream.lock_present()?;
-            if !state.meta.extra().pending_trim.is_some_and(|p| p <= seq) {
+            if state.meta.extra().pending_trim.is_none_or(|p| p > seq) {
                 return Ok(());
             }
             state.meta.extra_mut().pending_trim = None;
