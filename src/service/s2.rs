@@ -952,7 +952,15 @@ impl StreamService {
             }
             state.meta.retained_from = at;
             state.submit_meta_change();
-            let mut changes = vec![Change::PutStream(stream.id, Box::new(state.meta.clone()))];
+            // A snapshot below the retained start no longer leads to the records after it:
+            // bootstrap would skip the trimmed ones. It goes with them.
+            let outrun = (state.meta.extra().snapshot.as_ref()).is_some_and(|s| s.offset < at);
+            let mut changes = Vec::with_capacity(3);
+            if outrun {
+                state.meta.extra_mut().snapshot = None;
+                changes.push(Change::RemoveSnapshot(stream.id));
+            }
+            changes.push(Change::PutStream(stream.id, Box::new(state.meta.clone())));
             changes.extend(state.trim_records(stream.id));
             self.engine.commit(changes)
         };

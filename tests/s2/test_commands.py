@@ -201,6 +201,21 @@ def test_durable_streams_read_from_the_start_sees_only_retained_bytes(c, basin, 
     assert s2.ds_read(c, basin.name, stream).content == b"cd"
 
 
+def test_a_trim_past_a_durable_streams_snapshot_takes_the_snapshot_with_it(c, basin, stream):
+    # A snapshot at record 1 followed by records trimmed away would make /bootstrap skip them.
+    path = s2.ds_path(basin.name, stream)
+    basin.ack(stream, ["a"])
+    after_a = s2.ds_head(c, basin.name, stream).headers["stream-next-offset"]
+    basin.ack(stream, ["b", "c", "d"])
+    check(c.put(f"{path}/snapshot/{after_a}", content=b"state after a",
+                headers={"content-type": "text/plain"}), (200, 201, 204))
+    trim(basin, stream, 3)
+    check(c.get(f"{path}/snapshot", follow_redirects=False), 404)
+    boot = check(c.get(f"{path}/bootstrap"), 200)
+    assert boot.headers["stream-snapshot-offset"] == "-1", boot.headers
+    assert b"state after a" not in boot.content
+
+
 # --- metering of commands ------------------------------------------------------------
 
 def test_command_records_are_metered_like_one_empty_named_header(basin, stream):
