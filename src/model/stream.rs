@@ -241,6 +241,10 @@ pub struct BucketMeta {
     /// The S2 create request that made the basin ([`crate::model::s2::creation_key`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub s2_creation: Option<String>,
+    /// An S2 delete of the basin and its streams has begun: it takes no new streams, and a
+    /// delete the server stopped in the middle of is finished when it starts again.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub deleting: bool,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]

@@ -61,11 +61,12 @@ pub async fn serve(settings: Settings) -> anyhow::Result<()> {
     };
     let service = StreamService::open(engine, service_config)
         .map_err(|e| anyhow::anyhow!("cannot recover streams: {e}"))?;
+    // Before anything else: what a crash cut short is finished first.
+    service.settle_pending_trims().await;
+    service.finish_basin_deletes().await;
     if let Some(path) = &settings.init_file {
         provision::apply_file(&service, path).await?;
     }
-    // Before any request: a trim command stored just before a crash takes effect first.
-    service.settle_pending_trims().await;
 
     let sweeper = service.clone();
     tokio::spawn(async move {

@@ -50,6 +50,7 @@ impl StreamService {
             created_ms: now_ms(),
             s2_config,
             s2_creation,
+            deleting: false,
         };
         let commit = {
             let mut registry = self.lock_registry();

@@ -491,8 +491,12 @@ impl StreamService {
             return Ok(None);
         }
         if let Some(bucket) = names::bucket_of(name) {
-            if !registry.buckets.contains_key(bucket) {
-                return Err(StreamError::BucketNotFound);
+            match registry.buckets.get(bucket) {
+                None => return Err(StreamError::BucketNotFound),
+                Some(meta) if meta.deleting => {
+                    return Err(StreamError::Conflict("the bucket is being deleted"));
+                }
+                Some(_) => {}
             }
             if let Some(limit) = self.config.max_streams_per_bucket {
                 let prefix = names::bucket_prefix(bucket);

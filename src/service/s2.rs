@@ -378,6 +378,22 @@ impl StreamService {
     /// buckets).
     pub async fn delete_basin(&self, basin: &str) -> StreamResult<()> {
         self.bucket_writable(basin)?;
+        // Marked first, so that a delete cut short by a crash is finished, not half done.
+        let mark = {
+            let mut registry = self.lock_registry();
+            let meta = registry
+                .buckets
+                .get_mut(basin)
+                .ok_or(StreamError::BucketNotFound)?;
+            (!meta.deleting).then(|| {
+                meta.deleting = true;
+                self.engine
+                    .commit(vec![Change::PutBucket(basin.to_string(), meta.clone())])
+            })
+        };
+        if let Some(mark) = mark {
+            mark.await?;
+        }
         loop {
             let listing = self.list_streams(basin, "", None, 1000, |_| true)?;
             if listing.streams.is_empty() {
@@ -393,6 +409,23 @@ impl StreamService {
             }
         }
         self.delete_bucket(basin).await
+    }
+
+    /// Finishes the basin deletes the server stopped in the middle of.
+    pub async fn finish_basin_deletes(&self) {
+        let deleting: Vec<String> = {
+            let registry = self.lock_registry();
+            (registry.buckets.iter())
+                .filter(|(_, meta)| meta.deleting)
+                .map(|(name, _)| name.clone())
+                .collect()
+        };
+        for basin in deleting {
+            match self.delete_basin(&basin).await {
+                Ok(()) => tracing::info!(basin = %basin, "finished deleting the basin"),
+                Err(e) => tracing::warn!(basin = %basin, error = %e, "deleting the basin failed"),
+            }
+        }
     }
 
     /// Checks a basin configuration, including that its cipher is one Runnel offers.

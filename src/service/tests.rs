@@ -1343,3 +1343,42 @@ fn a_trim_command_stored_before_a_crash_takes_effect_after_it() {
         assert_eq!(stream.lock().meta.extra().pending_trim, None);
     });
 }
+
+#[tokio::test]
+async fn a_basin_delete_cut_short_is_finished_at_the_next_start_and_takes_no_new_streams() {
+    let engine = Arc::new(MemoryEngine::new());
+    let service = StreamService::open(engine.clone(), ServiceConfig::default()).unwrap();
+    service.create_bucket("doomed", None, None).await.unwrap();
+    for name in ["a", "b", "c"] {
+        service
+            .create_s2_stream("doomed", name, None, None)
+            .await
+            .unwrap();
+    }
+    // What a crash leaves after the delete's first step: the mark, and every stream still there.
+    let meta = BucketMeta {
+        created_ms: service.bucket_info("doomed").unwrap().created_ms,
+        s2_config: None,
+        s2_creation: None,
+        deleting: true,
+    };
+    engine
+        .commit(vec![Change::PutBucket("doomed".into(), meta)])
+        .await
+        .unwrap();
+    drop(service);
+
+    let service = StreamService::open(engine.clone(), ServiceConfig::default()).unwrap();
+    assert!(matches!(
+        service.create(create_text("/doomed/new")).await,
+        Err(StreamError::Conflict(_))
+    ));
+    service.finish_basin_deletes().await;
+    assert!(matches!(
+        service.bucket_info("doomed"),
+        Err(StreamError::BucketNotFound)
+    ));
+    let reopened = StreamService::open(engine, ServiceConfig::default()).unwrap();
+    assert!(reopened.bucket_info("doomed").is_err());
+    assert!(reopened.find("/doomed/a", false).await.is_err());
+}
