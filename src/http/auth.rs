@@ -68,7 +68,7 @@ impl RateLimiter {
 /// The request budget the operator token spends. Token ids are 1 to 96 printable ASCII
 /// characters, so neither this nor [`INVALID_TOKENS_BUDGET`] is one.
 const OPERATOR_BUDGET: &str = "";
-/// The request budget every request with an unknown or expired token spends.
+/// The request budget every request with an unknown token spends.
 const INVALID_TOKENS_BUDGET: &str = "\0invalid";
 
 /// Takes a request from `budget` under `--rate-limit`; `Err` is the 429 to send when it is
@@ -81,7 +81,7 @@ fn within_rate(auth: &AuthConfig, budget: &str, path: &str) -> Result<(), Box<Re
         return Ok(());
     };
     let whose = if budget == INVALID_TOKENS_BUDGET {
-        "for invalid tokens"
+        "for unknown tokens"
     } else {
         "for this token and the tokens issued under it"
     };
@@ -312,8 +312,11 @@ pub fn authorize(app: &AppState, request: &mut Request) -> Result<(), Box<Respon
         match app.service.authenticate(secret) {
             Ok(principal) => Arc::new(principal),
             Err(e @ (TokenError::Unknown | TokenError::Expired)) => {
-                // Guesses share one budget, so they cannot be made at any rate.
-                within_rate(auth, INVALID_TOKENS_BUDGET, &path)?;
+                // Guesses share one budget, so they cannot be made at any rate. An expired
+                // token is told so at once, so its client renews it rather than retrying.
+                if e == TokenError::Unknown {
+                    within_rate(auth, INVALID_TOKENS_BUDGET, &path)?;
+                }
                 return Err(Box::new(refusal(
                     &path,
                     StatusCode::UNAUTHORIZED,

@@ -98,7 +98,9 @@ pub fn describe(error: &StreamError) -> (StatusCode, Vec<(&'static str, String)>
         | StreamError::SnapshotNotFound
         | StreamError::TokenNotFound => (StatusCode::NOT_FOUND, vec![]),
         StreamError::Forbidden(_) => (StatusCode::FORBIDDEN, vec![]),
-        StreamError::LimitReached(_) => (StatusCode::CONFLICT, vec![]),
+        StreamError::LimitReached(_) | StreamError::BucketDeleting => {
+            (StatusCode::CONFLICT, vec![])
+        }
         StreamError::Gone => (StatusCode::GONE, vec![]),
         StreamError::Retained { first } => (
             StatusCode::GONE,
@@ -182,6 +184,7 @@ pub fn error_code(error: &StreamError) -> &'static str {
         StreamError::TokenNotFound => "access_token_not_found",
         StreamError::Forbidden(_) => "permission_denied",
         StreamError::LimitReached(_) => "limit_reached",
+        StreamError::BucketDeleting => "bucket_deleting",
         StreamError::Gone => "stream_gone",
         StreamError::Retained { .. } | StreamError::RecordRetained { .. } => "retained",
         StreamError::RecordBeyondTail { .. } => "record_beyond_tail",

@@ -299,9 +299,10 @@ fn explain_method_not_allowed(response: &mut Response, s2_route: bool) {
         return;
     }
     let allow = response.headers_mut().remove(header::ALLOW);
-    *response = match allow {
-        Some(allow) if !s2_route => method_not_allowed(allow),
-        allow => {
+    *response = match (s2_route, allow) {
+        (false, Some(allow)) => method_not_allowed(allow),
+        (false, None) => text_error(StatusCode::METHOD_NOT_ALLOWED, "method not allowed here"),
+        (true, allow) => {
             let mut explained = s2::method_not_allowed_response();
             if let Some(allow) = allow {
                 explained.headers_mut().insert(header::ALLOW, allow);

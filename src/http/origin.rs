@@ -43,8 +43,8 @@ impl Origin {
     }
 
     /// Whether `url` (absolute) points at this server as the request addressed it: the same
-    /// host (case aside) and port, a missing port being its scheme's default. The scheme itself
-    /// is not compared, as a proxy in front may end TLS.
+    /// host (case aside), and the same port when both name one. Neither the scheme nor a
+    /// default port is compared: a proxy in front may end TLS.
     pub fn addresses(&self, url: &str) -> bool {
         let Ok(url) = url.parse::<Uri>() else {
             return false;
@@ -53,14 +53,11 @@ impl Origin {
         else {
             return false;
         };
-        let their_default = if url.scheme_str() == Some("https") {
-            443
-        } else {
-            80
+        let same_port = match (theirs.port_u16(), ours.port_u16()) {
+            (Some(theirs), Some(ours)) => theirs == ours,
+            _ => true,
         };
-        let our_default = if self.secure { 443 } else { 80 };
-        theirs.host().eq_ignore_ascii_case(ours.host())
-            && theirs.port_u16().unwrap_or(their_default) == ours.port_u16().unwrap_or(our_default)
+        theirs.host().eq_ignore_ascii_case(ours.host()) && same_port
     }
 
     /// `ws://authority`, or `wss://` over TLS.
@@ -115,13 +112,13 @@ mod tests {
         let o = origin(Some("Streams.example:8080"), "/x", false);
         assert!(o.addresses("http://streams.example:8080/v1/stream/a"));
         assert!(o.addresses("https://STREAMS.example:8080/a"));
-        assert!(!o.addresses("http://streams.example/a"), "port 80");
+        assert!(!o.addresses("http://streams.example:9090/a"));
         assert!(!o.addresses("http://other.example:8080/a"));
         assert!(!o.addresses("not a url"));
-        let o = origin(Some("streams.example"), "/x", true);
-        assert!(o.addresses("https://streams.example:443/a"));
+        // Behind a proxy that ends TLS: the request came as plain HTTP to the public host.
+        let o = origin(Some("streams.example"), "/x", false);
         assert!(o.addresses("https://streams.example/a"));
-        assert!(!o.addresses("http://streams.example/a"), "port 80, not 443");
+        assert!(o.addresses("https://streams.example:443/a"));
     }
 
     #[test]

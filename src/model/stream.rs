@@ -62,8 +62,9 @@ pub struct MetaExtra {
     /// The S2 create request that made the stream ([`crate::model::s2::creation_key`]), so a
     /// retry of that request succeeds instead of finding the stream already there.
     pub s2_creation: Option<String>,
-    /// The point of an S2 trim command that is durable but not yet applied: stored with the
-    /// command's record, so a crash in between cannot keep the record and lose its effect.
+    /// The point of an S2 trim command not yet applied, set as the command is sequenced and
+    /// stored in the same commit as its record: a crash before the trim is applied cannot keep
+    /// the record and lose its effect.
     pub pending_trim: Option<u64>,
 }
 

@@ -12,6 +12,8 @@ pub enum StreamError {
     NotFound,
     #[error("bucket not found")]
     BucketNotFound,
+    #[error("the bucket is being deleted")]
+    BucketDeleting,
     #[error("stream has been deleted")]
     Gone,
     #[error("{0}")]

@@ -323,7 +323,7 @@ impl StreamService {
         if request.mirror.is_none() {
             self.creatable(&request.name)?;
             if request.s2_config.is_none() {
-                request.s2_config = self.basin_defaults(&request.name)?;
+                request.s2_config = self.default_s2_config_for(&request.name)?;
             }
         }
         let plan = match &request.fork {
@@ -493,10 +493,8 @@ impl StreamService {
         if let Some(bucket) = names::bucket_of(name) {
             match registry.buckets.get(bucket) {
                 None => return Err(StreamError::BucketNotFound),
-                Some(meta) if meta.deleting => {
-                    return Err(StreamError::Conflict("the bucket is being deleted"));
-                }
-                Some(_) => {}
+                Some(meta) if meta.deleting => return Err(StreamError::BucketDeleting),
+                Some(meta) => s2::check_sealing(meta, requested)?,
             }
             if let Some(limit) = self.config.max_streams_per_bucket {
                 let prefix = names::bucket_prefix(bucket);

@@ -17,6 +17,7 @@ use crate::model::cipher::{self, CipherError, RecordKey};
 use crate::model::json;
 use crate::model::record::Record;
 use crate::model::s2::{self, BasinConfig, CheckedRecord, Command, StreamConfig, Timestamping};
+use crate::model::stream::{BucketMeta, RequestedConfig};
 use crate::model::{Offset, names};
 use crate::storage::Change;
 
@@ -104,6 +105,24 @@ pub fn parse_config<T: serde::de::DeserializeOwned + s2::CheckedConfig>(
     Ok(config)
 }
 
+/// Refuses a new stream in a basin that seals its streams' bodies (`stream_cipher`) unless it
+/// is sealed too: only S2 creates, where the client gives the key, and mirrors of such streams
+/// are. A Durable Streams create would hold its records in the clear.
+pub(super) fn check_sealing(basin: &BucketMeta, requested: &RequestedConfig) -> StreamResult<()> {
+    if requested.cipher.is_some() || requested.mirror_of.is_some() {
+        return Ok(());
+    }
+    let sealed = (basin.s2_config.as_ref())
+        .and_then(|config| BasinConfig::deserialize(config).ok())
+        .is_some_and(|config| config.stream_cipher.is_some());
+    if sealed {
+        return Err(StreamError::Conflict(
+            "the bucket's streams are encrypted (S2 stream_cipher): create them through S2",
+        ));
+    }
+    Ok(())
+}
+
 /// The stream configuration a create or an ensure asks for; none asks for nothing in particular.
 fn asked_stream_config(config: Option<&Value>) -> StreamResult<StreamConfig> {
     Ok(config.map(parse_config).transpose()?.unwrap_or_default())
@@ -127,11 +146,9 @@ impl StreamService {
         })
     }
 
-    /// What a stream created through another face than S2 takes from its bucket's basin
-    /// configuration: the basin's default stream configuration, when it has one. A basin that
-    /// seals its streams' bodies (`stream_cipher`) takes new streams only through S2, where the
-    /// client gives the key; Durable Streams would store them in the clear.
-    pub(super) fn basin_defaults(&self, name: &str) -> StreamResult<Option<Value>> {
+    /// The S2 configuration a stream created through another face than S2 gets: its basin's
+    /// default stream configuration, when the basin has one.
+    pub(super) fn default_s2_config_for(&self, name: &str) -> StreamResult<Option<Value>> {
         let Some(bucket) = names::bucket_of(name) else {
             return Ok(None);
         };
@@ -139,11 +156,6 @@ impl StreamService {
             Err(StreamError::BucketNotFound) => return Ok(None), // reported by the create
             other => other?,
         };
-        if basin.stream_cipher.is_some() {
-            return Err(StreamError::Conflict(
-                "the bucket's streams are encrypted (S2 stream_cipher): create them through S2",
-            ));
-        }
         Ok(basin
             .default_stream_config
             .is_some()
@@ -408,7 +420,28 @@ impl StreamService {
                 }
             }
         }
-        self.delete_bucket(basin).await
+        match self.delete_bucket(basin).await {
+            // Streams deleted while forks elsewhere still read them stay in the bucket: the
+            // delete cannot finish, and the basin goes back to taking streams.
+            Err(e @ StreamError::Conflict(_)) => {
+                self.unmark_deleting(basin).await?;
+                Err(e)
+            }
+            other => other,
+        }
+    }
+
+    async fn unmark_deleting(&self, basin: &str) -> StreamResult<()> {
+        let commit = {
+            let mut registry = self.lock_registry();
+            let Some(meta) = registry.buckets.get_mut(basin) else {
+                return Ok(());
+            };
+            meta.deleting = false;
+            self.engine
+                .commit(vec![Change::PutBucket(basin.to_string(), meta.clone())])
+        };
+        Ok(commit.await?)
     }
 
     /// Finishes the basin deletes the server stopped in the middle of.
@@ -571,7 +604,6 @@ impl StreamService {
                 })
                 .collect()
         };
-        self.settle_pending_trims().await;
         self.enforce_retention_ages(&configured).await;
         self.delete_empty_streams(&configured).await;
     }
@@ -690,8 +722,9 @@ impl StreamService {
         Ok(commit.await?)
     }
 
-    /// Carries out the trim commands that were stored but not applied (the server stopped in
-    /// between, or applying them failed).
+    /// Carries out, at startup, the trim commands that were stored but not applied because the
+    /// server stopped in between. Only then: while it runs, a pending trim may belong to a
+    /// batch not yet durable, which the batch's own completion applies.
     pub async fn settle_pending_trims(&self) {
         let pending: Vec<(Arc<Stream>, u64)> = {
             let registry = self.lock_registry();
@@ -699,6 +732,7 @@ impl StreamService {
                 .streams
                 .values()
                 .filter_map(|s| Some((s.clone(), s.lock().meta.extra().pending_trim?)))
+                .filter(|(s, seq)| *seq <= s.durable().tail.seq)
                 .collect()
         };
         for (stream, seq) in pending {
@@ -972,7 +1006,8 @@ fn sequence(
 }
 
 impl StreamService {
-    /// Moves the first retained offset forward (no snapshot rule: used by S2 trims).
+    /// Moves the first retained offset forward. Durable Streams retention checks first that it
+    /// does not pass the visible snapshot; an S2 trim may, and then removes the snapshot.
     pub(super) async fn move_retention(
         &self,
         stream: &Arc<Stream>,

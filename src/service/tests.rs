@@ -1371,7 +1371,7 @@ async fn a_basin_delete_cut_short_is_finished_at_the_next_start_and_takes_no_new
     let service = StreamService::open(engine.clone(), ServiceConfig::default()).unwrap();
     assert!(matches!(
         service.create(create_text("/doomed/new")).await,
-        Err(StreamError::Conflict(_))
+        Err(StreamError::BucketDeleting)
     ));
     service.finish_basin_deletes().await;
     assert!(matches!(

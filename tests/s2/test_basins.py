@@ -352,6 +352,18 @@ def test_basin_recreated_after_delete_starts_empty(c):
     expect_error(c.get(s2.tail_path("old"), headers=b.headers()), 404, "stream_not_found")
 
 
+def test_a_basin_delete_that_cannot_finish_leaves_the_basin_taking_streams(c):
+    # A stream that a fork in another basin still reads stays (soft-deleted) in its basin.
+    b, other = Basin.create(c), Basin.create(c)
+    b.create_stream("read-by-a-fork")
+    check(c.put(s2.ds_path(other.name, "fork"), headers={
+        "content-type": "application/octet-stream",
+        "stream-forked-from": s2.ds_path(b.name, "read-by-a-fork")}), 201)
+    check(c.delete(basin_path(b.name)), 409)
+    b.create_stream("after")
+    b.ack("after", ["still usable"])
+
+
 def test_delete_missing_basin_is_404_basin_not_found(c):
     expect_error(c.delete(basin_path(unique_basin())), 404, "basin_not_found")
 

@@ -136,6 +136,16 @@ def test_durable_streams_create_in_an_encrypting_basin_is_409_never_a_clear_stre
     assert c.head(path).status_code == 404
 
 
+def test_durable_streams_create_repeated_after_the_basin_took_a_cipher_is_still_200(c):
+    b = Basin.create(c)
+    path = s2.ds_path(b.name, "clear")
+    headers = {"content-type": "application/octet-stream"}
+    check(c.put(path, headers=headers), 201)
+    check(c.patch(s2.basin_path(b.name), json={"stream_cipher": CIPHER}), 200)
+    check(c.put(path, headers=headers), 200)
+    check(c.put(s2.ds_path(b.name, "another"), headers=headers), 409)
+
+
 def test_stream_without_cipher_basin_needs_no_key(c):
     b = Basin.create(c)
     stream = b.create_stream()

@@ -156,6 +156,7 @@ impl From<StreamError> for S2Error {
                 (StatusCode::NOT_FOUND, "stream_not_found")
             }
             StreamError::BucketNotFound => (StatusCode::NOT_FOUND, "basin_not_found"),
+            StreamError::BucketDeleting => (StatusCode::CONFLICT, "basin_deletion_pending"),
             StreamError::TokenNotFound => (StatusCode::NOT_FOUND, "access_token_not_found"),
             StreamError::Forbidden(_) => (StatusCode::FORBIDDEN, "permission_denied"),
             StreamError::LimitReached(_) => (StatusCode::CONFLICT, "limit_reached"),
