@@ -65,26 +65,45 @@ impl RateLimiter {
     }
 }
 
-/// The request budget the operator token spends. Token ids are 1 to 96 printable ASCII
-/// characters, so neither this nor [`INVALID_TOKENS_BUDGET`] is one.
-const OPERATOR_BUDGET: &str = "";
-/// The request budget every request with an unknown token spends.
-const INVALID_TOKENS_BUDGET: &str = "\0invalid";
+/// Whose requests one `--rate-limit` budget counts.
+enum Budget<'a> {
+    Operator,
+    /// A token issued by the operator, with every token issued under it.
+    Token(&'a str),
+    /// Every request with a token the server does not know.
+    UnknownTokens,
+}
+
+impl Budget<'_> {
+    /// The limiter's key. Token ids are 1 to 96 printable ASCII characters, so the other two
+    /// keys are never one.
+    fn key(&self) -> &str {
+        match self {
+            Budget::Operator => "",
+            Budget::Token(id) => id,
+            Budget::UnknownTokens => "\0unknown",
+        }
+    }
+
+    fn whose(&self) -> &'static str {
+        match self {
+            Budget::Operator => "for the operator token",
+            Budget::Token(_) => "for this token and the tokens issued under it",
+            Budget::UnknownTokens => "for unknown tokens",
+        }
+    }
+}
 
 /// Takes a request from `budget` under `--rate-limit`; `Err` is the 429 to send when it is
 /// spent.
-fn within_rate(auth: &AuthConfig, budget: &str, path: &str) -> Result<(), Box<Response>> {
+fn within_rate(auth: &AuthConfig, budget: Budget, path: &str) -> Result<(), Box<Response>> {
     let Some(rate) = auth.rate_limit else {
         return Ok(());
     };
-    let Err(wait) = auth.limiter.take(budget, rate) else {
+    let Err(wait) = auth.limiter.take(budget.key(), rate) else {
         return Ok(());
     };
-    let whose = if budget == INVALID_TOKENS_BUDGET {
-        "for unknown tokens"
-    } else {
-        "for this token and the tokens issued under it"
-    };
+    let whose = budget.whose();
     let mut response = refusal(
         path,
         StatusCode::TOO_MANY_REQUESTS,
@@ -315,7 +334,7 @@ pub fn authorize(app: &AppState, request: &mut Request) -> Result<(), Box<Respon
                 // Guesses share one budget, so they cannot be made at any rate. An expired
                 // token is told so at once, so its client renews it rather than retrying.
                 if e == TokenError::Unknown {
-                    within_rate(auth, INVALID_TOKENS_BUDGET, &path)?;
+                    within_rate(auth, Budget::UnknownTokens, &path)?;
                 }
                 return Err(Box::new(refusal(
                     &path,
@@ -328,7 +347,10 @@ pub fn authorize(app: &AppState, request: &mut Request) -> Result<(), Box<Respon
     };
     within_rate(
         auth,
-        principal.rate_budget.as_deref().unwrap_or(OPERATOR_BUDGET),
+        principal
+            .rate_budget
+            .as_deref()
+            .map_or(Budget::Operator, Budget::Token),
         &path,
     )?;
     if let Access::Operation(op, target) = &access

@@ -391,21 +391,7 @@ impl StreamService {
     pub async fn delete_basin(&self, basin: &str) -> StreamResult<()> {
         self.bucket_writable(basin)?;
         // Marked first, so that a delete cut short by a crash is finished, not half done.
-        let mark = {
-            let mut registry = self.lock_registry();
-            let meta = registry
-                .buckets
-                .get_mut(basin)
-                .ok_or(StreamError::BucketNotFound)?;
-            (!meta.deleting).then(|| {
-                meta.deleting = true;
-                self.engine
-                    .commit(vec![Change::PutBucket(basin.to_string(), meta.clone())])
-            })
-        };
-        if let Some(mark) = mark {
-            mark.await?;
-        }
+        self.set_deleting(basin, true).await?;
         loop {
             let listing = self.list_streams(basin, "", None, 1000, |_| true)?;
             if listing.streams.is_empty() {
@@ -424,24 +410,28 @@ impl StreamService {
             // Streams deleted while forks elsewhere still read them stay in the bucket: the
             // delete cannot finish, and the basin goes back to taking streams.
             Err(e @ StreamError::Conflict(_)) => {
-                self.unmark_deleting(basin).await?;
+                self.set_deleting(basin, false).await?;
                 Err(e)
             }
             other => other,
         }
     }
 
-    async fn unmark_deleting(&self, basin: &str) -> StreamResult<()> {
+    /// Stores the basin's `deleting` mark, unless it already has that value.
+    async fn set_deleting(&self, basin: &str, deleting: bool) -> StreamResult<()> {
         let commit = {
             let mut registry = self.lock_registry();
-            let Some(meta) = registry.buckets.get_mut(basin) else {
-                return Ok(());
-            };
-            meta.deleting = false;
-            self.engine
-                .commit(vec![Change::PutBucket(basin.to_string(), meta.clone())])
+            let meta = (registry.buckets.get_mut(basin)).ok_or(StreamError::BucketNotFound)?;
+            (meta.deleting != deleting).then(|| {
+                meta.deleting = deleting;
+                self.engine
+                    .commit(vec![Change::PutBucket(basin.to_string(), meta.clone())])
+            })
         };
-        Ok(commit.await?)
+        if let Some(commit) = commit {
+            commit.await?;
+        }
+        Ok(())
     }
 
     /// Finishes the basin deletes the server stopped in the middle of.
@@ -694,32 +684,17 @@ impl StreamService {
         }
     }
 
-    /// Moves the stream's first record to `seq` (an S2 trim): older records are gone.
+    /// Moves the stream's first record to `seq` (an S2 trim): older records are gone, and the
+    /// trim command's pending mark goes in the same commit, also when nothing was left to trim.
     pub(super) async fn trim(&self, stream: &Arc<Stream>, seq: u64) -> StreamResult<()> {
         let durable = stream.durable();
-        if seq > durable.first.seq {
-            let at = self
-                .record_offset(stream, seq.min(durable.tail.seq), durable.tail)
-                .await?;
-            self.move_retention(stream, at).await?;
-        }
-        self.settle_trim(stream, seq).await
-    }
-
-    /// Forgets a pending trim command that a trim to `seq` has carried out.
-    async fn settle_trim(&self, stream: &Arc<Stream>, seq: u64) -> StreamResult<()> {
-        let commit = {
-            let mut state = stream.lock_present()?;
-            if state.meta.extra().pending_trim.is_none_or(|p| p > seq) {
-                return Ok(());
-            }
-            state.meta.extra_mut().pending_trim = None;
-            self.engine.commit(vec![Change::PutStream(
-                stream.id,
-                Box::new(state.meta.clone()),
-            )])
+        let at = if seq > durable.first.seq {
+            self.record_offset(stream, seq.min(durable.tail.seq), durable.tail)
+                .await?
+        } else {
+            Offset::START
         };
-        Ok(commit.await?)
+        self.move_retention(stream, at, Some(seq)).await
     }
 
     /// Carries out, at startup, the trim commands that were stored but not applied because the
@@ -1007,38 +982,53 @@ fn sequence(
 
 impl StreamService {
     /// Moves the first retained offset forward. Durable Streams retention checks first that it
-    /// does not pass the visible snapshot; an S2 trim may, and then removes the snapshot.
+    /// does not pass the visible snapshot; an S2 trim may, and then removes the snapshot. An S2
+    /// trim also names its command (`trim_command`, the sequence number trimmed to), whose
+    /// pending mark this commit clears.
     pub(super) async fn move_retention(
         &self,
         stream: &Arc<Stream>,
         at: Offset,
+        trim_command: Option<u64>,
     ) -> StreamResult<()> {
-        let commit = {
+        let (moved, commit) = {
             let mut state = stream.lock_present()?;
-            if at <= state.meta.retained_from {
+            let pending = state.meta.extra().pending_trim;
+            let settles = pending.is_some_and(|p| trim_command.is_some_and(|seq| p <= seq));
+            let moves = at > state.meta.retained_from;
+            if !moves && !settles {
                 return Ok(());
             }
-            state.meta.retained_from = at;
-            state.submit_meta_change();
-            // A snapshot below the retained start no longer leads to the records after it:
-            // bootstrap would skip the trimmed ones. It goes with them.
-            let outrun = (state.meta.extra().snapshot.as_ref()).is_some_and(|s| s.offset < at);
+            if settles {
+                state.meta.extra_mut().pending_trim = None;
+            }
             let mut changes = Vec::with_capacity(3);
-            if outrun {
-                state.meta.extra_mut().snapshot = None;
-                changes.push(Change::RemoveSnapshot(stream.id));
+            if moves {
+                state.meta.retained_from = at;
+                state.submit_meta_change();
+                // A snapshot below the retained start no longer leads to the records after it:
+                // bootstrap would skip the trimmed ones. It goes with them.
+                let outrun = (state.meta.extra().snapshot.as_ref()).is_some_and(|s| s.offset < at);
+                if outrun {
+                    state.meta.extra_mut().snapshot = None;
+                    changes.push(Change::RemoveSnapshot(stream.id));
+                }
             }
             changes.push(Change::PutStream(stream.id, Box::new(state.meta.clone())));
-            changes.extend(state.trim_records(stream.id));
-            self.engine.commit(changes)
+            if moves {
+                changes.extend(state.trim_records(stream.id));
+            }
+            (moves, self.engine.commit(changes))
         };
         let committed = commit.await;
-        stream.publish(|d| {
-            if committed.is_ok() {
-                d.first = d.first.max(at);
-            }
-            d.meta_version += 1;
-        });
+        if moved {
+            stream.publish(|d| {
+                if committed.is_ok() {
+                    d.first = d.first.max(at);
+                }
+                d.meta_version += 1;
+            });
+        }
         Ok(committed?)
     }
 }

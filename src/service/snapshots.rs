@@ -309,7 +309,7 @@ impl StreamService {
                 ));
             }
         }
-        self.move_retention(&stream, at).await?;
+        self.move_retention(&stream, at, None).await?;
         Ok(at)
     }
 

@@ -515,7 +515,9 @@ async fn a_trim_racing_a_delete_does_not_bring_the_stream_back() {
     // A trim (a retention sweep, say) that found the stream just before it was deleted.
     let stream = service.find("t", false).await.unwrap();
     service.delete("t").await.unwrap();
-    let trimmed = service.move_retention(&stream, Offset::new(1, 1)).await;
+    let trimmed = service
+        .move_retention(&stream, Offset::new(1, 1), None)
+        .await;
     assert!(matches!(trimmed, Err(StreamError::NotFound)));
     assert!(
         engine.recover().unwrap().streams.is_empty(),
@@ -936,7 +938,9 @@ async fn a_change_to_a_stream_deleted_since_it_was_found_does_not_bring_it_back(
         Err(StreamError::NotFound)
     ));
     assert!(matches!(
-        service.move_retention(&found, Offset::new(1, 6)).await,
+        service
+            .move_retention(&found, Offset::new(1, 6), None)
+            .await,
         Err(StreamError::NotFound)
     ));
     let reopened = StreamService::open(engine, ServiceConfig::default()).unwrap();
