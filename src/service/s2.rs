@@ -694,7 +694,8 @@ impl StreamService {
         } else {
             Offset::START
         };
-        self.move_retention(stream, at, Some(seq)).await
+        self.move_retention(stream, at, RetentionMove::Trim(seq))
+            .await
     }
 
     /// Carries out, at startup, the trim commands that were stored but not applied because the
@@ -980,22 +981,40 @@ fn sequence(
     Ok((ack, records, trim))
 }
 
+/// Why the first retained offset moves, which decides what happens to the visible snapshot.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum RetentionMove {
+    /// Durable Streams retention: bootstrap starts at the snapshot, so retention may not pass
+    /// it (checked under the stream's lock, so a snapshot deleted meanwhile is seen).
+    KeepSnapshot,
+    /// An S2 trim to this sequence number: a snapshot it passes goes with the trimmed records,
+    /// and the trim command's pending mark is cleared in the same commit.
+    Trim(u64),
+}
+
 impl StreamService {
-    /// Moves the first retained offset forward. Durable Streams retention checks first that it
-    /// does not pass the visible snapshot; an S2 trim may, and then removes the snapshot. An S2
-    /// trim also names its command (`trim_command`, the sequence number trimmed to), whose
-    /// pending mark this commit clears.
+    /// Moves the first retained offset forward, by the rule of the face that asks (`why`).
     pub(super) async fn move_retention(
         &self,
         stream: &Arc<Stream>,
         at: Offset,
-        trim_command: Option<u64>,
+        why: RetentionMove,
     ) -> StreamResult<()> {
         let (moved, commit) = {
             let mut state = stream.lock_present()?;
-            let pending = state.meta.extra().pending_trim;
-            let settles = pending.is_some_and(|p| trim_command.is_some_and(|seq| p <= seq));
             let moves = at > state.meta.retained_from;
+            let snapshot = state.meta.extra().snapshot.as_ref();
+            if moves && why == RetentionMove::KeepSnapshot && snapshot.is_none_or(|s| at > s.offset)
+            {
+                return Err(StreamError::Conflict(
+                    "retention cannot pass the latest snapshot",
+                ));
+            }
+            let pending = state.meta.extra().pending_trim;
+            let settles = match why {
+                RetentionMove::Trim(seq) => pending.is_some_and(|p| p <= seq),
+                RetentionMove::KeepSnapshot => false,
+            };
             if !moves && !settles {
                 return Ok(());
             }

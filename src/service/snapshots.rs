@@ -9,6 +9,7 @@ use bytes::Bytes;
 use futures::future::BoxFuture;
 use sha2::{Digest, Sha256};
 
+use super::s2::RetentionMove;
 use super::stream::State;
 use super::{Stream, StreamError, StreamResult, StreamService};
 use crate::model::Offset;
@@ -291,25 +292,11 @@ impl StreamService {
             return Err(StreamError::Conflict("retention cannot move backward"));
         }
         let at = self.retained_boundary(&stream, at).await?;
-        {
-            let state = stream.lock();
-            if at < state.meta.retained_from {
-                return Err(StreamError::Conflict("retention cannot move backward"));
-            }
-            if at > state.meta.retained_from
-                && state
-                    .meta
-                    .extra()
-                    .snapshot
-                    .as_ref()
-                    .is_none_or(|s| at > s.offset)
-            {
-                return Err(StreamError::Conflict(
-                    "retention cannot pass the latest snapshot",
-                ));
-            }
+        if at < stream.lock().meta.retained_from {
+            return Err(StreamError::Conflict("retention cannot move backward"));
         }
-        self.move_retention(&stream, at, None).await?;
+        self.move_retention(&stream, at, RetentionMove::KeepSnapshot)
+            .await?;
         Ok(at)
     }
 

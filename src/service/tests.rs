@@ -8,6 +8,7 @@ use futures::FutureExt;
 use futures::future::BoxFuture;
 use tokio::sync::Semaphore;
 
+use super::s2::RetentionMove;
 use super::*;
 use crate::model::ReadFrom;
 use crate::storage::{Engine, MemoryEngine, Recovered};
@@ -516,13 +517,47 @@ async fn a_trim_racing_a_delete_does_not_bring_the_stream_back() {
     let stream = service.find("t", false).await.unwrap();
     service.delete("t").await.unwrap();
     let trimmed = service
-        .move_retention(&stream, Offset::new(1, 1), None)
+        .move_retention(&stream, Offset::new(1, 1), RetentionMove::Trim(1))
         .await;
     assert!(matches!(trimmed, Err(StreamError::NotFound)));
     assert!(
         engine.recover().unwrap().streams.is_empty(),
         "the deleted stream stays deleted"
     );
+}
+
+#[tokio::test]
+async fn retention_that_checked_a_snapshot_deleted_since_does_not_move() {
+    let engine: SharedEngine = Arc::new(MemoryEngine::new());
+    let service = StreamService::open(engine.clone(), ServiceConfig::default()).unwrap();
+    service.create(create_text("t")).await.unwrap();
+    service.append("t", text("a")).await.unwrap();
+    let at = service.append("t", text("b")).await.unwrap().tail;
+    let snapshot = |service: Arc<StreamService>| async move {
+        let blob = Bytes::from_static(b"ab");
+        let at = Position::Offset(at);
+        service
+            .publish_snapshot("t", at, "text/plain".into(), blob, None)
+            .await
+    };
+    snapshot(service.clone()).await.unwrap();
+    // `set_retention` found the snapshot at `at`; before it moved retention there, the snapshot
+    // was deleted (retention was still at the start, so the delete was allowed).
+    let stream = service.find("t", false).await.unwrap();
+    service.delete_snapshot("t", at).await.unwrap();
+    let moved = service
+        .move_retention(&stream, at, RetentionMove::KeepSnapshot)
+        .await;
+    assert!(matches!(moved, Err(StreamError::Conflict(_))), "{moved:?}");
+    let bootstrap = service.bootstrap("t").await.unwrap();
+    assert_eq!(bootstrap.start, Offset::START, "no record was dropped");
+    // With the snapshot back, the same move goes through.
+    snapshot(service.clone()).await.unwrap();
+    service
+        .move_retention(&stream, at, RetentionMove::KeepSnapshot)
+        .await
+        .unwrap();
+    assert_eq!(service.bootstrap("t").await.unwrap().start, at);
 }
 
 #[tokio::test]
@@ -939,7 +974,7 @@ async fn a_change_to_a_stream_deleted_since_it_was_found_does_not_bring_it_back(
     ));
     assert!(matches!(
         service
-            .move_retention(&found, Offset::new(1, 6), None)
+            .move_retention(&found, Offset::new(1, 6), RetentionMove::Trim(6))
             .await,
         Err(StreamError::NotFound)
     ));
