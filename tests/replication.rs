@@ -1615,3 +1615,68 @@ fn overlapping_mirror_targets_stop_the_server_at_start() {
     assert!(!status.success());
     assert!(stderr.contains("overlap"), "{stderr}");
 }
+
+/// A gauge's value on `server`'s `/metrics` (0 until it is first set).
+async fn gauge(http: &reqwest::Client, server: &Server, name: &str) -> f64 {
+    let text = (http.get(server.url("/metrics")).send().await.unwrap())
+        .text()
+        .await
+        .unwrap();
+    text.lines()
+        .find_map(|line| line.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
+        .unwrap_or(0.0)
+}
+
+/// Waits (up to 30 s) until `server`'s gauge `name` reads `value`.
+async fn wait_for_gauge(http: &reqwest::Client, server: &Server, name: &str, value: f64) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let now = gauge(http, server, name).await;
+        if now == value {
+            return;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{name} is still {now}, not {value}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_live_bucket_mirror_session_forgets_the_streams_deleted_upstream() {
+    const FOLLOWED: &str = "runnel_replication_streams_followed";
+    let http = client();
+    let upstream = Server::start(&["--memory"]);
+    create_bucket(&http, &upstream).await;
+    let kept = upstream.url(&format!("/{BUCKET}/kept"));
+    assert_eq!(put(&http, &kept, "text/plain", "k;").await.status(), 201);
+    let mirror = Server::start(&[
+        "--memory",
+        "--mirror-from",
+        &upstream.url(&format!("/{BUCKET}")),
+    ]);
+    wait_until_mirrored(&http, &upstream, &mirror, &["kept"]).await;
+    wait_for_gauge(&http, &upstream, FOLLOWED, 1.0).await;
+
+    // Streams come and go while the session lasts: it follows each, then lets it go, so a
+    // session that lives for months holds nothing for the streams deleted meanwhile.
+    let names: Vec<String> = (0..20).map(|i| format!("brief-{i}")).collect();
+    for name in &names {
+        let url = upstream.url(&format!("/{BUCKET}/{name}"));
+        assert_eq!(put(&http, &url, "text/plain", "b;").await.status(), 201);
+    }
+    wait_for_gauge(&http, &upstream, FOLLOWED, 21.0).await;
+    for name in &names {
+        let url = upstream.url(&format!("/{BUCKET}/{name}"));
+        assert_eq!(http.delete(&url).send().await.unwrap().status(), 204);
+    }
+    for name in &names {
+        wait_for_status(&http, &mirror.url(&format!("/{BUCKET}/{name}")), 404).await;
+    }
+    wait_for_gauge(&http, &upstream, FOLLOWED, 1.0).await;
+
+    // The session is still whole: the stream it kept goes on arriving.
+    append(&http, &kept, "text/plain", "k2;").await;
+    wait_until_mirrored(&http, &upstream, &mirror, &["kept"]).await;
+}

@@ -79,6 +79,15 @@ pub async fn metrics(State(app): State<AppState>) -> Response {
         "Record bytes that read responses hold while their clients take them.",
         app.service.read_memory_held(),
     );
+    gauge(
+        &mut out,
+        "runnel_tasks",
+        "Tasks alive in the server's async runtime: one per connection, live reader and \
+         replication pump, among others. One that only grows is a leak.",
+        tokio::runtime::Handle::current()
+            .metrics()
+            .num_alive_tasks(),
+    );
     let lags = app.service.replication_lags();
     for (name, help, pick) in [
         (

@@ -334,6 +334,34 @@ impl Drop for Pump {
     }
 }
 
+/// The stream pumps of one bucket subscription, by stream incarnation (internal id). How many
+/// there are across sessions is `runnel_replication_streams_followed` on `/metrics`.
+#[derive(Default)]
+struct Followed(HashMap<u64, Pump>);
+
+const FOLLOWED_GAUGE: &str = "runnel_replication_streams_followed";
+
+impl Followed {
+    fn insert_with(&mut self, id: u64, spawn: impl FnOnce() -> Pump) {
+        if let std::collections::hash_map::Entry::Vacant(slot) = self.0.entry(id) {
+            slot.insert(spawn());
+            metrics::gauge!(FOLLOWED_GAUGE).increment(1.0);
+        }
+    }
+
+    fn remove(&mut self, id: u64) {
+        if self.0.remove(&id).is_some() {
+            metrics::gauge!(FOLLOWED_GAUGE).decrement(1.0);
+        }
+    }
+}
+
+impl Drop for Followed {
+    fn drop(&mut self) {
+        metrics::gauge!(FOLLOWED_GAUGE).decrement(self.0.len() as f64);
+    }
+}
+
 enum Target {
     Stream(String),
     Bucket(String),
@@ -367,18 +395,20 @@ async fn bucket_pump(
     let mut appearing = app.service.streams_appearing_in(&bucket);
     // One pump per stream incarnation (internal id): a stream recreated under the same name is a
     // new stream, followed from its start; a pump that ended (gap, deletion) is not restarted
-    // here; the replica subscribes again when it is ready.
-    let mut pumps: HashMap<u64, Pump> = HashMap::new();
+    // here; the replica subscribes again when it is ready. The pump of a deleted stream is
+    // forgotten when it ends (ids are never reused), so a long session holds one per stream
+    // that exists, not one per stream it ever saw.
+    let mut pumps = Followed::default();
+    let (ended_tx, mut ended) = mpsc::unbounded_channel::<(u64, String)>();
     let prefix = names::bucket_prefix(&bucket);
-    let mut follow = |id: u64, key: &str, cursor: Cursor| {
-        pumps.entry(id).or_insert_with(|| {
-            Pump::spawn(stream_pump(
-                app.clone(),
-                queue.clone(),
-                origin.clone(),
-                key.to_string(),
-                cursor,
-            ))
+    let follow = |pumps: &mut Followed, id: u64, key: &str, cursor: Cursor| {
+        pumps.insert_with(id, || {
+            let (app, queue, origin) = (app.clone(), queue.clone(), origin.clone());
+            let (key, ended) = (key.to_string(), ended_tx.clone());
+            Pump::spawn(async move {
+                stream_pump(app, queue, origin, key.clone(), cursor).await;
+                let _ = ended.send((id, key));
+            })
         });
     };
     // The replica holds a cursor for every stream it has; those gone from the bucket since (it
@@ -401,20 +431,28 @@ async fn bucket_pump(
         }
     }
     for stream in &streams {
-        follow(
-            stream.id,
-            &stream.name,
-            cursors.of(&stream.name[prefix.len()..]),
-        );
+        let cursor = cursors.of(&stream.name[prefix.len()..]);
+        follow(&mut pumps, stream.id, &stream.name, cursor);
     }
     drop(streams);
     // Streams that appear later are followed from their start.
-    while let Some(appeared) = appearing.next(&app.service).await {
-        for stream in appeared {
-            follow(stream.id, &stream.name, Cursor::default());
-        }
-        if queue.is_closed() {
-            break;
+    loop {
+        tokio::select! {
+            appeared = appearing.next(&app.service) => {
+                let Some(appeared) = appeared else { break };
+                for stream in appeared {
+                    follow(&mut pumps, stream.id, &stream.name, Cursor::default());
+                }
+                if queue.is_closed() {
+                    break;
+                }
+            }
+            Some((id, key)) = ended.recv() => {
+                let same = app.service.find(&key, false).await.is_ok_and(|s| s.id == id);
+                if !same {
+                    pumps.remove(id);
+                }
+            }
         }
     }
 }

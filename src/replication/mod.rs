@@ -49,6 +49,8 @@ pub enum MirrorError {
     WebSocket(#[from] tokio_tungstenite::tungstenite::Error),
     #[error("upstream sent an unusable message: {0}")]
     BadMessage(String),
+    #[error("upstream no longer serves the snapshot of {0}")]
+    SnapshotGone(String),
     #[error(transparent)]
     Stream(#[from] StreamError),
 }
@@ -388,37 +390,14 @@ async fn follow_once(
         let Some(message) = known_message(&text)? else {
             continue;
         };
-        match message {
-            Message::State(state) => mirror.apply_state(&state).await?,
-            Message::Frame(frame) => {
-                // Apply a run of frames in one commit: take whatever else has already arrived.
-                mirror.note_upstream_tail(&frame);
-                let mut records = vec![(frame.event.stream_id.clone(), record_of(&frame.event)?)];
-                while records.len() < APPLY_BATCH {
-                    let Some(Some(Ok(WsMessage::Text(next)))) = incoming.next().now_or_never()
-                    else {
-                        break;
-                    };
-                    let Some(message) = known_message(&next)? else {
-                        continue;
-                    };
-                    match message {
-                        Message::Frame(frame) => {
-                            mirror.note_upstream_tail(&frame);
-                            records.push((frame.event.stream_id.clone(), record_of(&frame.event)?))
-                        }
-                        other => {
-                            mirror.apply_records(std::mem::take(&mut records)).await?;
-                            if mirror.rejoin.is_none() {
-                                mirror.apply(other, &mut sink).await?;
-                            }
-                            break;
-                        }
-                    }
-                }
-                mirror.apply_records(records).await?;
+        match mirror.receive(message, &mut incoming, &mut sink).await {
+            // Replaced or deleted upstream since the state that named it: a join again gets the
+            // stream as it is now (or its deletion), where waiting for the next message would
+            // leave records of a stream the mirror could not make.
+            Err(MirrorError::SnapshotGone(url)) => {
+                mirror.rejoin = Some(format!("the snapshot of {url} is no longer served"));
             }
-            other => mirror.apply(other, &mut sink).await?,
+            other => other?,
         }
         if let Some(why) = &mirror.rejoin {
             tracing::info!(upstream = %upstream.url(), reason = %why, "ending the replication session to join again");
@@ -477,10 +456,10 @@ struct Mirror<'a> {
     rejoin: Option<String>,
 }
 
-type Sink = futures::stream::SplitSink<
-    tokio_tungstenite::WebSocketStream<tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>>,
-    WsMessage,
->;
+type Socket =
+    tokio_tungstenite::WebSocketStream<tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>>;
+type Sink = futures::stream::SplitSink<Socket, WsMessage>;
+type Source = futures::stream::SplitStream<Socket>;
 
 impl Mirror<'_> {
     /// The local key of an upstream stream URL, which must be in the mirrored bucket.
@@ -588,9 +567,11 @@ impl Mirror<'_> {
             .http
             .get(format!("{url}/snapshot/{}", snapshot.offset))
             .send()
-            .await?
-            .error_for_status()?;
-        Ok(Some(response.bytes().await?))
+            .await?;
+        if response.status() == reqwest::StatusCode::NOT_FOUND {
+            return Err(MirrorError::SnapshotGone(url.to_string()));
+        }
+        Ok(Some(response.error_for_status()?.bytes().await?))
     }
 
     async fn apply_records(&mut self, records: Vec<(String, Record)>) -> Result<(), MirrorError> {
@@ -670,12 +651,50 @@ impl Mirror<'_> {
             .await?)
     }
 
+    /// Applies one message from the upstream. A frame is applied together with the frames that
+    /// have already arrived after it, in one commit.
+    async fn receive(
+        &mut self,
+        message: Message,
+        incoming: &mut Source,
+        sink: &mut Sink,
+    ) -> Result<(), MirrorError> {
+        let Message::Frame(frame) = message else {
+            return self.apply(message, sink).await;
+        };
+        self.note_upstream_tail(&frame);
+        let mut records = vec![(frame.event.stream_id.clone(), record_of(&frame.event)?)];
+        while records.len() < APPLY_BATCH {
+            let Some(Some(Ok(WsMessage::Text(next)))) = incoming.next().now_or_never() else {
+                break;
+            };
+            let Some(message) = known_message(&next)? else {
+                continue;
+            };
+            match message {
+                Message::Frame(frame) => {
+                    self.note_upstream_tail(&frame);
+                    records.push((frame.event.stream_id.clone(), record_of(&frame.event)?))
+                }
+                other => {
+                    self.apply_records(std::mem::take(&mut records)).await?;
+                    if self.rejoin.is_none() {
+                        self.apply(other, sink).await?;
+                    }
+                    break;
+                }
+            }
+        }
+        self.apply_records(records).await
+    }
+
     async fn apply(&mut self, message: Message, sink: &mut Sink) -> Result<(), MirrorError> {
         match message {
             Message::State(state) => self.apply_state(&state).await,
             Message::Deleted(deleted) => {
                 let key = self.key_of(&deleted.stream)?;
                 self.states.remove(&deleted.stream);
+                self.upstream_tails.remove(&deleted.stream);
                 self.service.mirror_remove(&key).await?;
                 if self.upstream.stream.is_some() {
                     // The upstream follows a stream's one incarnation: a stream created again
