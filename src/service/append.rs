@@ -7,6 +7,7 @@ use std::sync::Arc;
 use bytes::Bytes;
 use futures::future::BoxFuture;
 
+use super::heavy;
 use super::stream::State;
 use super::{Durable, StreamError, StreamResult, StreamService, now_ms};
 use crate::model::json::{self, EmptyArray};
@@ -119,7 +120,7 @@ impl StreamService {
         let stream = self.find(name, false).await?;
         Self::writable(&stream)?;
         self.engine.room()?;
-        let bodies = parse_bodies(&stream, &request.body);
+        let bodies = parse_bodies(&stream, &request.body).await;
         let _permit = self
             .commit_permits
             .acquire()
@@ -193,19 +194,11 @@ impl StreamService {
         if !content_type::same_media_type(content_type, &stream.content_type) {
             return Err(StreamError::ContentTypeMismatch);
         }
-        let mut parsed = Vec::with_capacity(frames.len());
-        let mut messages = 0;
-        for frame in &frames {
-            let bodies = parse_bodies(&stream, frame);
-            messages += bodies.as_ref().map_or(0, Vec::len);
-            if messages > json::MAX_MESSAGES {
-                return Err(StreamError::BadRequest(format!(
-                    "a batch holds at most {} JSON messages in all",
-                    json::MAX_MESSAGES
-                )));
-            }
-            parsed.push(bodies);
-        }
+        let size = frames.iter().map(Bytes::len).sum();
+        let json = stream.json;
+        let (parsed, frames) =
+            heavy::by_size(size, move || (parse_frames(json, &frames), frames)).await;
+        let parsed = parsed?;
         let _permit = self
             .commit_permits
             .acquire()
@@ -315,14 +308,42 @@ impl StreamService {
 
 /// Splits a body into record bodies: JSON messages, or the bytes as one record. The result is
 /// reported at its place in the precedence order, so parsing can happen outside the lock.
-fn parse_bodies(stream: &Stream, body: &Bytes) -> Result<Vec<Bytes>, String> {
+async fn parse_bodies(stream: &Stream, body: &Bytes) -> Result<Vec<Bytes>, String> {
+    if stream.json && !body.is_empty() {
+        let body = body.clone();
+        heavy::by_size(body.len(), move || split_bodies(true, &body)).await
+    } else {
+        split_bodies(stream.json, body)
+    }
+}
+
+fn split_bodies(json: bool, body: &Bytes) -> Result<Vec<Bytes>, String> {
     if body.is_empty() {
         Ok(Vec::new())
-    } else if stream.json {
+    } else if json {
         json::messages(body, EmptyArray::Rejected).map_err(|e| e.to_string())
     } else {
         Ok(vec![body.clone()])
     }
+}
+
+/// Each frame of a batch split as [`parse_bodies`] does; too many JSON messages in all is a bad
+/// request for the whole batch.
+fn parse_frames(json: bool, frames: &[Bytes]) -> StreamResult<Vec<Result<Vec<Bytes>, String>>> {
+    let mut parsed = Vec::with_capacity(frames.len());
+    let mut messages = 0;
+    for frame in frames {
+        let bodies = split_bodies(json, frame);
+        messages += bodies.as_ref().map_or(0, Vec::len);
+        if messages > json::MAX_MESSAGES {
+            return Err(StreamError::BadRequest(format!(
+                "a batch holds at most {} JSON messages in all",
+                json::MAX_MESSAGES
+            )));
+        }
+        parsed.push(bodies);
+    }
+    Ok(parsed)
 }
 
 /// Validates one append against the stream's state and, when it writes, updates the state.

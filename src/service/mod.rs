@@ -9,6 +9,7 @@ mod buckets;
 mod cache;
 mod error;
 mod fork;
+pub mod heavy;
 mod read;
 mod read_memory;
 mod replication;
@@ -350,8 +351,12 @@ impl StreamService {
             if request.body.is_empty() {
                 Vec::new()
             } else {
-                json::messages(&request.body, EmptyArray::Allowed)
-                    .map_err(|e| StreamError::BadRequest(e.to_string()))?
+                let body = request.body.clone();
+                heavy::by_size(body.len(), move || {
+                    json::messages(&body, EmptyArray::Allowed)
+                })
+                .await
+                .map_err(|e| StreamError::BadRequest(e.to_string()))?
             }
         } else if request.body.is_empty() {
             Vec::new()

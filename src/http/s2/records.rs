@@ -270,7 +270,9 @@ async fn json_append(app: &AppState, headers: &HeaderMap, body: Body) -> Result<
     if bytes.is_empty() {
         return Err(bad("bad_json", "a body is required"));
     }
-    Ok(s2::parse_append_json(&bytes, format)?)
+    let size = bytes.len();
+    let parse = move || s2::parse_append_json(&bytes, format);
+    Ok(crate::service::heavy::by_size(size, parse).await?)
 }
 
 /// Whether the response should be protobuf: the first media type of `Accept` says so.
