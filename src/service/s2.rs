@@ -5,6 +5,7 @@
 use std::collections::HashSet;
 use std::sync::Arc;
 
+use futures::StreamExt as _;
 use serde::Deserialize as _;
 use serde_json::{Value, json};
 
@@ -20,6 +21,9 @@ use crate::model::s2::{self, BasinConfig, CheckedRecord, Command, StreamConfig, 
 use crate::model::stream::{BucketMeta, RequestedConfig};
 use crate::model::{Offset, names};
 use crate::storage::Change;
+
+/// Streams a basin delete removes at once (see `delete_basin`).
+const BASIN_DELETES_AT_ONCE: usize = 64;
 
 pub use crate::model::s2::{CheckedAppend, S2Append, S2Record};
 
@@ -397,13 +401,27 @@ impl StreamService {
             if listing.streams.is_empty() {
                 break;
             }
-            for summary in listing.streams {
+            // Many at once, so the group commit takes them together rather than one fsync each.
+            let deletes = listing.streams.into_iter().map(|summary| async move {
                 let key = names::stream_key_in(basin, &summary.stream_id)
                     .map_err(|e| StreamError::BadRequest(e.to_string()))?;
                 match self.delete(&key).await {
-                    Ok(()) | Err(StreamError::NotFound) | Err(StreamError::Gone) => {}
-                    Err(e) => return Err(e),
+                    Ok(()) | Err(StreamError::NotFound) | Err(StreamError::Gone) => Ok(()),
+                    Err(e) => Err(e),
                 }
+            });
+            let mut deletes =
+                futures::stream::iter(deletes).buffer_unordered(BASIN_DELETES_AT_ONCE);
+            // Each delete runs to its end (a dropped one could leave its commit without its
+            // in-memory removal); the first failure is reported once all are done.
+            let mut failed = None;
+            while let Some(deleted) = deletes.next().await {
+                if let Err(e) = deleted {
+                    failed.get_or_insert(e);
+                }
+            }
+            if let Some(e) = failed {
+                return Err(e);
             }
         }
         match self.delete_bucket(basin).await {
