@@ -1680,3 +1680,28 @@ async fn a_live_bucket_mirror_session_forgets_the_streams_deleted_upstream() {
     append(&http, &kept, "text/plain", "k2;").await;
     wait_until_mirrored(&http, &upstream, &mirror, &["kept"]).await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_whose_pump_ended_on_a_gap_is_forgotten_once_it_is_deleted() {
+    const FOLLOWED: &str = "runnel_replication_streams_followed";
+    let http = client();
+    let upstream = Server::start(&["--memory"]);
+    create_bucket(&http, &upstream).await;
+    let stream = upstream.url(&format!("/{BUCKET}/s"));
+    assert_eq!(put(&http, &stream, "text/plain", "a;").await.status(), 201);
+
+    // A cursor past the tail cannot be served: the stream's pump answers with a gap and ends,
+    // while the stream lives on.
+    let mut socket = connect_replica(&http, &upstream).await;
+    let join = serde_json::json!({
+        "@type": "SubscriptionRequest",
+        "stream": upstream.url(&format!("/{BUCKET}")),
+        "runnel:cursors": {"s": 99},
+    });
+    send_json(&mut socket, join).await;
+    read_until(&mut socket, |m| m["@type"] == "GapSignal").await;
+    wait_for_gauge(&http, &upstream, FOLLOWED, 1.0).await;
+
+    assert_eq!(http.delete(&stream).send().await.unwrap().status(), 204);
+    wait_for_gauge(&http, &upstream, FOLLOWED, 0.0).await;
+}

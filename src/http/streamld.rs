@@ -395,19 +395,26 @@ async fn bucket_pump(
     let mut appearing = app.service.streams_appearing_in(&bucket);
     // One pump per stream incarnation (internal id): a stream recreated under the same name is a
     // new stream, followed from its start; a pump that ended (gap, deletion) is not restarted
-    // here; the replica subscribes again when it is ready. The pump of a deleted stream is
-    // forgotten when it ends (ids are never reused), so a long session holds one per stream
-    // that exists, not one per stream it ever saw.
+    // here; the replica subscribes again when it is ready. A stream's pump is forgotten once
+    // the stream is deleted (ids are never reused), so a long session holds one per stream that
+    // exists, not one per stream it ever saw.
     let mut pumps = Followed::default();
-    let (ended_tx, mut ended) = mpsc::unbounded_channel::<(u64, String)>();
+    let (ended_tx, mut ended) = mpsc::unbounded_channel::<u64>();
     let prefix = names::bucket_prefix(&bucket);
     let follow = |pumps: &mut Followed, id: u64, key: &str, cursor: Cursor| {
         pumps.insert_with(id, || {
             let (app, queue, origin) = (app.clone(), queue.clone(), origin.clone());
             let (key, ended) = (key.to_string(), ended_tx.clone());
             Pump::spawn(async move {
-                stream_pump(app, queue, origin, key.clone(), cursor).await;
-                let _ = ended.send((id, key));
+                stream_pump(app.clone(), queue, origin, key.clone(), cursor).await;
+                // Ended on a gap while the stream lives on: it stays followed (and is not
+                // restarted) until the replica asks again or the stream goes.
+                if let Ok(stream) = app.service.find(&key, false).await
+                    && stream.id == id
+                {
+                    stream.until_deleted().await;
+                }
+                let _ = ended.send(id);
             })
         });
     };
@@ -447,12 +454,7 @@ async fn bucket_pump(
                     break;
                 }
             }
-            Some((id, key)) = ended.recv() => {
-                let same = app.service.find(&key, false).await.is_ok_and(|s| s.id == id);
-                if !same {
-                    pumps.remove(id);
-                }
-            }
+            Some(id) = ended.recv() => pumps.remove(id),
         }
     }
 }

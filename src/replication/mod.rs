@@ -216,6 +216,7 @@ pub async fn follow(service: Arc<StreamService>, url: String, credentials: Crede
             Ok(Ended::Closed) => {
                 tracing::info!(upstream = %url, "replication session ended; reconnecting")
             }
+            Ok(Ended::Stale) => {}
             Err(e) => {
                 tracing::warn!(upstream = %url, error = %e, "replication session failed; reconnecting")
             }
@@ -277,6 +278,10 @@ enum Ended {
     Closed,
     /// The mirror ended it to join again (see `Mirror::rejoin`).
     Rejoin,
+    /// A snapshot named by the upstream was gone when the mirror fetched it (replaced or
+    /// deleted since): join again, with the usual backoff, so that a snapshot replaced faster
+    /// than the mirror can fetch it does not make it rejoin in a tight loop.
+    Stale,
 }
 
 /// What a session reaches the upstream with.
@@ -395,7 +400,8 @@ async fn follow_once(
             // stream as it is now (or its deletion), where waiting for the next message would
             // leave records of a stream the mirror could not make.
             Err(MirrorError::SnapshotGone(url)) => {
-                mirror.rejoin = Some(format!("the snapshot of {url} is no longer served"));
+                tracing::info!(upstream = %upstream.url(), stream = %url, "a snapshot named by the upstream is gone; joining again");
+                return Ok(Ended::Stale);
             }
             other => other?,
         }

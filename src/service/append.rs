@@ -194,8 +194,13 @@ impl StreamService {
         if !content_type::same_media_type(content_type, &stream.content_type) {
             return Err(StreamError::ContentTypeMismatch);
         }
-        let size = frames.iter().map(Bytes::len).sum();
         let json = stream.json;
+        // Only JSON is parsed: other bodies are taken as they are, however large.
+        let size = if json {
+            frames.iter().map(Bytes::len).sum()
+        } else {
+            0
+        };
         let (parsed, frames) =
             heavy::by_size(size, move || (parse_frames(json, &frames), frames)).await;
         let parsed = parsed?;

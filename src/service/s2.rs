@@ -391,8 +391,17 @@ impl StreamService {
     }
 
     /// Deletes a basin with every stream in it (S2 semantics; the bucket API only deletes empty
-    /// buckets).
-    pub async fn delete_basin(&self, basin: &str) -> StreamResult<()> {
+    /// buckets). The work runs in its own task: a client that goes away does not cut the
+    /// stream removals in flight short, which would leave their commits without the in-memory
+    /// removals that follow them.
+    pub async fn delete_basin(self: &Arc<Self>, basin: &str) -> StreamResult<()> {
+        let (service, basin) = (Arc::clone(self), basin.to_string());
+        tokio::spawn(async move { service.delete_basin_streams(&basin).await })
+            .await
+            .map_err(|_| StreamError::from(crate::storage::StorageError::Failed))?
+    }
+
+    async fn delete_basin_streams(&self, basin: &str) -> StreamResult<()> {
         self.bucket_writable(basin)?;
         // Marked first, so that a delete cut short by a crash is finished, not half done.
         self.set_deleting(basin, true).await?;
@@ -428,8 +437,11 @@ impl StreamService {
             // Streams deleted while forks elsewhere still read them stay in the bucket: the
             // delete cannot finish, and the basin goes back to taking streams.
             Err(e @ StreamError::Conflict(_)) => {
-                self.set_deleting(basin, false).await?;
-                Err(e)
+                match self.set_deleting(basin, false).await {
+                    // Deleted meanwhile by a concurrent delete: nothing left to unmark.
+                    Ok(()) | Err(StreamError::BucketNotFound) => Err(e),
+                    Err(other) => Err(other),
+                }
             }
             other => other,
         }
@@ -453,7 +465,7 @@ impl StreamService {
     }
 
     /// Finishes the basin deletes the server stopped in the middle of.
-    pub async fn finish_basin_deletes(&self) {
+    pub async fn finish_basin_deletes(self: &Arc<Self>) {
         let deleting: Vec<String> = {
             let registry = self.lock_registry();
             (registry.buckets.iter())

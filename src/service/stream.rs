@@ -200,6 +200,16 @@ impl Stream {
         self.durable.get()
     }
 
+    /// Completes once the stream is deleted (also when only soft-deleted).
+    pub async fn until_deleted(&self) {
+        let mut watch = self.subscribe();
+        while !watch.borrow_and_update().deleted() {
+            if watch.changed().await.is_err() {
+                return;
+            }
+        }
+    }
+
     pub fn subscribe(&self) -> watch::Receiver<Durable> {
         self.durable.subscribe()
     }
