@@ -1051,10 +1051,12 @@ impl StreamService {
             if settles {
                 state.meta.extra_mut().pending_trim = None;
             }
+            // One batch, committed whole: the order of its changes does not matter.
             let mut changes = Vec::with_capacity(3);
             if moves {
                 state.meta.retained_from = at;
                 state.submit_meta_change();
+                changes.extend(state.trim_records(stream.id));
                 // A snapshot below the retained start no longer leads to the records after it:
                 // bootstrap would skip the trimmed ones. It goes with them.
                 let outrun = (state.meta.extra().snapshot.as_ref()).is_some_and(|s| s.offset < at);
@@ -1064,9 +1066,6 @@ impl StreamService {
                 }
             }
             changes.push(Change::PutStream(stream.id, Box::new(state.meta.clone())));
-            if moves {
-                changes.extend(state.trim_records(stream.id));
-            }
             (moves, self.engine.commit(changes))
         };
         let committed = commit.await;

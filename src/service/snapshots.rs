@@ -112,10 +112,11 @@ impl StreamService {
         Self::writable(&stream)?;
         self.engine.room()?;
         let at = self.retained_boundary(&stream, at).await?;
-        let digest = {
-            let (content_type, blob) = (content_type.clone(), blob.clone());
-            super::heavy::by_size(blob.len(), move || digest(&content_type, &blob)).await
-        };
+        let (content_type, blob, digest) = super::heavy::by_size(blob.len(), move || {
+            let digest = digest(&content_type, &blob);
+            (content_type, blob, digest)
+        })
+        .await;
         let write = {
             let mut state = stream.lock_present()?;
             stream.renew_locked(&mut state);
