@@ -358,6 +358,12 @@ async fn sigterm_answers_long_polls_ends_live_readers_and_exits_cleanly() {
         .unwrap()
         .unwrap();
     assert!(first.is_some());
+    // And until the long-poll is waiting too: sent before the server stops accepting, not after.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while live_readers(&server).await < 2 {
+        assert!(Instant::now() < deadline, "the long-poll never started");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
 
     let started = Instant::now();
     let status = tokio::task::spawn_blocking(move || {
