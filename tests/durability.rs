@@ -360,3 +360,143 @@ async fn with_sync_none_acknowledged_appends_survive_sigkill() {
     let server = Server::on_disk(dir.path());
     assert_eq!(read_all(&http, &server, path).await, "one;two;three;");
 }
+
+/// Distinct bytes at every position, so a body read from the wrong place cannot pass for it.
+fn patterned(len: usize, seed: u8) -> Vec<u8> {
+    (0..len)
+        .map(|i| (i as u8).wrapping_mul(31) ^ (i >> 9) as u8 ^ seed)
+        .collect()
+}
+
+/// The bytes of a byte stream from its start, however many reads that takes.
+async fn read_bytes(http: &reqwest::Client, server: &Server, path: &str) -> Vec<u8> {
+    let mut content = Vec::new();
+    let mut offset = "-1".to_string();
+    loop {
+        let response = http
+            .get(server.url(&format!("{path}?offset={offset}")))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status(), 200);
+        let done = header(&response, "stream-up-to-date") == Some("true");
+        offset = header(&response, "stream-next-offset").unwrap().to_string();
+        content.extend_from_slice(&response.bytes().await.unwrap());
+        if done {
+            return content;
+        }
+    }
+}
+
+fn staged_files(data: &std::path::Path) -> usize {
+    std::fs::read_dir(data.join("bodies")).map_or(0, |files| files.count())
+}
+
+/// Bodies of a megabyte or more are written to files of their own before their commit (so they
+/// hold up no other append): those appends and snapshots survive SIGKILL like any other, a
+/// refused one leaves no file behind, and deleting the stream deletes its files.
+#[tokio::test]
+async fn large_appends_and_snapshots_kept_in_their_own_files_survive_sigkill() {
+    let dir = tempfile::tempdir().unwrap();
+    let http = client();
+    let server = Server::on_disk(dir.path());
+    let octets = [("content-type", "application/octet-stream")];
+    let status = |response: reqwest::Response| response.status().as_u16();
+    let put = |path: &str, headers: &[(&str, &str)], body: Vec<u8>| {
+        let mut request = http.put(server.url(path)).body(body);
+        for (name, value) in headers {
+            request = request.header(*name, *value);
+        }
+        request.send()
+    };
+    let post = |path: &str, headers: &[(&str, &str)], body: Vec<u8>| {
+        let mut request = http.post(server.url(path)).body(body);
+        for (name, value) in headers {
+            request = request.header(*name, *value);
+        }
+        request.send()
+    };
+    assert_eq!(status(put("/bkt1", &[], Vec::new()).await.unwrap()), 201);
+    assert_eq!(
+        status(put("/bkt1/bin", &octets, Vec::new()).await.unwrap()),
+        201
+    );
+    let large = patterned(3 << 20, 1);
+    let seq_b = [octets[0], ("stream-seq", "b")];
+    let appended = post("/bkt1/bin", &seq_b, large.clone()).await.unwrap();
+    assert_eq!(appended.status(), 204);
+    let after_large = header(&appended, "stream-next-offset").unwrap().to_string();
+    let seq_a = [octets[0], ("stream-seq", "a")];
+    let refused = post("/bkt1/bin", &seq_a, patterned(2 << 20, 2))
+        .await
+        .unwrap();
+    assert_eq!(status(refused), 409, "a Stream-Seq going back is refused");
+    assert_eq!(
+        status(post("/bkt1/bin", &octets, b"tail".to_vec()).await.unwrap()),
+        204
+    );
+    let blob = patterned(2 << 20, 3);
+    let at = format!("/bkt1/bin/snapshot/{after_large}");
+    let snapshot = put(&at, &octets, blob.clone());
+    assert_eq!(status(snapshot.await.unwrap()), 204);
+
+    let json = [("content-type", "application/json")];
+    assert_eq!(
+        status(put("/bkt1/events", &json, Vec::new()).await.unwrap()),
+        201
+    );
+    let messages: Vec<String> = (0..20_000)
+        .map(|n| format!("{{\"n\":{n},\"pad\":\"{}\"}}", "x".repeat(100)))
+        .collect();
+    let array = format!("[{}]", messages.join(","));
+    assert_eq!(
+        status(
+            post("/bkt1/events", &json, array.into_bytes())
+                .await
+                .unwrap()
+        ),
+        204
+    );
+    assert_eq!(
+        staged_files(dir.path()),
+        3,
+        "the large append, the snapshot and the JSON append each have a file; the refused one none"
+    );
+
+    server.kill();
+    let server = Server::on_disk(dir.path());
+    let mut expected = large;
+    expected.extend_from_slice(b"tail");
+    assert!(read_bytes(&http, &server, "/bkt1/bin").await == expected);
+    let response = http
+        .get(server.url("/bkt1/bin/snapshot"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(
+        response.status(),
+        200,
+        "the redirect to the snapshot is followed"
+    );
+    assert!(response.bytes().await.unwrap() == blob);
+    let events = read_all(&http, &server, "/bkt1/events").await;
+    let read: Vec<String> = split_messages(&events, true);
+    assert_eq!(read.len(), messages.len());
+    assert_eq!(read[19_999], messages[19_999]);
+    assert_eq!(
+        staged_files(dir.path()),
+        3,
+        "the restart kept every file in use"
+    );
+
+    let deleted = http.delete(server.url("/bkt1/bin")).send().await.unwrap();
+    assert_eq!(deleted.status(), 204);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while staged_files(dir.path()) != 1 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the deleted stream's files are never deleted"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+}

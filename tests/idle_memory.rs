@@ -136,7 +136,7 @@ async fn idle_streams_cost_little_memory_after_creation_and_after_a_restart() {
                 ..StreamMeta::new(&name(i), "application/octet-stream")
             },
             producers: Vec::new(),
-            last_record: None,
+            stored_end: None,
         })
         .collect();
     let engine = forgetful(recovered);

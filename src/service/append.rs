@@ -16,7 +16,7 @@ use crate::model::record::lay_out_arrived;
 use crate::model::stream::ClosingProducer;
 use crate::model::{Offset, Record, content_type};
 use crate::service::Stream;
-use crate::storage::{Change, StorageError};
+use crate::storage::{Change, Staged, StorageError};
 
 /// An append (or close) request, with header syntax already checked by the face.
 #[derive(Clone, Debug, Default)]
@@ -121,6 +121,10 @@ impl StreamService {
         Self::writable(&stream)?;
         self.engine.room()?;
         let bodies = parse_bodies(&stream, &request.body).await;
+        let staged = match &bodies {
+            Ok(bodies) => self.stage(bodies.iter()).await?,
+            Err(_) => None,
+        };
         let _permit = self
             .commit_permits
             .acquire()
@@ -132,7 +136,7 @@ impl StreamService {
             match decide(&stream, &mut state, &request, bodies) {
                 Ok(decision) => {
                     stream.renew_locked(&mut state);
-                    Ok(self.carry_out(&stream, &mut state, decision))
+                    Ok(self.carry_out(&stream, &mut state, decision, staged))
                 }
                 Err(error) => Err((error, Awaited::seen(&state))),
             }
@@ -159,6 +163,7 @@ impl StreamService {
         stream: &Arc<Stream>,
         state: &mut State,
         decision: Decision,
+        staged: Option<Staged>,
     ) -> (
         AppendAck,
         Option<BoxFuture<'static, Result<(), StorageError>>>,
@@ -171,8 +176,8 @@ impl StreamService {
                 producer,
                 meta_changed,
             } => {
-                let commit =
-                    self.submit(stream, state, records, producer.into_iter(), meta_changed);
+                let producer = producer.into_iter();
+                let commit = self.submit(stream, state, records, producer, meta_changed, staged);
                 (ack, Some(commit), Awaited::default())
             }
             Decision::Acknowledge { ack, awaited } => (ack, None, awaited),
@@ -204,6 +209,7 @@ impl StreamService {
         let (parsed, frames) =
             heavy::by_size(size, move || (parse_frames(json, &frames), frames)).await;
         let parsed = parsed?;
+        let staged = self.stage(parsed.iter().flatten().flatten()).await?;
         let _permit = self
             .commit_permits
             .acquire()
@@ -248,8 +254,10 @@ impl StreamService {
             let wrote = results
                 .iter()
                 .any(|r| r.as_ref().is_ok_and(|a| !a.duplicate));
-            let commit = wrote
-                .then(|| self.submit(&stream, &mut state, records, producers.into_iter(), false));
+            let commit = wrote.then(|| {
+                let producers = producers.into_iter();
+                self.submit(&stream, &mut state, records, producers, false, staged)
+            });
             (results, commit, awaited)
         };
         let failed = match commit {
@@ -273,6 +281,18 @@ impl StreamService {
         Ok(results)
     }
 
+    /// Writes large bodies to a file of their own, when the engine would rather not copy them
+    /// into their commit (see `storage::staged`). Before any lock: it does I/O.
+    pub(super) async fn stage<'a>(
+        &self,
+        bodies: impl Iterator<Item = &'a Bytes> + Clone,
+    ) -> StreamResult<Option<Staged>> {
+        if !self.engine.stages(bodies.clone().map(Bytes::len).sum()) {
+            return Ok(None);
+        }
+        Ok(Some(self.engine.stage(bodies.cloned().collect()).await?))
+    }
+
     /// Caches the records and submits them, with the producers' states and, when more than the
     /// tail changed, the stream's metadata. (The tail itself need not be stored with every
     /// append: recovery finds it after the last stored record.) Once the commit is durable, the
@@ -285,6 +305,7 @@ impl StreamService {
         records: Vec<Record>,
         producers: impl Iterator<Item = (String, ProducerState)>,
         meta_changed: bool,
+        staged: Option<Staged>,
     ) -> BoxFuture<'static, Result<(), StorageError>> {
         let mut changes = Vec::with_capacity(3);
         if meta_changed || records.is_empty() {
@@ -293,7 +314,7 @@ impl StreamService {
         changes.extend(producers.map(|(id, p)| Change::PutProducer(stream.id, id, p)));
         state.recent.push(&self.cache_budget, &records);
         if !records.is_empty() {
-            changes.push(Change::PutRecords(stream.id, records));
+            changes.push(Change::PutRecords(stream.id, records, staged));
         }
         let commit = self.engine.commit(changes);
         let (tail, timestamp_ms, closed) = (

@@ -16,6 +16,7 @@ mod replication;
 mod s2;
 mod snapshots;
 mod stream;
+
 #[cfg(test)]
 mod tests;
 mod tokens;
@@ -32,10 +33,10 @@ use tokio_util::sync::CancellationToken;
 use crate::model::json::{self, EmptyArray};
 use crate::model::record::lay_out_arrived;
 use crate::model::stream::{
-    BucketMeta, ForkOrigin, MetaExtra, RequestedConfig, RequestedFork, StreamMeta,
+    BucketMeta, ForkOrigin, MetaExtra, RequestedConfig, RequestedFork, SnapshotInfo, StreamMeta,
 };
 use crate::model::{Offset, Record, content_type, names};
-use crate::storage::{Change, RecoveredStream, SharedEngine, StorageError, StreamId};
+use crate::storage::{Change, RecoveredStream, SharedEngine, Staged, StorageError, StreamId};
 
 pub use append::{AppendAck, AppendRequest};
 
@@ -363,6 +364,9 @@ impl StreamService {
         } else {
             vec![request.body.clone()]
         };
+        let staged = self
+            .stage_new(&bodies, request.mirror.as_ref(), plan.as_ref())
+            .await?;
 
         loop {
             let existing = self
@@ -388,6 +392,7 @@ impl StreamService {
                 plan.as_ref(),
                 &bodies,
                 request.mirror.as_ref(),
+                &staged,
             )?;
             let Some((stream, commit)) = created else {
                 continue;
@@ -475,6 +480,22 @@ impl StreamService {
         }
     }
 
+    /// Stages the large bodies of a new stream (see [`StreamService::stage`]).
+    async fn stage_new(
+        &self,
+        bodies: &[Bytes],
+        mirror: Option<&MirrorStart>,
+        plan: Option<&fork::ForkPlan>,
+    ) -> StreamResult<StagedBodies> {
+        Ok(StagedBodies {
+            records: self.stage(bodies.iter()).await?,
+            snapshot: match initial_snapshot(mirror, plan) {
+                Some((_, blob)) => self.stage(std::iter::once(blob)).await?,
+                None => None,
+            },
+        })
+    }
+
     /// Registers a new stream and submits its creation. `None` when the name was taken meanwhile.
     #[allow(clippy::type_complexity)]
     fn insert_new(
@@ -484,6 +505,7 @@ impl StreamService {
         plan: Option<&fork::ForkPlan>,
         bodies: &[Bytes],
         mirror: Option<&MirrorStart>,
+        staged: &StagedBodies,
     ) -> StreamResult<
         Option<(
             Arc<Stream>,
@@ -515,7 +537,7 @@ impl StreamService {
                 }
             }
         }
-        let (stream, changes) = self.build_stream(name, requested, plan, bodies, mirror)?;
+        let (stream, changes) = self.build_stream(name, requested, plan, bodies, mirror, staged)?;
         let commit = self.engine.commit(changes);
         registry.streams.insert(stream.name.clone(), stream.clone());
         Ok(Some((stream, commit)))
@@ -532,6 +554,7 @@ impl StreamService {
         plan: Option<&fork::ForkPlan>,
         bodies: &[Bytes],
         mirror: Option<&MirrorStart>,
+        staged: &StagedBodies,
     ) -> StreamResult<(Arc<Stream>, Vec<Change>)> {
         let now = now_ms();
         let retained_from = mirror.map_or(Offset::START, |m| m.at);
@@ -568,11 +591,7 @@ impl StreamService {
             retained_from,
             ..StreamMeta::new(name, &requested.content_type)
         };
-        // A mirror starts with its upstream's snapshot; a fork of a trimmed stream with its
-        // source's.
-        let initial_snapshot = mirror
-            .and_then(|m| m.snapshot.as_ref())
-            .or(plan.and_then(|p| p.snapshot.as_ref()));
+        let initial_snapshot = initial_snapshot(mirror, plan);
         meta.set_extra(MetaExtra {
             fork: plan.map(|p| ForkOrigin {
                 source_id: p.source.id,
@@ -630,10 +649,14 @@ impl StreamService {
         stream.lock().recent.push(&self.cache_budget, &records);
         let mut changes = vec![Change::PutStream(id, Box::new(meta))];
         if !records.is_empty() {
-            changes.push(Change::PutRecords(id, records));
+            changes.push(Change::PutRecords(id, records, staged.records.clone()));
         }
         if let Some((_, blob)) = initial_snapshot {
-            changes.push(Change::PutSnapshot(id, blob.clone()));
+            changes.push(Change::PutSnapshot(
+                id,
+                blob.clone(),
+                staged.snapshot.clone(),
+            ));
         }
         Ok((stream, changes))
     }
@@ -856,10 +879,10 @@ impl Rebuild {
     }
 
     fn build(&mut self, mut recovered: RecoveredStream, source: Option<Arc<Stream>>) {
-        if let Some(last) = &recovered.last_record {
+        if let Some(end) = recovered.stored_end {
             let meta = &mut recovered.meta;
-            meta.tail = meta.tail.max(last.next_offset());
-            meta.last_timestamp_ms = meta.last_timestamp_ms.max(last.timestamp_ms);
+            meta.tail = meta.tail.max(end.next);
+            meta.last_timestamp_ms = meta.last_timestamp_ms.max(end.timestamp_ms);
         }
         let durable = Durable {
             tail: recovered.meta.tail,
@@ -970,4 +993,21 @@ fn requested_config(
             sub_offset: f.sub_offset,
         }),
     })
+}
+
+/// The staged bodies of a new stream: its first records', and its initial snapshot's.
+struct StagedBodies {
+    records: Option<Staged>,
+    snapshot: Option<Staged>,
+}
+
+/// The snapshot a new stream starts with: a mirror its upstream's, a fork of a trimmed stream
+/// its source's.
+fn initial_snapshot<'a>(
+    mirror: Option<&'a MirrorStart>,
+    plan: Option<&'a fork::ForkPlan>,
+) -> Option<&'a (SnapshotInfo, Bytes)> {
+    mirror
+        .and_then(|m| m.snapshot.as_ref())
+        .or(plan.and_then(|p| p.snapshot.as_ref()))
 }

@@ -238,6 +238,7 @@ impl StreamService {
             return Ok(());
         };
         let (tail, timestamp) = (last.next_offset(), last.timestamp_ms);
+        let staged = self.stage(records.iter().map(|r| &r.body)).await?;
         let commit = {
             let mut state = stream.lock_present()?;
             if records[0].offset() != state.meta.tail {
@@ -247,7 +248,14 @@ impl StreamService {
             }
             state.meta.tail = tail;
             state.meta.last_timestamp_ms = state.meta.last_timestamp_ms.max(timestamp);
-            self.submit(stream, &mut state, records, std::iter::empty(), false)
+            self.submit(
+                stream,
+                &mut state,
+                records,
+                std::iter::empty(),
+                false,
+                staged,
+            )
         };
         commit.await?;
         Ok(())
@@ -261,6 +269,10 @@ impl StreamService {
         upstream: &ReplicatedState,
         snapshot_blob: Option<Bytes>,
     ) -> StreamResult<()> {
+        let staged = match &snapshot_blob {
+            Some(blob) => self.stage(std::iter::once(blob)).await?,
+            None => None,
+        };
         let (commit, changed) = {
             let mut state = stream.lock_present()?;
             let mut changes = Vec::new();
@@ -282,7 +294,7 @@ impl StreamService {
             }
             if let Some(blob) = snapshot_blob {
                 state.meta.extra_mut().snapshot = upstream.snapshot.clone();
-                changes.push(Change::PutSnapshot(stream.id, blob));
+                changes.push(Change::PutSnapshot(stream.id, blob, staged));
                 changed = true;
             } else if upstream.snapshot.is_none() && state.meta.extra().snapshot.is_some() {
                 state.meta.extra_mut().snapshot = None;
@@ -391,6 +403,7 @@ impl StreamService {
         self.engine.room()?;
         let request = mirror_request(key, upstream, state, snapshot_blob);
         let requested = super::requested_config(&request, None)?;
+        let staged = self.stage_new(&[], request.mirror.as_ref(), None).await?;
         let (new, commit) = {
             // Held until the commit is submitted: nothing else changes the old stream meanwhile.
             let old_state = old.lock();
@@ -403,7 +416,7 @@ impl StreamService {
                 ));
             }
             let (new, stored) =
-                self.build_stream(key, &requested, None, &[], request.mirror.as_ref())?;
+                self.build_stream(key, &requested, None, &[], request.mirror.as_ref(), &staged)?;
             // The removal first: the disk engine commits whatever precedes a removal in a batch
             // on its own, before it looks for the removed stream's keys.
             let mut changes = vec![Change::RemoveStream(old.id)];

@@ -542,8 +542,9 @@ impl StreamService {
                     }
                     // A command's effect (the fencing token, the pending trim) is stored with it.
                     let commanded = records.iter().any(|r| r.command);
-                    let commit =
-                        self.submit(stream, &mut state, records, std::iter::empty(), commanded);
+                    // An S2 batch is at most 1 MiB: too small to be worth staging.
+                    let none = std::iter::empty();
+                    let commit = self.submit(stream, &mut state, records, none, commanded, None);
                     Ok((ack, trim, commit))
                 }
                 Err(error) => Err((error, Awaited::seen(&state))),

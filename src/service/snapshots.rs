@@ -16,7 +16,7 @@ use crate::model::Offset;
 use crate::model::attrs::Attrs;
 use crate::model::records::RecordStart;
 use crate::model::stream::SnapshotInfo;
-use crate::storage::{Change, StorageError};
+use crate::storage::{Change, Staged, StorageError};
 
 /// What `/bootstrap` returns: the visible snapshot (if any), then the records from `start` up to
 /// `tail`, all as of one moment.
@@ -117,6 +117,7 @@ impl StreamService {
             (content_type, blob, digest)
         })
         .await;
+        let staged = self.stage(std::iter::once(&blob)).await?;
         let write = {
             let mut state = stream.lock_present()?;
             stream.renew_locked(&mut state);
@@ -145,7 +146,7 @@ impl StreamService {
                         &stream,
                         &mut state,
                         snapshot,
-                        blob,
+                        (blob, staged),
                         expected_digest,
                     )?;
                     MetaWrite::Commit(commit)
@@ -164,7 +165,7 @@ impl StreamService {
         stream: &Stream,
         state: &mut State,
         snapshot: SnapshotInfo,
-        blob: Bytes,
+        (blob, staged): (Bytes, Option<Staged>),
         expected_digest: Option<&str>,
     ) -> StreamResult<BoxFuture<'static, Result<(), StorageError>>> {
         let current = state.meta.extra().snapshot.as_ref();
@@ -183,7 +184,7 @@ impl StreamService {
         state.meta.extra_mut().snapshot = Some(snapshot);
         state.submit_meta_change();
         Ok(self.engine.commit(vec![
-            Change::PutSnapshot(stream.id, blob),
+            Change::PutSnapshot(stream.id, blob, staged),
             Change::PutStream(stream.id, Box::new(state.meta.clone())),
         ]))
     }

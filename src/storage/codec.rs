@@ -84,6 +84,14 @@ pub fn decode_trim(value: &[u8]) -> Result<(u64, u64), StorageError> {
 /// few inserts into the engine instead of 512.
 const RUN_VERSION: u8 = 3;
 
+/// A run whose bodies lie in a staged file (`storage::staged`), not in the value: version, the
+/// file's number (8), the first record's seq (8), the record count (4), then per record its
+/// fields, its body's place in the file (8) and its length (8).
+const FILED_RUN_VERSION: u8 = 4;
+
+/// What a filed run stores per record besides its headers: the fields, a place and a length.
+const FIXED_IN_FILED_RUN: usize = FIXED_IN_RUN - 4 + 16;
+
 /// A run closes once its records take this many encoded bytes, which bounds what a read of one
 /// record in it loads and decodes.
 pub const RUN_BYTES: usize = 64 * 1024;
@@ -122,19 +130,52 @@ impl<'a> Run<'a> {
         }
         out
     }
+
+    /// The stored value of a run whose bodies lie in staged file `file`, at `places` (one per
+    /// record of the run, in order). See [`FILED_RUN_VERSION`].
+    pub fn encode_filed(&self, file: u64, places: &[u64]) -> Vec<u8> {
+        let fields: usize = self
+            .records
+            .iter()
+            .map(|r| encoded_len(r) - r.body.len())
+            .sum();
+        let mut out = Vec::with_capacity(21 + fields + 12 * self.records.len());
+        out.push(FILED_RUN_VERSION);
+        out.extend_from_slice(&file.to_be_bytes());
+        out.extend_from_slice(&self.first.seq.to_be_bytes());
+        out.extend_from_slice(&(self.records.len() as u32).to_be_bytes());
+        for (record, place) in self.records.iter().zip(places) {
+            put_fields(&mut out, record);
+            out.extend_from_slice(&place.to_be_bytes());
+            out.extend_from_slice(&(record.body.len() as u64).to_be_bytes());
+        }
+        out
+    }
 }
 
 /// Splits records into the runs stored as one value each: consecutive seqs, closed at
 /// [`RUN_BYTES`]. A record that is large on its own is a run by itself.
 pub fn runs(records: &[Record]) -> impl Iterator<Item = Run<'_>> {
+    runs_weighed(records, encoded_len)
+}
+
+/// [`runs`] of records whose bodies lie in a staged file: only their fields count towards
+/// [`RUN_BYTES`], since only those are stored in the run.
+pub fn filed_runs(records: &[Record]) -> impl Iterator<Item = Run<'_>> {
+    runs_weighed(records, |record| {
+        encoded_len(record) - record.body.len() + 12
+    })
+}
+
+fn runs_weighed(records: &[Record], weight: fn(&Record) -> usize) -> impl Iterator<Item = Run<'_>> {
     let mut rest = records;
     std::iter::from_fn(move || {
         let (first, _) = rest.split_first()?;
         let mut last = first;
-        let mut bytes = encoded_len(first);
+        let mut bytes = weight(first);
         let mut len = 1;
         while let Some(next) = rest.get(len) {
-            bytes += encoded_len(next);
+            bytes += weight(next);
             if next.seq != last.seq.wrapping_add(1) || bytes > RUN_BYTES {
                 break;
             }
@@ -192,36 +233,119 @@ fn put_fields(out: &mut Vec<u8>, record: &Record) {
     }
 }
 
-/// The records of a stored value keyed by `key_seq`: one record, or a whole run. Bodies and
-/// headers are slices of `value`, not copies.
-pub fn decode_stored(key_seq: u64, value: Bytes) -> Result<Vec<Record>, StorageError> {
+/// What one stored value holds.
+#[derive(Debug)]
+pub enum Stored {
+    /// Records with their bodies: slices of the value, not copies.
+    Held(Vec<Record>),
+    /// Records whose bodies lie in a staged file, to be read from it.
+    Filed(FiledRun),
+}
+
+/// A run of records whose bodies lie in staged file `file`.
+#[derive(Debug)]
+pub struct FiledRun {
+    pub file: u64,
+    pub records: Vec<Filed>,
+}
+
+/// A record whose `body` is empty until read from the file: it lies at `place`, `len` bytes.
+#[derive(Debug)]
+pub struct Filed {
+    pub record: Record,
+    pub place: u64,
+    pub len: u64,
+}
+
+impl Filed {
+    /// The offset just after the record, without reading its body.
+    pub fn next_offset(&self) -> crate::model::Offset {
+        let bytes = if self.record.command { 0 } else { self.len };
+        crate::model::Offset::new(self.record.seq + 1, self.record.pos.wrapping_add(bytes))
+    }
+}
+
+impl Stored {
+    /// The offset just after the last record, and its timestamp, without reading any body.
+    pub fn end(&self) -> Option<(crate::model::Offset, i64)> {
+        match self {
+            Stored::Held(records) => records.last().map(|r| (r.next_offset(), r.timestamp_ms)),
+            Stored::Filed(run) => run
+                .records
+                .last()
+                .map(|f| (f.next_offset(), f.record.timestamp_ms)),
+        }
+    }
+}
+
+/// The records of a stored value keyed by `key_seq`: one record, or a whole run, with their
+/// bodies or where they lie.
+pub fn decode_stored(key_seq: u64, value: Bytes) -> Result<Stored, StorageError> {
     // No record has the last seq: the offset after it could not be written.
     if key_seq == u64::MAX {
         return Err(StorageError::Corrupt(
             "a record stored at seq 2^64 - 1".into(),
         ));
     }
-    if value.first() != Some(&RUN_VERSION) {
-        return Ok(vec![decode_record(key_seq, value)?]);
+    match value.first() {
+        Some(&RUN_VERSION) => decode_run(key_seq, value).map(Stored::Held),
+        Some(&FILED_RUN_VERSION) => decode_filed_run(key_seq, value).map(Stored::Filed),
+        _ => Ok(Stored::Held(vec![decode_record(key_seq, value)?])),
     }
+}
+
+/// Reads a run's header: its first seq and record count, checked against its key and against
+/// what its bytes can hold at `fixed` bytes per record at least (a count beyond that is
+/// corrupt, and must not size an allocation).
+fn run_header(
+    reader: &mut Reader,
+    key_seq: u64,
+    fixed: usize,
+) -> Option<std::ops::RangeInclusive<u64>> {
+    let first = reader.u64()?;
+    let count = reader.u32()?;
+    let fits = reader.data.len() / fixed;
+    if count == 0
+        || count as usize > fits
+        || first.checked_add(u64::from(count) - 1) != Some(key_seq)
+    {
+        return None;
+    }
+    Some(first..=key_seq)
+}
+
+fn decode_filed_run(key_seq: u64, value: Bytes) -> Result<FiledRun, StorageError> {
+    let corrupt = || StorageError::Corrupt(format!("filed run ending at {key_seq} is malformed"));
+    let mut reader = Reader {
+        data: &value,
+        at: 1,
+    };
+    let file = reader.u64().ok_or_else(corrupt)?;
+    let seqs = run_header(&mut reader, key_seq, FIXED_IN_FILED_RUN).ok_or_else(corrupt)?;
+    let mut records = Vec::with_capacity((key_seq - seqs.start() + 1) as usize);
+    for seq in seqs {
+        let mut record = read_fields(&mut reader, &value, RECORD_VERSION).ok_or_else(corrupt)?;
+        record.seq = seq;
+        let place = reader.u64().ok_or_else(corrupt)?;
+        let len = reader.u64().ok_or_else(corrupt)?;
+        place.checked_add(len).ok_or_else(corrupt)?;
+        records.push(Filed { record, place, len });
+    }
+    if reader.at != value.len() {
+        return Err(corrupt());
+    }
+    Ok(FiledRun { file, records })
+}
+
+fn decode_run(key_seq: u64, value: Bytes) -> Result<Vec<Record>, StorageError> {
     let corrupt = || StorageError::Corrupt(format!("run ending at {key_seq} is malformed"));
     let mut reader = Reader {
         data: &value,
         at: 1,
     };
-    let first = reader.u64().ok_or_else(corrupt)?;
-    let count = reader.u32().ok_or_else(corrupt)?;
-    // Every record takes at least its fixed fields: a count beyond that is corrupt, and must not
-    // size an allocation.
-    let fits = value.len() / FIXED_IN_RUN;
-    if count == 0
-        || count as usize > fits
-        || first.checked_add(u64::from(count) - 1) != Some(key_seq)
-    {
-        return Err(corrupt());
-    }
-    let mut records = Vec::with_capacity(count as usize);
-    for seq in first..=key_seq {
+    let seqs = run_header(&mut reader, key_seq, FIXED_IN_RUN).ok_or_else(corrupt)?;
+    let mut records = Vec::with_capacity((key_seq - seqs.start() + 1) as usize);
+    for seq in seqs {
         let mut record = read_fields(&mut reader, &value, RECORD_VERSION).ok_or_else(corrupt)?;
         record.seq = seq;
         record.body = reader.sized(&value).ok_or_else(corrupt)?;
@@ -412,6 +536,13 @@ mod tests {
     use super::*;
     use proptest::prelude::*;
 
+    fn held(stored: Stored) -> Vec<Record> {
+        match stored {
+            Stored::Held(records) => records,
+            Stored::Filed(_) => panic!("records held in the value decoded as filed"),
+        }
+    }
+
     proptest! {
         #[test]
         fn records_round_trip(
@@ -440,12 +571,45 @@ mod tests {
                 crate::model::Offset::new(first, first), 0, bodies);
             let mut decoded = Vec::new();
             for run in runs(&records) {
-                let held = run.records();
-                prop_assert!(held.len() == 1 || held.iter().map(encoded_len).sum::<usize>() <= RUN_BYTES);
+                let kept = run.records();
+                prop_assert!(kept.len() == 1 || kept.iter().map(encoded_len).sum::<usize>() <= RUN_BYTES);
                 let key_seq = record_seq(&run.key(9)).unwrap();
-                decoded.extend(decode_stored(key_seq, Bytes::from(run.encode())).unwrap());
+                decoded.extend(held(decode_stored(key_seq, Bytes::from(run.encode())).unwrap()));
             }
             prop_assert_eq!(decoded, records);
+        }
+
+        #[test]
+        fn filed_runs_round_trip_their_fields_and_places(
+            first in 0u64..u64::MAX / 2,
+            bodies in proptest::collection::vec(0usize..100, 1..4000),
+            file in any::<u64>(),
+        ) {
+            let bodies = bodies.into_iter().map(|len| Bytes::from(vec![7; len])).collect();
+            let records = crate::model::record::lay_out(
+                crate::model::Offset::new(first, first), 0, bodies);
+            let places: Vec<u64> = records.iter().map(|r| r.pos * 3).collect();
+            let mut at = 0;
+            let mut decoded = Vec::new();
+            for run in filed_runs(&records) {
+                let kept = run.records().len();
+                let value = run.encode_filed(file, &places[at..at + kept]);
+                prop_assert!(kept == 1 || value.len() <= RUN_BYTES + 21);
+                at += kept;
+                let key_seq = record_seq(&run.key(9)).unwrap();
+                let Stored::Filed(run) = decode_stored(key_seq, Bytes::from(value)).unwrap() else {
+                    panic!("a filed run decoded as held records");
+                };
+                prop_assert_eq!(run.file, file);
+                decoded.extend(run.records);
+            }
+            prop_assert_eq!(decoded.len(), records.len());
+            for (filed, record) in decoded.iter().zip(&records) {
+                prop_assert_eq!(filed.place, record.pos * 3);
+                prop_assert_eq!(filed.len, record.body.len() as u64);
+                prop_assert_eq!(filed.next_offset(), record.next_offset());
+                prop_assert_eq!(&filed.record, &Record { body: Bytes::new(), ..record.clone() });
+            }
         }
 
         #[test]
@@ -453,6 +617,9 @@ mod tests {
             let mut run = vec![RUN_VERSION];
             run.extend_from_slice(&value);
             let _ = decode_stored(u64::MAX - 1, Bytes::from(run));
+            let mut filed = vec![FILED_RUN_VERSION];
+            filed.extend_from_slice(&value);
+            let _ = decode_stored(u64::MAX - 1, Bytes::from(filed));
             let _ = decode_stored(0, Bytes::from(value.clone()));
             let _ = decode_producer(&value);
         }

@@ -6,7 +6,9 @@ use std::sync::Mutex;
 use bytes::Bytes;
 use futures::future::{self, BoxFuture};
 
-use super::{ByteBudget, Change, Engine, Recovered, RecoveredStream, StorageError, StreamId};
+use super::{
+    ByteBudget, Change, Engine, Recovered, RecoveredStream, StorageError, StoredEnd, StreamId,
+};
 use crate::model::Record;
 use crate::model::access::TokenRecord;
 use crate::model::producer::ProducerState;
@@ -50,7 +52,7 @@ impl Engine for MemoryEngine {
                     state.next_id = state.next_id.max(id + 1);
                     state.streams.insert(id, *meta);
                 }
-                Change::PutRecords(id, records) => {
+                Change::PutRecords(id, records, _) => {
                     for record in records {
                         state.records.insert((id, record.seq), record);
                     }
@@ -75,7 +77,7 @@ impl Engine for MemoryEngine {
                         state.records.remove(&key);
                     }
                 }
-                Change::PutSnapshot(id, blob) => {
+                Change::PutSnapshot(id, blob, _) => {
                     state.snapshots.insert(id, blob);
                 }
                 Change::RemoveSnapshot(id) => {
@@ -139,11 +141,11 @@ impl Engine for MemoryEngine {
                     .take_while(|((stream, _), _)| *stream == id)
                     .map(|((_, name), value)| (name.clone(), value.clone()))
                     .collect(),
-                last_record: state
+                stored_end: state
                     .records
                     .range((id, 0)..=(id, u64::MAX))
                     .next_back()
-                    .map(|(_, r)| r.clone()),
+                    .map(|(_, r)| StoredEnd::of(r)),
             })
             .collect();
         let buckets = state

@@ -7,19 +7,21 @@
 pub mod codec;
 mod fjall_engine;
 mod memory;
+pub mod staged;
 
 use std::sync::Arc;
 
 use bytes::Bytes;
 use futures::future::BoxFuture;
 
-use crate::model::Record;
 use crate::model::access::TokenRecord;
 use crate::model::producer::ProducerState;
 use crate::model::stream::{BucketMeta, StreamMeta};
+use crate::model::{Offset, Record};
 
 pub use fjall_engine::{FjallEngine, SyncMode};
 pub use memory::MemoryEngine;
+pub use staged::Staged;
 
 /// Internal stream identifier: small, never reused, independent of the stream's name.
 pub type StreamId = u64;
@@ -29,8 +31,9 @@ pub type StreamId = u64;
 pub enum Change {
     /// Create or replace the stream's metadata.
     PutStream(StreamId, Box<StreamMeta>),
-    /// Add records (their `seq` values are the keys).
-    PutRecords(StreamId, Vec<Record>),
+    /// Add records (their `seq` values are the keys). Bodies that are among the staged ones
+    /// are stored as references into the staged file (see [`Engine::stage`]).
+    PutRecords(StreamId, Vec<Record>, Option<Staged>),
     PutProducer(StreamId, String, ProducerState),
     /// Remove the stream with its records, producers and snapshot.
     RemoveStream(StreamId),
@@ -38,8 +41,9 @@ pub enum Change {
     /// returning them once the batch is durable, and after a restart; an engine may delete them
     /// physically later, in the background. The point never moves back: a lower one is ignored.
     TrimRecords(StreamId, u64),
-    /// Store the blob of the stream's visible snapshot, replacing any earlier one.
-    PutSnapshot(StreamId, Bytes),
+    /// Store the blob of the stream's visible snapshot, replacing any earlier one; by reference
+    /// when it is the staged file's one body.
+    PutSnapshot(StreamId, Bytes, Option<Staged>),
     RemoveSnapshot(StreamId),
     PutBucket(String, BucketMeta),
     RemoveBucket(String),
@@ -77,9 +81,24 @@ pub struct RecoveredStream {
     pub id: StreamId,
     pub meta: StreamMeta,
     pub producers: Vec<(String, ProducerState)>,
-    /// The stream's last stored record. Appends need not rewrite the metadata, so the tail is
-    /// the later of `meta.tail` and this record's end.
-    pub last_record: Option<Record>,
+    /// Where the stream's last stored record ends, and its timestamp. Appends need not rewrite
+    /// the metadata, so the tail is the later of `meta.tail` and this.
+    pub stored_end: Option<StoredEnd>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct StoredEnd {
+    pub next: Offset,
+    pub timestamp_ms: i64,
+}
+
+impl StoredEnd {
+    pub fn of(record: &Record) -> StoredEnd {
+        StoredEnd {
+            next: record.next_offset(),
+            timestamp_ms: record.timestamp_ms,
+        }
+    }
 }
 
 /// A storage engine. Implementations are internally synchronised.
@@ -89,6 +108,22 @@ pub trait Engine: Send + Sync + 'static {
     /// Enqueueing happens before `commit` returns, so callers may hold a lock across the call
     /// to fix the order, and await the future after releasing it.
     fn commit(&self, changes: Vec<Change>) -> BoxFuture<'static, Result<(), StorageError>>;
+
+    /// Whether bodies of `bytes` in all are better staged (see [`Engine::stage`]) than copied
+    /// into their commit. Never, by default.
+    fn stages(&self, _bytes: usize) -> bool {
+        false
+    }
+
+    /// Writes `bodies` to a file of their own and syncs it, so that a commit carrying them (by
+    /// [`Change::PutRecords`] or [`Change::PutSnapshot`] with the returned [`Staged`]) stores
+    /// only references and holds up no other commit while the bodies are copied. Call it before
+    /// taking any lock: it does I/O. Only for bodies [`Engine::stages`] says are worth it.
+    fn stage(&self, _bodies: Vec<Bytes>) -> BoxFuture<'static, Result<Staged, StorageError>> {
+        Box::pin(futures::future::ready(Err(StorageError::Io(
+            "this engine stages no bodies".into(),
+        ))))
+    }
 
     /// Records of one stream with `from <= seq < until`, in order, stopping before the record
     /// whose body would take the read past `max_bytes` (but at least one record when any is in
@@ -152,7 +187,12 @@ impl ByteBudget {
 
     /// Whether `record` is read, spending on it if so.
     pub(crate) fn take(&mut self, record: &Record) -> bool {
-        let used = self.used.saturating_add(record.body.len());
+        self.take_len(record.body.len())
+    }
+
+    /// Whether a record with a body of `len` bytes is read, spending on it if so.
+    pub(crate) fn take_len(&mut self, len: usize) -> bool {
+        let used = self.used.saturating_add(len);
         if self.records > 0 && used > self.max {
             return false;
         }
@@ -199,7 +239,7 @@ mod contract {
         engine
             .commit(vec![
                 Change::PutStream(1, Box::new(meta("s", tail))),
-                Change::PutRecords(1, records.clone()),
+                Change::PutRecords(1, records.clone(), None),
             ])
             .await
             .unwrap();
@@ -218,8 +258,8 @@ mod contract {
         assert!(engine.read(2, 0, 3, usize::MAX).await.unwrap().is_empty());
         let recovered = engine.recover().unwrap();
         assert_eq!(
-            recovered.streams[0].last_record.as_ref(),
-            records.last(),
+            recovered.streams[0].stored_end,
+            records.last().map(StoredEnd::of),
             "the tail can be found after the last record"
         );
     }
@@ -242,7 +282,7 @@ mod contract {
         let recovered = engine.recover().unwrap();
         assert_eq!(recovered.next_id, 10);
         let a = recovered.streams.iter().find(|s| s.id == 4).unwrap();
-        assert_eq!(a.last_record, None);
+        assert_eq!(a.stored_end, None);
         assert_eq!(a.meta, meta("a", Offset::START));
         assert_eq!(a.producers, vec![("p1".to_string(), producer)]);
     }
@@ -253,7 +293,7 @@ mod contract {
                 Change::PutStream(12, Box::new(meta("c", Offset::START))),
                 Change::PutStream(2, Box::new(meta("a", Offset::START))),
                 Change::PutStream(7, Box::new(meta("b", Offset::START))),
-                Change::PutRecords(7, lay_out(Offset::START, 1, bodies(&["x"]))),
+                Change::PutRecords(7, lay_out(Offset::START, 1, bodies(&["x"])), None),
             ])
             .await
             .unwrap();
@@ -266,8 +306,8 @@ mod contract {
         assert_eq!(handed.len(), collected.len());
         for (one, other) in handed.iter().zip(&collected) {
             assert_eq!(
-                (one.id, &one.meta, &one.last_record),
-                (other.id, &other.meta, &other.last_record)
+                (one.id, &one.meta, &one.stored_end),
+                (other.id, &other.meta, &other.stored_end)
             );
         }
     }
@@ -277,7 +317,7 @@ mod contract {
         engine
             .commit(vec![
                 Change::PutStream(3, Box::new(meta("gone", Offset::new(1, 1)))),
-                Change::PutRecords(3, records),
+                Change::PutRecords(3, records, None),
                 Change::PutProducer(
                     3,
                     "p".into(),
@@ -303,7 +343,7 @@ mod contract {
         engine
             .commit(vec![
                 Change::PutStream(5, Box::new(meta("brief", Offset::new(2, 2)))),
-                Change::PutRecords(5, records),
+                Change::PutRecords(5, records, None),
                 Change::RemoveStream(5),
             ])
             .await
@@ -321,7 +361,7 @@ mod contract {
         engine
             .commit(vec![
                 Change::PutStream(6, Box::new(meta("h", Offset::new(2, 4)))),
-                Change::PutRecords(6, records.clone()),
+                Change::PutRecords(6, records.clone(), None),
             ])
             .await
             .unwrap();
@@ -333,9 +373,9 @@ mod contract {
         engine
             .commit(vec![
                 Change::PutStream(7, Box::new(meta("t", Offset::new(10, 10)))),
-                Change::PutRecords(7, records.clone()),
+                Change::PutRecords(7, records.clone(), None),
                 Change::PutStream(8, Box::new(meta("u", Offset::new(10, 10)))),
-                Change::PutRecords(8, records.clone()),
+                Change::PutRecords(8, records.clone(), None),
             ])
             .await
             .unwrap();
@@ -370,16 +410,16 @@ mod contract {
         assert!(read(0, 10).await.unwrap().is_empty());
         let recovered = engine.recover().unwrap();
         let stream = recovered.streams.iter().find(|s| s.id == 7).unwrap();
-        assert_eq!(stream.last_record, None, "no retained record is left");
+        assert_eq!(stream.stored_end, None, "no retained record is left");
         let more = lay_out(Offset::new(10, 10), 2, bodies(&["b", "c"]));
         engine
-            .commit(vec![Change::PutRecords(7, more.clone())])
+            .commit(vec![Change::PutRecords(7, more.clone(), None)])
             .await
             .unwrap();
         assert_eq!(read(0, 20).await.unwrap(), more);
         let recovered = engine.recover().unwrap();
         let stream = recovered.streams.iter().find(|s| s.id == 7).unwrap();
-        assert_eq!(stream.last_record.as_ref(), more.last());
+        assert_eq!(stream.stored_end, more.last().map(StoredEnd::of));
     }
 
     pub async fn a_stream_trimmed_then_removed_leaves_nothing(engine: &dyn Engine) {
@@ -387,7 +427,7 @@ mod contract {
         engine
             .commit(vec![
                 Change::PutStream(9, Box::new(meta("r", Offset::new(5, 5)))),
-                Change::PutRecords(9, records),
+                Change::PutRecords(9, records, None),
             ])
             .await
             .unwrap();
@@ -475,14 +515,17 @@ mod contract {
             engine
                 .commit(vec![
                     Change::PutStream(1, Box::new(meta("p", Offset::new(2, 9)))),
-                    Change::PutRecords(1, records.clone()),
+                    Change::PutRecords(1, records.clone(), None),
                 ])
                 .await
                 .unwrap();
         }
         let engine = FjallEngine::open(dir.path(), SyncMode::Fsync, 0).unwrap();
         let recovered = engine.recover().unwrap();
-        assert_eq!(recovered.streams[0].last_record.as_ref(), records.last());
+        assert_eq!(
+            recovered.streams[0].stored_end,
+            records.last().map(StoredEnd::of)
+        );
         assert_eq!(
             engine.recover().unwrap().streams[0].meta.tail,
             Offset::new(2, 9)
@@ -499,7 +542,7 @@ mod contract {
             engine
                 .commit(vec![
                     Change::PutStream(1, Box::new(meta("p", Offset::new(4, 4)))),
-                    Change::PutRecords(1, records.clone()),
+                    Change::PutRecords(1, records.clone(), None),
                 ])
                 .await
                 .unwrap();
@@ -514,6 +557,9 @@ mod contract {
             records[3..]
         );
         let recovered = engine.recover().unwrap();
-        assert_eq!(recovered.streams[0].last_record.as_ref(), records.last());
+        assert_eq!(
+            recovered.streams[0].stored_end,
+            records.last().map(StoredEnd::of)
+        );
     }
 }

@@ -6,6 +6,7 @@
 //! (`trims`); writes are refused before the disk fills (`space`). This file holds the engine
 //! itself: opening, reading and recovery.
 
+mod body_files;
 mod space;
 mod trims;
 mod writer;
@@ -20,10 +21,14 @@ use futures::FutureExt;
 use futures::future::BoxFuture;
 use tokio::sync::oneshot;
 
-use super::codec::{self, decode_stored};
-use super::{ByteBudget, Change, Engine, Recovered, RecoveredStream, StorageError, StreamId};
+use super::codec::{self, Stored, decode_stored};
+use super::{
+    ByteBudget, Change, Engine, Recovered, RecoveredStream, Staged, StorageError, StoredEnd,
+    StreamId,
+};
 use crate::model::Record;
 
+use body_files::{BodyFiles, STAGE_BYTES};
 use space::FreeSpace;
 use trims::Trims;
 use writer::{Submission, Writer};
@@ -50,6 +55,9 @@ struct Keyspaces {
     /// Per trimmed stream, [`codec::encode_trim`]: where its trim stands and how far the
     /// records below it are deleted.
     trims: Keyspace,
+    /// Which staged files hold records' bodies, and which hold snapshots (see `body_files`).
+    record_files: Keyspace,
+    snapshot_files: Keyspace,
 }
 
 impl Keyspaces {
@@ -84,6 +92,8 @@ impl Keyspaces {
             system: open("system")?,
             // Created on first open by this version; data written before has no trims pending.
             trims: open("trims")?,
+            record_files: open("record_files")?,
+            snapshot_files: open("snapshot_files")?,
             db,
         })
     }
@@ -96,6 +106,7 @@ pub struct FjallEngine {
     stats: Arc<CommitStats>,
     space: Arc<FreeSpace>,
     trims: Arc<Trims>,
+    files: Arc<BodyFiles>,
 }
 
 impl Drop for FjallEngine {
@@ -155,6 +166,13 @@ impl FjallEngine {
     pub fn open(dir: &Path, sync: SyncMode, reserve: u64) -> Result<Self, StorageError> {
         let keyspaces = Keyspaces::open(dir)?;
         let trims = Arc::new(Trims::load(&keyspaces.trims)?);
+        let files = Arc::new(BodyFiles::open(
+            dir,
+            &keyspaces.record_files,
+            &keyspaces.snapshot_files,
+            sync == SyncMode::Fsync,
+            reserve,
+        )?);
         let (queue, incoming) = mpsc::channel();
         let failed = Arc::new(AtomicBool::new(false));
         let stats = Arc::new(CommitStats::default());
@@ -164,6 +182,7 @@ impl FjallEngine {
             failed: failed.clone(),
             stats: stats.clone(),
             trims: trims.clone(),
+            files: files.clone(),
         };
         std::thread::Builder::new()
             .name("runnel-writer".into())
@@ -181,6 +200,7 @@ impl FjallEngine {
             stats,
             space: FreeSpace::watch(dir, reserve),
             trims,
+            files,
         })
     }
 
@@ -195,6 +215,7 @@ impl FjallEngine {
 
     fn read_sync(
         records: &Keyspace,
+        files: &BodyFiles,
         id: StreamId,
         from: u64,
         until: u64,
@@ -212,19 +233,67 @@ impl FjallEngine {
             // The records keep the engine's buffer alive instead of copying it: catch-up reads
             // spent a tenth of their time in that copy.
             let last = codec::record_seq(&key)?;
-            let run = decode_stored(last, Bytes::from_owner(value))?;
-            for record in run.into_iter().skip_while(|r| r.seq < from) {
-                if record.seq >= until || !budget.take(&record) {
-                    return Ok(out);
+            let complete = match decode_stored(last, Bytes::from_owner(value))? {
+                Stored::Held(run) => {
+                    let mut wanted = run.into_iter().skip_while(|r| r.seq < from);
+                    wanted.all(|record| {
+                        let taken = record.seq < until && budget.take(&record);
+                        if taken {
+                            out.push(record);
+                        }
+                        taken
+                    })
                 }
-                out.push(record);
-            }
+                Stored::Filed(run) => {
+                    Self::read_filed(files, run, from, until, &mut budget, &mut out)?
+                }
+            };
             // Do not load the next run only to find it starts at or past `until`.
-            if last.saturating_add(1) >= until {
+            if !complete || last.saturating_add(1) >= until {
                 break;
             }
         }
         Ok(out)
+    }
+
+    /// Adds to `out` the records of `run` in `from..until` that fit the budget, their bodies
+    /// read from the staged file in one read. Returns whether the read may go on to the next
+    /// run: not when the budget or `until` stopped it, nor when the file is gone (the records
+    /// were trimmed or removed since the read began; what was read so far is the answer).
+    fn read_filed(
+        files: &BodyFiles,
+        run: codec::FiledRun,
+        from: u64,
+        until: u64,
+        budget: &mut ByteBudget,
+        out: &mut Vec<Record>,
+    ) -> Result<bool, StorageError> {
+        let wanted = run.records.into_iter().skip_while(|f| f.record.seq < from);
+        let mut taken = Vec::new();
+        let mut complete = true;
+        for filed in wanted {
+            if filed.record.seq >= until || !budget.take_len(filed.len as usize) {
+                complete = false;
+                break;
+            }
+            taken.push(filed);
+        }
+        let Some(start) = taken.iter().map(|f| f.place).min() else {
+            return Ok(complete);
+        };
+        let end = taken.iter().map(|f| f.place + f.len).max().unwrap_or(start);
+        let Some(span) = files.read(run.file, start, end - start)? else {
+            return Ok(false);
+        };
+        for filed in taken {
+            let at = (filed.place - start) as usize;
+            let body = span.slice(at..at + filed.len as usize);
+            out.push(Record {
+                body,
+                ..filed.record
+            });
+        }
+        Ok(complete)
     }
 }
 
@@ -242,6 +311,23 @@ impl Engine for FjallEngine {
         async move { result.await.unwrap_or(Err(StorageError::Failed)) }.boxed()
     }
 
+    fn stages(&self, bytes: usize) -> bool {
+        bytes >= STAGE_BYTES
+    }
+
+    fn stage(&self, bodies: Vec<Bytes>) -> BoxFuture<'static, Result<Staged, StorageError>> {
+        if self.failed.load(Ordering::Acquire) {
+            return futures::future::ready(Err(StorageError::Failed)).boxed();
+        }
+        let files = self.files.clone();
+        async move {
+            tokio::task::spawn_blocking(move || files.stage(bodies))
+                .await
+                .map_err(io)?
+        }
+        .boxed()
+    }
+
     fn read(
         &self,
         id: StreamId,
@@ -249,12 +335,12 @@ impl Engine for FjallEngine {
         until: u64,
         max_bytes: usize,
     ) -> BoxFuture<'static, Result<Vec<Record>, StorageError>> {
-        let records = self.keyspaces.records.clone();
+        let (records, files) = (self.keyspaces.records.clone(), self.files.clone());
         // Trimmed records may still be stored until the purger reaches them; never show them.
         let from = from.max(self.trims.floor(id));
         async move {
             tokio::task::spawn_blocking(move || {
-                Self::read_sync(&records, id, from, until, max_bytes)
+                Self::read_sync(&records, &files, id, from, until, max_bytes)
             })
             .await
             .map_err(io)?
@@ -266,11 +352,22 @@ impl Engine for FjallEngine {
         &self,
         id: StreamId,
     ) -> BoxFuture<'static, Result<Option<Bytes>, StorageError>> {
-        let snapshots = self.keyspaces.snapshots.clone();
+        let ks = self.keyspaces.clone();
+        let files = self.files.clone();
         async move {
             tokio::task::spawn_blocking(move || {
-                let blob = snapshots.get(codec::stream_key(id)).map_err(io)?;
-                Ok(blob.map(Bytes::from_owner))
+                let key = codec::stream_key(id);
+                // A newer snapshot may replace the file between the lookup and the read: then
+                // look again.
+                loop {
+                    let Some(number) = ks.snapshot_files.get(key).map_err(io)? else {
+                        let blob = ks.snapshots.get(key).map_err(io)?;
+                        return Ok(blob.map(Bytes::from_owner));
+                    };
+                    if let Some(blob) = files.read_whole(body_files::decode_number(&number)?)? {
+                        return Ok(Some(blob));
+                    }
+                }
             })
             .await
             .map_err(io)?
@@ -342,12 +439,14 @@ impl Engine for FjallEngine {
             // The last retained record: trimmed ones may linger until they are purged.
             let retained =
                 codec::record_key(id, self.trims.floor(id))..=codec::record_key(id, u64::MAX);
-            let last_record = match ks.records.range(retained).next_back() {
+            let stored_end = match ks.records.range(retained).next_back() {
                 Some(guard) => {
                     let (key, value) = guard.into_inner().map_err(io)?;
                     let seq = codec::record_seq(&key)?;
                     // Not copied: the record only tells the service its stream's tail, and goes.
-                    decode_stored(seq, Bytes::from_owner(value))?.pop()
+                    decode_stored(seq, Bytes::from_owner(value))?
+                        .end()
+                        .map(|(next, timestamp_ms)| StoredEnd { next, timestamp_ms })
                 }
                 None => None,
             };
@@ -356,7 +455,7 @@ impl Engine for FjallEngine {
                 id,
                 meta,
                 producers,
-                last_record,
+                stored_end,
             });
         }
         let next_id = match ks.system.get(NEXT_ID_KEY).map_err(io)? {
@@ -392,7 +491,7 @@ mod tests {
         let commits: Vec<_> = (0..200u64)
             .map(|i| {
                 let records = lay_out(Offset::new(i, i), 0, vec![Bytes::from_static(b"x")]);
-                engine.commit(vec![Change::PutRecords(1, records)])
+                engine.commit(vec![Change::PutRecords(1, records, None)])
             })
             .collect();
         for commit in commits {
@@ -424,7 +523,9 @@ mod tests {
     /// Each record as a change of its own, so each is stored under a key of its own: the purge
     /// tests count deletions in keys.
     fn one_key_each(id: StreamId, records: Vec<Record>) -> Vec<Change> {
-        let each = records.into_iter().map(|r| Change::PutRecords(id, vec![r]));
+        let each = records
+            .into_iter()
+            .map(|r| Change::PutRecords(id, vec![r], None));
         each.collect()
     }
 
@@ -437,8 +538,14 @@ mod tests {
         for guard in runs {
             let (key, value) = guard.into_inner().unwrap();
             let run = decode_stored(codec::record_seq(&key).unwrap(), Bytes::from_owner(value));
-            let seqs = run.unwrap().into_iter().map(|r| r.seq);
-            count += seqs.filter(|seq| (from..until).contains(seq)).count();
+            let seqs: Vec<u64> = match run.unwrap() {
+                Stored::Held(records) => records.iter().map(|r| r.seq).collect(),
+                Stored::Filed(run) => run.records.iter().map(|f| f.record.seq).collect(),
+            };
+            count += seqs
+                .iter()
+                .filter(|seq| (from..until).contains(*seq))
+                .count();
         }
         count
     }
@@ -474,7 +581,7 @@ mod tests {
             at = records[0].next_offset();
             let started = std::time::Instant::now();
             engine
-                .commit(vec![Change::PutRecords(2, records)])
+                .commit(vec![Change::PutRecords(2, records, None)])
                 .await
                 .unwrap();
             worst = worst.max(started.elapsed());
@@ -507,12 +614,15 @@ mod tests {
     fn bare_writer(dir: &Path) -> Writer {
         let keyspaces = Keyspaces::open(dir).unwrap();
         let trims = Arc::new(Trims::load(&keyspaces.trims).unwrap());
+        let ks = &keyspaces;
+        let files = BodyFiles::open(dir, &ks.record_files, &ks.snapshot_files, false, 0).unwrap();
         Writer {
             keyspaces,
             sync: SyncMode::None,
             failed: Arc::default(),
             stats: Arc::default(),
             trims,
+            files: Arc::new(files),
         }
     }
 
@@ -682,10 +792,7 @@ mod tests {
             "trimmed records stay hidden while they are purged"
         );
         let recovered = engine.recover().unwrap();
-        assert_eq!(
-            recovered.streams[0].last_record.as_ref().unwrap().seq,
-            9_999
-        );
+        assert_eq!(recovered.streams[0].stored_end.unwrap().next.seq, 10_000);
         wait_purged(&engine, 1, 8_000).await;
         let kept = engine.read(1, 0, 10_000, usize::MAX).await.unwrap();
         assert_eq!(kept.len(), 2_000);
@@ -781,7 +888,7 @@ mod tests {
         let meta = Box::new(StreamMeta::new("s", "application/octet-stream"));
         let changes = vec![
             Change::PutStream(1, meta),
-            Change::PutRecords(1, records.clone()),
+            Change::PutRecords(1, records.clone(), None),
         ];
         engine.commit(changes).await.unwrap();
         let keys = engine
@@ -806,8 +913,8 @@ mod tests {
         drop(engine);
         let engine = FjallEngine::open(dir.path(), SyncMode::None, 0).unwrap();
         let recovered = engine.recover().unwrap();
-        let last = recovered.streams[0].last_record.as_ref().unwrap();
-        assert_eq!(*last, records[499]);
+        let end = recovered.streams[0].stored_end;
+        assert_eq!(end, Some(crate::storage::StoredEnd::of(&records[499])));
         engine
             .commit(vec![Change::TrimRecords(1, 250)])
             .await
@@ -827,8 +934,8 @@ mod tests {
             &writer,
             vec![batch(vec![
                 Change::PutStream(1, Box::new(StreamMeta::new("s", "text/plain"))),
-                Change::PutRecords(1, records[..3].to_vec()),
-                Change::PutRecords(1, records[3..].to_vec()),
+                Change::PutRecords(1, records[..3].to_vec(), None),
+                Change::PutRecords(1, records[3..].to_vec(), None),
             ])],
         );
         write(&writer, vec![batch(vec![Change::TrimRecords(1, 4)])]);
@@ -840,7 +947,14 @@ mod tests {
             "the run across stays"
         );
         let floor = writer.trims.floor(1);
-        let visible = FjallEngine::read_sync(&writer.keyspaces.records, 1, floor, 6, usize::MAX);
+        let visible = FjallEngine::read_sync(
+            &writer.keyspaces.records,
+            &writer.files,
+            1,
+            floor,
+            6,
+            usize::MAX,
+        );
         assert_eq!(
             visible.unwrap(),
             records[4..],
@@ -850,5 +964,206 @@ mod tests {
         write(&writer, vec![purge(1)]);
         assert_eq!(stored(&writer.keyspaces, 1, 0, u64::MAX), 0);
         assert_eq!(stored_trim(&writer, 1), Some((6, 6)));
+    }
+
+    /// The staged body files in the engine's directory.
+    fn body_files(dir: &Path) -> usize {
+        std::fs::read_dir(dir.join("bodies")).unwrap().count()
+    }
+
+    async fn until(what: &str, condition: impl Fn() -> bool) {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        while !condition() {
+            assert!(std::time::Instant::now() < deadline, "never: {what}");
+            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+        }
+    }
+
+    fn large(fill: u8) -> Bytes {
+        Bytes::from(vec![fill; STAGE_BYTES + 1])
+    }
+
+    async fn staged(engine: &FjallEngine, bodies: &[Bytes]) -> Staged {
+        let bytes = bodies.iter().map(Bytes::len).sum();
+        assert!(engine.stages(bytes));
+        engine.stage(bodies.to_vec()).await.unwrap()
+    }
+
+    /// The largest stored record value of stream `id`.
+    fn largest_value(engine: &FjallEngine, id: StreamId) -> usize {
+        let stream = codec::record_key(id, 0)..=codec::record_key(id, u64::MAX);
+        let records = engine.keyspaces.records.range(stream);
+        records
+            .map(|g| g.into_inner().unwrap().1.len())
+            .max()
+            .unwrap_or(0)
+    }
+
+    #[tokio::test]
+    async fn staged_bodies_are_stored_by_reference_and_read_back_after_a_reopen() {
+        let dir = tempfile::tempdir().unwrap();
+        let bodies = vec![large(1), Bytes::from_static(b"small"), large(2)];
+        let records = lay_out(Offset::START, 3, bodies.clone());
+        {
+            let engine = FjallEngine::open(dir.path(), SyncMode::Fsync, 0).unwrap();
+            let staged = staged(&engine, &bodies).await;
+            let meta = crate::model::stream::StreamMeta::new("s", "text/plain");
+            engine
+                .commit(vec![
+                    Change::PutStream(1, Box::new(meta)),
+                    Change::PutRecords(1, records.clone(), Some(staged)),
+                ])
+                .await
+                .unwrap();
+            assert!(
+                largest_value(&engine, 1) < 1024,
+                "the commit stores where the bodies lie, not the bodies"
+            );
+            assert_eq!(engine.read(1, 0, 3, usize::MAX).await.unwrap(), records);
+        }
+        let engine = FjallEngine::open(dir.path(), SyncMode::Fsync, 0).unwrap();
+        assert_eq!(body_files(dir.path()), 1);
+        assert_eq!(engine.read(1, 0, 3, usize::MAX).await.unwrap(), records);
+        assert_eq!(
+            engine.read(1, 1, 3, 10).await.unwrap(),
+            records[1..2],
+            "a read from the middle stops at its budget"
+        );
+        assert_eq!(
+            engine.recover().unwrap().streams[0].stored_end,
+            Some(crate::storage::StoredEnd::of(&records[2]))
+        );
+    }
+
+    #[tokio::test]
+    async fn a_staged_file_no_commit_refers_to_is_deleted() {
+        let dir = tempfile::tempdir().unwrap();
+        {
+            let engine = FjallEngine::open(dir.path(), SyncMode::Fsync, 0).unwrap();
+            let refused = staged(&engine, &[large(1)]).await;
+            assert_eq!(body_files(dir.path()), 1);
+            drop(refused);
+            assert_eq!(
+                body_files(dir.path()),
+                0,
+                "a refused request's file goes at once"
+            );
+            // As if the server died after its commit went to the writer, before it was durable.
+            staged(&engine, &[large(2)]).await.hand_over();
+            assert_eq!(body_files(dir.path()), 1);
+            // Bodies the records do not share (equal copies) are stored in the commit.
+            let body = large(3);
+            let file = staged(&engine, std::slice::from_ref(&body)).await;
+            let copy = Bytes::copy_from_slice(&body);
+            let records = lay_out(Offset::START, 3, vec![copy]);
+            engine
+                .commit(vec![Change::PutRecords(1, records.clone(), Some(file))])
+                .await
+                .unwrap();
+            assert!(largest_value(&engine, 1) > STAGE_BYTES);
+            until("the unused file is deleted", || body_files(dir.path()) == 1).await;
+            assert_eq!(engine.read(1, 0, 1, usize::MAX).await.unwrap(), records);
+        }
+        let _engine = FjallEngine::open(dir.path(), SyncMode::Fsync, 0).unwrap();
+        assert_eq!(
+            body_files(dir.path()),
+            0,
+            "the file never committed goes at open"
+        );
+    }
+
+    #[tokio::test]
+    async fn trimming_past_a_staged_append_or_removing_its_stream_deletes_its_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let engine = FjallEngine::open(dir.path(), SyncMode::Fsync, 0).unwrap();
+        for id in [1, 2] {
+            let first = vec![large(1), large(2)];
+            let records = lay_out(Offset::START, 3, first.clone());
+            let file = staged(&engine, &first).await;
+            let second = vec![large(3)];
+            let more = lay_out(records[1].next_offset(), 3, second.clone());
+            let other = staged(&engine, &second).await;
+            engine
+                .commit(vec![
+                    Change::PutRecords(id, records, Some(file)),
+                    Change::PutRecords(id, more, Some(other)),
+                ])
+                .await
+                .unwrap();
+        }
+        assert_eq!(body_files(dir.path()), 4);
+        engine
+            .commit(vec![Change::TrimRecords(1, 1)])
+            .await
+            .unwrap();
+        until("the trim is purged", || engine.pending_trims() == 0).await;
+        assert_eq!(
+            body_files(dir.path()),
+            4,
+            "a trim inside an append keeps its file"
+        );
+        engine
+            .commit(vec![Change::TrimRecords(1, 2)])
+            .await
+            .unwrap();
+        until("the trimmed append's file is deleted", || {
+            body_files(dir.path()) == 3
+        })
+        .await;
+        let kept = engine.read(1, 0, 3, usize::MAX).await.unwrap();
+        assert_eq!(kept.len(), 1);
+        assert_eq!(kept[0].body, large(3));
+        engine.commit(vec![Change::RemoveStream(2)]).await.unwrap();
+        until("the removed stream's files are deleted", || {
+            body_files(dir.path()) == 1
+        })
+        .await;
+    }
+
+    #[tokio::test]
+    async fn a_staged_snapshot_replaced_or_removed_deletes_its_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let engine = FjallEngine::open(dir.path(), SyncMode::Fsync, 0).unwrap();
+        let put = |blob: &Bytes, staged: Option<Staged>| {
+            engine.commit(vec![Change::PutSnapshot(5, blob.clone(), staged)])
+        };
+        let first = large(1);
+        put(
+            &first,
+            Some(staged(&engine, std::slice::from_ref(&first)).await),
+        )
+        .await
+        .unwrap();
+        assert_eq!(engine.read_snapshot(5).await.unwrap(), Some(first));
+        let second = large(2);
+        let file = staged(&engine, std::slice::from_ref(&second)).await;
+        put(&second, Some(file)).await.unwrap();
+        until("the replaced snapshot's file is deleted", || {
+            body_files(dir.path()) == 1
+        })
+        .await;
+        assert_eq!(engine.read_snapshot(5).await.unwrap(), Some(second));
+        let small = Bytes::from_static(b"{}");
+        put(&small, None).await.unwrap();
+        until("a file replaced by a held snapshot is deleted", || {
+            body_files(dir.path()) == 0
+        })
+        .await;
+        assert_eq!(engine.read_snapshot(5).await.unwrap(), Some(small));
+        let third = large(3);
+        let file = staged(&engine, std::slice::from_ref(&third)).await;
+        put(&third, Some(file)).await.unwrap();
+        drop(engine);
+        let engine = FjallEngine::open(dir.path(), SyncMode::Fsync, 0).unwrap();
+        assert_eq!(engine.read_snapshot(5).await.unwrap(), Some(third));
+        engine
+            .commit(vec![Change::RemoveSnapshot(5)])
+            .await
+            .unwrap();
+        until("a removed snapshot's file is deleted", || {
+            body_files(dir.path()) == 0
+        })
+        .await;
+        assert_eq!(engine.read_snapshot(5).await.unwrap(), None);
     }
 }

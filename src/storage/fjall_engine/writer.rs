@@ -2,16 +2,19 @@
 //! little when concurrent writers are still arriving), writes it all, syncs the journal once, and
 //! only then acknowledges each batch in the group.
 
+use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, mpsc};
 
 use fjall::PersistMode;
 use tokio::sync::oneshot;
 
+use super::body_files::{self, BodyFiles};
 use super::trims::{PURGE_CHUNK, Trim, Trims};
 use super::{CommitStats, Keyspaces, NEXT_ID_KEY, SyncMode, io};
+use crate::model::Record;
 use crate::storage::codec;
-use crate::storage::{Change, StorageError, StreamId};
+use crate::storage::{Change, Staged, StorageError, StreamId};
 
 /// The most batches one sync may cover; bounds the latency of the first batch in a group.
 const MAX_GROUP: usize = 4096;
@@ -111,6 +114,19 @@ pub(super) struct Writer {
     pub(super) failed: Arc<AtomicBool>,
     pub(super) stats: Arc<CommitStats>,
     pub(super) trims: Arc<Trims>,
+    pub(super) files: Arc<BodyFiles>,
+}
+
+/// What one group does to the staged body files.
+#[derive(Default)]
+struct GroupFiles {
+    /// Files whose last reference this group deletes, or that nothing in it referred to.
+    unreferenced: Vec<u64>,
+    /// Staged files this group refers to.
+    referred: HashSet<u64>,
+    /// Each stream's snapshot file as this group leaves it so far (the keyspace shows only what
+    /// is committed).
+    snapshots: HashMap<StreamId, Option<u64>>,
 }
 
 impl Writer {
@@ -121,10 +137,14 @@ impl Writer {
             let mut group = vec![first];
             take_queued(&incoming, &mut group);
             linger.gather(&incoming, &mut group);
-            let result = if self.failed.load(Ordering::Acquire) {
+            let written = if self.failed.load(Ordering::Acquire) {
                 Err(StorageError::Failed)
             } else {
                 self.write_group(&group, &mut next_id)
+            };
+            let (result, unreferenced) = match written {
+                Ok(unreferenced) => (Ok(()), unreferenced),
+                Err(e) => (Err(e), Vec::new()),
             };
             linger.committed(group.len());
             // The purger's chunk rides in a group as a submission of its own: not an append.
@@ -144,6 +164,7 @@ impl Writer {
             for submission in group {
                 let _ = submission.done.send(result.clone());
             }
+            self.files.delete(&unreferenced);
         }
     }
 
@@ -157,16 +178,31 @@ impl Writer {
             .unwrap_or(0)
     }
 
-    /// Writes every submission of the group, then syncs once.
+    /// Writes every submission of the group, then syncs once. Returns the staged body files
+    /// nothing refers to once the group is committed, to be deleted.
     pub(super) fn write_group(
         &self,
         group: &[Submission],
         next_id: &mut u64,
-    ) -> Result<(), StorageError> {
+    ) -> Result<Vec<u64>, StorageError> {
         let ks = &self.keyspaces;
         let mut batch = ks.db.batch();
         // Streams whose trim state goes once this batch is committed (see `purge_chunk`).
         let mut finished = Vec::new();
+        let mut files = GroupFiles::default();
+        let staged = group
+            .iter()
+            .flat_map(|s| &s.changes)
+            .filter_map(|change| match change {
+                Change::PutRecords(_, _, staged) | Change::PutSnapshot(_, _, staged) => {
+                    staged.as_ref()
+                }
+                _ => None,
+            });
+        // Whatever happens from here, the engine decides these files' fate.
+        for staged in staged.clone() {
+            staged.hand_over();
+        }
         for change in group.iter().flat_map(|s| &s.changes) {
             match change {
                 Change::PutStream(id, meta) => {
@@ -177,10 +213,8 @@ impl Writer {
                         batch.insert(&ks.system, NEXT_ID_KEY, next_id.to_be_bytes());
                     }
                 }
-                Change::PutRecords(id, records) => {
-                    for run in codec::runs(records) {
-                        batch.insert(&ks.records, run.key(*id), run.encode());
-                    }
+                Change::PutRecords(id, records, staged) => {
+                    self.put_records(&mut batch, *id, records, staged.as_ref(), &mut files);
                 }
                 Change::PutProducer(id, name, state) => {
                     let value = codec::encode_producer(state);
@@ -193,9 +227,15 @@ impl Writer {
                         .commit()
                         .map_err(io)?;
                     batch.remove(&ks.streams, codec::stream_key(*id));
-                    batch.remove(&ks.snapshots, codec::stream_key(*id));
+                    self.remove_snapshot(&mut batch, *id, &mut files)?;
                     for guard in ks.producers.prefix(codec::stream_key(*id)) {
                         batch.remove(&ks.producers, guard.key().map_err(io)?);
+                    }
+                    // Its records may linger until purged, but no read sees them any more.
+                    for guard in ks.record_files.prefix(codec::stream_key(*id)) {
+                        let (key, number) = guard.into_inner().map_err(io)?;
+                        batch.remove(&ks.record_files, key);
+                        files.unreferenced.push(body_files::decode_number(&number)?);
                     }
                     self.remove_records(*id, &mut batch, &mut finished)?;
                 }
@@ -206,11 +246,25 @@ impl Writer {
                         batch.insert(&ks.trims, codec::stream_key(*id), trim.encode());
                     }
                 }
-                Change::PutSnapshot(id, blob) => {
-                    batch.insert(&ks.snapshots, codec::stream_key(*id), blob.as_ref());
+                Change::PutSnapshot(id, blob, staged) => {
+                    self.remove_snapshot(&mut batch, *id, &mut files)?;
+                    let key = codec::stream_key(*id);
+                    match staged.as_ref().filter(|s| s.holds_only(blob)) {
+                        Some(staged) => {
+                            let number = staged.number();
+                            batch.insert(
+                                &ks.snapshot_files,
+                                key,
+                                body_files::encode_number(number),
+                            );
+                            files.referred.insert(number);
+                            files.snapshots.insert(*id, Some(number));
+                        }
+                        None => batch.insert(&ks.snapshots, key, blob.as_ref()),
+                    }
                 }
                 Change::RemoveSnapshot(id) => {
-                    batch.remove(&ks.snapshots, codec::stream_key(*id));
+                    self.remove_snapshot(&mut batch, *id, &mut files)?;
                 }
                 Change::PutBucket(name, meta) => {
                     let value = serde_json::to_vec(meta).map_err(io)?;
@@ -230,7 +284,7 @@ impl Writer {
         }
         let mut purged = 0;
         for id in group.iter().filter_map(|s| s.purge) {
-            purged += self.purge_chunk(id, group, &mut batch, &mut finished)?;
+            purged += self.purge_chunk(id, group, &mut batch, &mut finished, &mut files)?;
         }
         self.stats
             .most_values_purged
@@ -244,13 +298,92 @@ impl Writer {
         let started = std::time::Instant::now();
         let committed = batch.durability(durability).commit().map_err(io);
         metrics::histogram!("runnel_commit_seconds").record(started.elapsed().as_secs_f64());
-        if committed.is_ok() {
-            // Only now: until the deletions are committed, the floor is what hides the records.
-            for id in finished {
-                self.trims.forget(id);
-            }
+        committed?;
+        // Only now: until the deletions are committed, the floor is what hides the records.
+        for id in finished {
+            self.trims.forget(id);
         }
-        committed
+        let unused = staged
+            .map(Staged::number)
+            .filter(|n| !files.referred.contains(n));
+        files.unreferenced.extend(unused);
+        Ok(files.unreferenced)
+    }
+
+    /// Stores `records`; those whose bodies are among the staged ones, as references into the
+    /// staged file, the rest with their bodies.
+    fn put_records(
+        &self,
+        batch: &mut fjall::OwnedWriteBatch,
+        id: StreamId,
+        records: &[Record],
+        staged: Option<&Staged>,
+        files: &mut GroupFiles,
+    ) {
+        let ks = &self.keyspaces;
+        let places: Vec<Option<u64>> = match staged {
+            Some(staged) => records.iter().map(|r| staged.place_of(&r.body)).collect(),
+            None => vec![None; records.len()],
+        };
+        let mut last_filed = None;
+        let mut at = 0;
+        // Records in stretches that are all filed or all held.
+        for stretch in places.chunk_by(|a, b| a.is_some() == b.is_some()) {
+            let held = &records[at..at + stretch.len()];
+            match (staged, stretch[0]) {
+                (Some(staged), Some(_)) => {
+                    let places: Vec<u64> = stretch.iter().flatten().copied().collect();
+                    let mut run_at = 0;
+                    for run in codec::filed_runs(held) {
+                        let count = run.records().len();
+                        let value =
+                            run.encode_filed(staged.number(), &places[run_at..run_at + count]);
+                        batch.insert(&ks.records, run.key(id), value);
+                        last_filed = Some(run.key(id));
+                        run_at += count;
+                    }
+                }
+                _ => {
+                    for run in codec::runs(held) {
+                        batch.insert(&ks.records, run.key(id), run.encode());
+                    }
+                }
+            }
+            at += stretch.len();
+        }
+        if let (Some(staged), Some(key)) = (staged, last_filed) {
+            batch.insert(
+                &ks.record_files,
+                key,
+                body_files::encode_number(staged.number()),
+            );
+            files.referred.insert(staged.number());
+        }
+    }
+
+    /// Removes stream `id`'s snapshot, and the reference to its file if it had one.
+    fn remove_snapshot(
+        &self,
+        batch: &mut fjall::OwnedWriteBatch,
+        id: StreamId,
+        files: &mut GroupFiles,
+    ) -> Result<(), StorageError> {
+        let ks = &self.keyspaces;
+        let key = codec::stream_key(id);
+        let file = match files.snapshots.get(&id) {
+            Some(file) => *file,
+            None => match ks.snapshot_files.get(key).map_err(io)? {
+                Some(number) => Some(body_files::decode_number(&number)?),
+                None => None,
+            },
+        };
+        batch.remove(&ks.snapshots, key);
+        if let Some(number) = file {
+            batch.remove(&ks.snapshot_files, key);
+            files.unreferenced.push(number);
+        }
+        files.snapshots.insert(id, None);
+        Ok(())
     }
 
     /// Deletes the records of removed stream `id`: at once when they fit in one purge chunk;
@@ -301,6 +434,7 @@ impl Writer {
         group: &[Submission],
         batch: &mut fjall::OwnedWriteBatch,
         finished: &mut Vec<StreamId>,
+        files: &mut GroupFiles,
     ) -> Result<u64, StorageError> {
         let ks = &self.keyspaces;
         // Nothing left to delete: the state was dropped when the last chunk went.
@@ -312,7 +446,7 @@ impl Writer {
         // earlier trim point was queued before that trim). Then commit the group so far, so the
         // scan finds them; every submission is still written whole.
         let uncommitted = group.iter().flat_map(|s| &s.changes).any(|change| {
-            matches!(change, Change::PutRecords(of, records)
+            matches!(change, Change::PutRecords(of, records, _)
                 if *of == id && records.first().is_some_and(|r| r.seq < trim.before))
         });
         if uncommitted {
@@ -331,6 +465,13 @@ impl Writer {
             }
             batch.remove(&ks.records, key);
             deleted += 1;
+        }
+        // The files whose last run goes in this chunk.
+        let gone = codec::record_key(id, trim.purged)..codec::record_key(id, next);
+        for guard in ks.record_files.range(gone) {
+            let (key, number) = guard.into_inner().map_err(io)?;
+            batch.remove(&ks.record_files, key);
+            files.unreferenced.push(body_files::decode_number(&number)?);
         }
         let trim = Trim {
             purged: next,
