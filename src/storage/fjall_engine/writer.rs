@@ -321,43 +321,39 @@ impl Writer {
         files: &mut GroupFiles,
     ) {
         let ks = &self.keyspaces;
-        let places: Vec<Option<u64>> = match staged {
-            Some(staged) => records.iter().map(|r| staged.place_of(&r.body)).collect(),
-            None => vec![None; records.len()],
+        let Some(staged) = staged else {
+            for run in codec::runs(records) {
+                batch.insert(&ks.records, run.key(id), run.encode());
+            }
+            return;
         };
+        let places: Vec<Option<u64>> = records.iter().map(|r| staged.place_of(&r.body)).collect();
         let mut last_filed = None;
         let mut at = 0;
         // Records in stretches that are all filed or all held.
         for stretch in places.chunk_by(|a, b| a.is_some() == b.is_some()) {
             let held = &records[at..at + stretch.len()];
-            match (staged, stretch[0]) {
-                (Some(staged), Some(_)) => {
-                    let places: Vec<u64> = stretch.iter().flatten().copied().collect();
-                    let mut run_at = 0;
-                    for run in codec::filed_runs(held) {
-                        let count = run.records().len();
-                        let value =
-                            run.encode_filed(staged.number(), &places[run_at..run_at + count]);
-                        batch.insert(&ks.records, run.key(id), value);
-                        last_filed = Some(run.key(id));
-                        run_at += count;
-                    }
-                }
-                _ => {
-                    for run in codec::runs(held) {
-                        batch.insert(&ks.records, run.key(id), run.encode());
-                    }
-                }
-            }
             at += stretch.len();
+            if stretch[0].is_none() {
+                for run in codec::runs(held) {
+                    batch.insert(&ks.records, run.key(id), run.encode());
+                }
+                continue;
+            }
+            let places: Vec<u64> = stretch.iter().flatten().copied().collect();
+            let mut run_at = 0;
+            for run in codec::filed_runs(held) {
+                let count = run.records().len();
+                let value = run.encode_filed(staged.number(), &places[run_at..run_at + count]);
+                batch.insert(&ks.records, run.key(id), value);
+                last_filed = Some(run.key(id));
+                run_at += count;
+            }
         }
-        if let (Some(staged), Some(key)) = (staged, last_filed) {
-            batch.insert(
-                &ks.record_files,
-                key,
-                body_files::encode_number(staged.number()),
-            );
-            files.referred.insert(staged.number());
+        if let Some(key) = last_filed {
+            let number = staged.number();
+            batch.insert(&ks.record_files, key, body_files::encode_number(number));
+            files.referred.insert(number);
         }
     }
 
