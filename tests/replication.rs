@@ -1705,3 +1705,43 @@ async fn a_stream_whose_pump_ended_on_a_gap_is_forgotten_once_it_is_deleted() {
     assert_eq!(http.delete(&stream).send().await.unwrap().status(), 204);
     wait_for_gauge(&http, &upstream, FOLLOWED, 0.0).await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_forgets_single_stream_subscriptions_whose_streams_are_gone_and_still_says_so() {
+    const SUBSCRIPTIONS: &str = "runnel_replication_subscriptions";
+    let http = client();
+    let upstream = Server::start(&["--memory"]);
+    create_bucket(&http, &upstream).await;
+    let kept = upstream.url(&format!("/{BUCKET}/kept"));
+    assert_eq!(put(&http, &kept, "text/plain", "k;").await.status(), 201);
+
+    let mut socket = connect_replica(&http, &upstream).await;
+    let join = |name: &str| {
+        serde_json::json!({
+            "@type": "SubscriptionRequest",
+            "stream": upstream.url(&format!("/{BUCKET}/{name}")),
+        })
+    };
+    send_json(&mut socket, join("kept")).await;
+    read_until(&mut socket, is_state).await;
+    // Each join of a stream that is not there is answered that it is deleted, and then the
+    // session keeps nothing for it: a replica asking for names by the thousand holds no memory.
+    for i in 0..30 {
+        send_json(&mut socket, join(&format!("absent-{i}"))).await;
+        let answer = read_until(&mut socket, |m| m["@type"] == "runnel:StreamDeleted").await;
+        let deleted = answer.last().unwrap();
+        assert!(
+            deleted["stream"]
+                .as_str()
+                .unwrap()
+                .ends_with(&format!("absent-{i}"))
+        );
+    }
+    wait_for_gauge(&http, &upstream, SUBSCRIPTIONS, 1.0).await;
+
+    // The session is whole: the stream it follows goes on arriving.
+    append(&http, &kept, "text/plain", "k2;").await;
+    read_until(&mut socket, |m| frame_cursor(m) == Some(2)).await;
+    drop(socket);
+    wait_for_gauge(&http, &upstream, SUBSCRIPTIONS, 0.0).await;
+}

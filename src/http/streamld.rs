@@ -128,7 +128,10 @@ async fn session(app: AppState, principal: Arc<Principal>, socket: WebSocket, or
         let _ = tokio::time::timeout(SEND_TIMEOUT, close).await;
     });
     // One subscription per target: a new join for a target replaces the one before.
-    let mut subscriptions: HashMap<String, Subscription> = HashMap::new();
+    let mut subscriptions = Subscriptions::default();
+    // A single stream's subscription whose pump ended (the stream was deleted, or a gap the
+    // replica must resolve): forgotten, so a session holds nothing for streams it is done with.
+    let (ended_tx, mut ended) = mpsc::unbounded_channel::<(String, u64)>();
     let shutdown = app.service.shutdown_signal();
     let token_expired = super::token_expiry(principal.expires_ms);
     tokio::pin!(token_expired);
@@ -145,7 +148,11 @@ async fn session(app: AppState, principal: Arc<Principal>, socket: WebSocket, or
             () = shutdown.cancelled() => break,
             () = &mut token_expired => break,
             () = principal.revoked.cancelled() => break,
-            () = &mut join_deadline, if subscriptions.is_empty() => {
+            Some((target, generation)) = ended.recv() => {
+                subscriptions.finished(&target, generation);
+                continue;
+            }
+            () = &mut join_deadline, if !subscriptions.joined() => {
                 refuse_with(
                     &mut refuse,
                     close_code::POLICY,
@@ -216,12 +223,11 @@ async fn session(app: AppState, principal: Arc<Principal>, socket: WebSocket, or
                     last_timestamp: request.last_timestamp,
                 };
                 tracing::info!(stream = %key, after = cursor.after, "replication join");
-                // The old subscription (if any) ends before the new one starts.
-                subscriptions.remove(&key);
-                let subscription = Subscription::start(&queue, |outbox| {
-                    stream_pump(app.clone(), outbox, origin.clone(), key.clone(), cursor)
+                let (app, origin, ended) = (app.clone(), origin.clone(), ended_tx.clone());
+                subscriptions.replace(key.clone(), &queue, |outbox, generation| async move {
+                    stream_pump(app, outbox, origin, key.clone(), cursor).await;
+                    let _ = ended.send((key, generation));
                 });
-                subscriptions.insert(key, subscription);
             }
             Target::Bucket(bucket) => {
                 let cursors = request.cursors.take().unwrap_or_default();
@@ -233,15 +239,14 @@ async fn session(app: AppState, principal: Arc<Principal>, socket: WebSocket, or
                     tracing::info!(bucket = %bucket, streams = cursors.len(), "replication join");
                 }
                 let name = format!("bucket:{bucket}");
-                subscriptions.remove(&name);
-                let subscription = Subscription::start(&queue, |outbox| {
-                    let cursors = Cursors {
-                        after: cursors,
-                        last_timestamps,
-                    };
-                    bucket_pump(app.clone(), outbox, origin.clone(), bucket.clone(), cursors)
+                let cursors = Cursors {
+                    after: cursors,
+                    last_timestamps,
+                };
+                let (app, origin) = (app.clone(), origin.clone());
+                subscriptions.replace(name, &queue, |outbox, _| {
+                    bucket_pump(app, outbox, origin, bucket, cursors)
                 });
-                subscriptions.insert(name, subscription);
             }
         }
     }
@@ -294,27 +299,80 @@ impl Outbox {
 /// A live subscription of the session: dropping it (replaced, or the session ended) silences
 /// its outbox, then aborts its pump.
 struct Subscription {
-    _ended: tokio_util::sync::DropGuard,
+    /// Which of the session's subscriptions this is, so a pump's end is not taken for that of
+    /// a later subscription to the same target.
+    generation: u64,
+    ended: tokio_util::sync::DropGuard,
     _pump: Pump,
 }
 
-impl Subscription {
-    fn start<F>(
+/// A session's live subscriptions, by target. How many there are across sessions is
+/// `runnel_replication_subscriptions` on `/metrics`.
+#[derive(Default)]
+struct Subscriptions {
+    live: HashMap<String, Subscription>,
+    started: u64,
+}
+
+const SUBSCRIPTIONS_GAUGE: &str = "runnel_replication_subscriptions";
+
+impl Subscriptions {
+    /// Starts a subscription to `target`, replacing (and silencing) the one before. `pump`
+    /// gets the outbox and the subscription's generation.
+    fn replace<F>(
+        &mut self,
+        target: String,
         queue: &mpsc::Sender<(CancellationToken, Message)>,
-        pump: impl FnOnce(Outbox) -> F,
-    ) -> Subscription
-    where
+        pump: impl FnOnce(Outbox, u64) -> F,
+    ) where
         F: std::future::Future<Output = ()> + Send + 'static,
     {
+        // The old subscription (if any) ends before the new one starts.
+        self.forget(&target);
+        self.started += 1;
         let subscription = CancellationToken::new();
         let outbox = Outbox {
             queue: queue.clone(),
             subscription: subscription.clone(),
         };
-        Subscription {
-            _ended: subscription.drop_guard(),
-            _pump: Pump::spawn(pump(outbox)),
+        let started = Subscription {
+            generation: self.started,
+            ended: subscription.drop_guard(),
+            _pump: Pump::spawn(pump(outbox, self.started)),
+        };
+        self.live.insert(target, started);
+        metrics::gauge!(SUBSCRIPTIONS_GAUGE).increment(1.0);
+    }
+
+    /// Forgets the subscription to `target` whose pump ended, unless a later join replaced it.
+    /// What it queued before it ended is still sent.
+    fn finished(&mut self, target: &str, generation: u64) {
+        if self
+            .live
+            .get(target)
+            .is_some_and(|s| s.generation == generation)
+            && let Some(done) = self.live.remove(target)
+        {
+            done.ended.disarm();
+            metrics::gauge!(SUBSCRIPTIONS_GAUGE).decrement(1.0);
         }
+    }
+
+    fn forget(&mut self, target: &str) {
+        if self.live.remove(target).is_some() {
+            metrics::gauge!(SUBSCRIPTIONS_GAUGE).decrement(1.0);
+        }
+    }
+
+    /// Whether the replica ever joined anything on this session.
+    fn joined(&self) -> bool {
+        self.started > 0
+    }
+}
+
+impl Drop for Subscriptions {
+    fn drop(&mut self) {
+        metrics::gauge!(SUBSCRIPTIONS_GAUGE).decrement(self.live.len() as f64);
     }
 }
 
