@@ -87,10 +87,19 @@ impl StreamService {
             return Ok(tail);
         }
         let found = self.collect(stream, record, record + 1, 0).await?;
-        found
-            .first()
-            .map(Record::offset)
-            .ok_or(StreamError::BadOffset("record is not stored"))
+        match found.first() {
+            Some(found) if found.seq == record => Ok(found.offset()),
+            // Below the tail only retention removes records: it passed this one meanwhile
+            // (the engine hides trimmed records a moment before the retention is published).
+            other => {
+                let durable = stream.durable();
+                let first = other.map_or(durable.first.seq, |r| r.seq);
+                Err(StreamError::RecordRetained {
+                    first: first.max(durable.first.seq),
+                    next: durable.tail.seq,
+                })
+            }
+        }
     }
 
     /// Checks that `offset` is a record boundary of `stream` at or before its durable tail.
@@ -109,7 +118,16 @@ impl StreamService {
             tail
         } else {
             let record = self.collect(stream, offset.seq, offset.seq + 1, 0).await?;
-            record.first().map_or(tail, Record::offset)
+            match record.first() {
+                Some(record) if record.seq == offset.seq => record.offset(),
+                // Retention passed the record meanwhile (see `record_offset`).
+                other => {
+                    let first = stream.durable().first;
+                    return Err(StreamError::Retained {
+                        first: other.map_or(first, Record::offset).max(first),
+                    });
+                }
+            }
         };
         if actual == offset {
             Ok(offset)
@@ -209,6 +227,11 @@ impl StreamService {
             let mut records = owner
                 .read_own(&self.engine, seq, owner_until, budget)
                 .await?;
+            // Trimmed between two reads (the first ended early when a body file went with the
+            // trim): what follows the gap is not part of this read, which must be contiguous.
+            if !out.is_empty() && records.first().is_some_and(|r| r.seq > seq) {
+                break;
+            }
             if !out.is_empty() && !records.is_empty() {
                 // Only the read's first record may go past the budget, not the first one this
                 // part of the fork chain gave.
