@@ -58,14 +58,8 @@ impl Drop for StagedFile {
 
 impl Staged {
     /// Writes `bodies` one after another to a new file `number` in `dir`, and syncs the file and
-    /// the directory when `sync` (so the file outlives a power loss before its commit does).
-    /// Blocking. An error keeps its kind (a full disk is told apart) and says what failed.
-    pub fn write(
-        dir: &Path,
-        number: u64,
-        bodies: Vec<Bytes>,
-        sync: bool,
-    ) -> Result<Staged, std::io::Error> {
+    /// the directory (so the file is durable before any commit refers to it). Blocking. An error keeps its kind (a full disk is told apart) and says what failed.
+    pub fn write(dir: &Path, number: u64, bodies: Vec<Bytes>) -> Result<Staged, std::io::Error> {
         let path = dir.join(file_name(number));
         let io = |what: &str, e: std::io::Error| {
             std::io::Error::new(e.kind(), format!("{what} {}: {e}", path.display()))
@@ -102,12 +96,10 @@ impl Staged {
                 file.write_all(body).map_err(|e| io("writing", e))?;
             }
         }
-        if sync {
-            file.sync_data().map_err(|e| io("syncing", e))?;
-            File::open(dir)
-                .and_then(|d| d.sync_all())
-                .map_err(|e| io("syncing the directory of", e))?;
-        }
+        file.sync_data().map_err(|e| io("syncing", e))?;
+        File::open(dir)
+            .and_then(|d| d.sync_all())
+            .map_err(|e| io("syncing the directory of", e))?;
         Ok(Staged(Arc::new(staged)))
     }
 

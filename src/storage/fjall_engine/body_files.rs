@@ -4,13 +4,18 @@
 //! Two keyspaces say which files are referred to: `record_files` maps a stream's records to the
 //! file holding their bodies (keyed like the last run that refers to it, so the purge that
 //! deletes that run finds the entry and deletes the file), and `snapshot_files` maps a stream to
-//! the file holding its snapshot. Every file of the directory is in one of them, or is deleted at
-//! the next open.
+//! the file holding its snapshot, with the snapshot's length. Every file of the directory is in
+//! one of them, or is deleted at the next open.
+//!
+//! Staged files are synced whatever `--sync` says: a commit may refer to a file only once the
+//! file is durable, or a machine crash could keep the reference and lose the bytes. The cost
+//! falls on the large request alone, not on the writer thread.
 
 use std::collections::HashSet;
 use std::io::{Read, Seek, SeekFrom};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Mutex, mpsc};
 
 use bytes::Bytes;
 use fjall::Keyspace;
@@ -28,9 +33,17 @@ const DIRECTORY: &str = "bodies";
 pub(super) struct BodyFiles {
     dir: PathBuf,
     next: AtomicU64,
-    sync: bool,
     /// The free-space reserve, for the error of a full disk.
     reserve: u64,
+    /// To the thread that deletes files: unlinking a large file takes the file system a while
+    /// (hundreds of milliseconds for a few hundred of them), which must not hold up the writer.
+    deletions: Mutex<mpsc::Sender<Vec<u64>>>,
+}
+
+/// What `snapshot_files` holds per stream: the file's number and the snapshot's length.
+pub(super) struct SnapshotFile {
+    pub(super) number: u64,
+    pub(super) len: u64,
 }
 
 impl BodyFiles {
@@ -39,19 +52,22 @@ impl BodyFiles {
         data: &Path,
         record_files: &Keyspace,
         snapshot_files: &Keyspace,
-        sync: bool,
         reserve: u64,
     ) -> Result<BodyFiles, StorageError> {
         let dir = data.join(DIRECTORY);
         std::fs::create_dir_all(&dir).map_err(io)?;
         let mut referred = HashSet::new();
-        for keyspace in [record_files, snapshot_files] {
-            for guard in keyspace.iter() {
-                let (_, value) = guard.into_inner().map_err(io)?;
-                referred.insert(decode_number(&value)?);
-            }
+        for guard in record_files.iter() {
+            let (_, value) = guard.into_inner().map_err(io)?;
+            referred.insert(decode_number(&value)?);
         }
-        let mut highest = None;
+        for guard in snapshot_files.iter() {
+            let (_, value) = guard.into_inner().map_err(io)?;
+            referred.insert(SnapshotFile::decode(&value)?.number);
+        }
+        // Never a number something refers to, even a file that is missing: its references
+        // would read the new file's bytes.
+        let mut highest = referred.iter().copied().max();
         for entry in std::fs::read_dir(&dir).map_err(io)? {
             let entry = entry.map_err(io)?;
             let name = entry.file_name();
@@ -67,21 +83,31 @@ impl BodyFiles {
         for number in referred {
             tracing::error!(
                 file = %dir.join(staged::file_name(number)).display(),
-                "a staged body file is referred to but missing: reads of what it held end early"
+                "a staged body file is referred to but missing: reads of what it held fail"
             );
         }
+        let (deletions, deleted) = mpsc::channel::<Vec<u64>>();
+        let deleter = dir.clone();
+        std::thread::Builder::new()
+            .name("runnel-unlink".into())
+            .spawn(move || {
+                for numbers in deleted {
+                    delete(&deleter, &numbers);
+                }
+            })
+            .map_err(io)?;
         Ok(BodyFiles {
             dir,
             next: AtomicU64::new(highest.map_or(0, |n: u64| n.saturating_add(1))),
-            sync,
             reserve,
+            deletions: Mutex::new(deletions),
         })
     }
 
-    /// Writes `bodies` to a new file. Blocking.
+    /// Writes `bodies` to a new file and syncs it. Blocking.
     pub(super) fn stage(&self, bodies: Vec<Bytes>) -> Result<Staged, StorageError> {
         let number = self.next.fetch_add(1, Ordering::Relaxed);
-        Staged::write(&self.dir, number, bodies, self.sync).map_err(|e| {
+        Staged::write(&self.dir, number, bodies).map_err(|e| {
             if e.kind() == std::io::ErrorKind::StorageFull {
                 StorageError::Full {
                     reserve: self.reserve,
@@ -93,7 +119,7 @@ impl BodyFiles {
     }
 
     /// `len` bytes at `place` in file `number`, or `None` when the file is gone: what referred
-    /// to it was deleted (a trim, a removal, a newer snapshot) since the caller looked. Blocking.
+    /// to it was deleted (a trim, a removal) since the caller looked. Blocking.
     pub(super) fn read(
         &self,
         number: u64,
@@ -107,13 +133,21 @@ impl BodyFiles {
             Err(e) => return Err(io(format!("opening {}: {e}", path.display()))),
         };
         let failed = |e: std::io::Error| io(format!("reading {}: {e}", path.display()));
-        file.seek(SeekFrom::Start(place)).map_err(failed)?;
-        let want = usize::try_from(len).map_err(|_| io("a staged body too large to read"))?;
-        let mut out = Vec::with_capacity(want);
-        file.take(len).read_to_end(&mut out).map_err(failed)?;
-        if out.len() != want {
+        let held = file.metadata().map_err(failed)?.len();
+        // Checked before anything is allocated for it: a corrupt reference must not size a
+        // buffer.
+        if place.checked_add(len).is_none_or(|end| end > held) {
             return Err(StorageError::Corrupt(format!(
-                "{} holds {} bytes at {place}, not the {len} referred to",
+                "{} holds {held} bytes, not the {len} at {place} referred to",
+                path.display()
+            )));
+        }
+        file.seek(SeekFrom::Start(place)).map_err(failed)?;
+        let mut out = Vec::with_capacity(len as usize);
+        file.take(len).read_to_end(&mut out).map_err(failed)?;
+        if out.len() as u64 != len {
+            return Err(StorageError::Corrupt(format!(
+                "{} ended after {} of the {len} bytes at {place}",
                 path.display(),
                 out.len()
             )));
@@ -121,27 +155,44 @@ impl BodyFiles {
         Ok(Some(Bytes::from(out)))
     }
 
-    /// The whole of file `number`, or `None` when it is gone. Blocking.
-    pub(super) fn read_whole(&self, number: u64) -> Result<Option<Bytes>, StorageError> {
-        let path = self.dir.join(staged::file_name(number));
-        match std::fs::read(&path) {
-            Ok(bytes) => Ok(Some(Bytes::from(bytes))),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
-            Err(e) => Err(io(format!("reading {}: {e}", path.display()))),
+    /// Deletes, in the background, files nothing refers to any more (their references'
+    /// deletion is committed). A file not deleted (a failure, or a shutdown first) goes at the
+    /// next open.
+    pub(super) fn delete(&self, numbers: Vec<u64>) {
+        if numbers.is_empty() {
+            return;
+        }
+        let deletions = self.deletions.lock().unwrap_or_else(|p| p.into_inner());
+        let _ = deletions.send(numbers);
+    }
+}
+
+fn delete(dir: &Path, numbers: &[u64]) {
+    for number in numbers {
+        let path = dir.join(staged::file_name(*number));
+        if let Err(e) = std::fs::remove_file(&path)
+            && e.kind() != std::io::ErrorKind::NotFound
+        {
+            tracing::warn!(file = %path.display(), error = %e, "could not delete a staged body file; it goes at the next start");
         }
     }
+}
 
-    /// Deletes files nothing refers to any more (their references' deletion is committed).
-    /// A failure is logged: the file goes at the next open.
-    pub(super) fn delete(&self, numbers: &[u64]) {
-        for number in numbers {
-            let path = self.dir.join(staged::file_name(*number));
-            if let Err(e) = std::fs::remove_file(&path)
-                && e.kind() != std::io::ErrorKind::NotFound
-            {
-                tracing::warn!(file = %path.display(), error = %e, "could not delete a staged body file; it goes at the next start");
-            }
-        }
+impl SnapshotFile {
+    pub(super) fn encode(&self) -> [u8; 16] {
+        let mut out = [0; 16];
+        out[..8].copy_from_slice(&self.number.to_be_bytes());
+        out[8..].copy_from_slice(&self.len.to_be_bytes());
+        out
+    }
+
+    pub(super) fn decode(value: &[u8]) -> Result<SnapshotFile, StorageError> {
+        let corrupt = || StorageError::Corrupt("a staged snapshot file reference".into());
+        let (number, len) = value.split_at_checked(8).ok_or_else(corrupt)?;
+        Ok(SnapshotFile {
+            number: decode_number(number)?,
+            len: decode_number(len)?,
+        })
     }
 }
 

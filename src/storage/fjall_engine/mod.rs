@@ -28,7 +28,7 @@ use super::{
 };
 use crate::model::Record;
 
-use body_files::{BodyFiles, STAGE_BYTES};
+use body_files::{BodyFiles, STAGE_BYTES, SnapshotFile};
 use space::FreeSpace;
 use trims::Trims;
 use writer::{Submission, Writer};
@@ -170,7 +170,6 @@ impl FjallEngine {
             dir,
             &keyspaces.record_files,
             &keyspaces.snapshot_files,
-            sync == SyncMode::Fsync,
             reserve,
         )?);
         let (queue, incoming) = mpsc::channel();
@@ -278,14 +277,22 @@ impl FjallEngine {
             }
             taken.push(filed);
         }
-        let Some(start) = taken.iter().map(|f| f.place).min() else {
+        // Empty bodies lie nowhere in particular: they do not widen the read.
+        let bodies = || taken.iter().filter(|f| f.len > 0);
+        let start = bodies().map(|f| f.place).min().unwrap_or(0);
+        let end = bodies().map(|f| f.place + f.len).max().unwrap_or(start);
+        if end == start {
+            out.extend(taken.into_iter().map(|f| f.record));
             return Ok(complete);
-        };
-        let end = taken.iter().map(|f| f.place + f.len).max().unwrap_or(start);
+        }
         let Some(span) = files.read(run.file, start, end - start)? else {
             return Ok(false);
         };
         for filed in taken {
+            if filed.len == 0 {
+                out.push(filed.record);
+                continue;
+            }
             let at = (filed.place - start) as usize;
             let body = span.slice(at..at + filed.len as usize);
             out.push(Record {
@@ -358,15 +365,24 @@ impl Engine for FjallEngine {
             tokio::task::spawn_blocking(move || {
                 let key = codec::stream_key(id);
                 // A newer snapshot may replace the file between the lookup and the read: then
-                // look again.
+                // look again. The same file still referred to but gone is lost.
+                let mut tried = None;
                 loop {
-                    let Some(number) = ks.snapshot_files.get(key).map_err(io)? else {
+                    let Some(value) = ks.snapshot_files.get(key).map_err(io)? else {
                         let blob = ks.snapshots.get(key).map_err(io)?;
                         return Ok(blob.map(Bytes::from_owner));
                     };
-                    if let Some(blob) = files.read_whole(body_files::decode_number(&number)?)? {
+                    let file = SnapshotFile::decode(&value)?;
+                    if tried == Some(file.number) {
+                        return Err(StorageError::Corrupt(format!(
+                            "the snapshot of stream {id} is in staged file {:016x}, which is missing",
+                            file.number
+                        )));
+                    }
+                    if let Some(blob) = files.read(file.number, 0, file.len)? {
                         return Ok(Some(blob));
                     }
+                    tried = Some(file.number);
                 }
             })
             .await
@@ -483,6 +499,8 @@ mod tests {
 
     use crate::model::Offset;
     use crate::model::record::lay_out;
+    use crate::storage::staged;
+    use std::time::Duration;
 
     #[tokio::test]
     async fn concurrent_batches_share_one_sync() {
@@ -615,7 +633,7 @@ mod tests {
         let keyspaces = Keyspaces::open(dir).unwrap();
         let trims = Arc::new(Trims::load(&keyspaces.trims).unwrap());
         let ks = &keyspaces;
-        let files = BodyFiles::open(dir, &ks.record_files, &ks.snapshot_files, false, 0).unwrap();
+        let files = BodyFiles::open(dir, &ks.record_files, &ks.snapshot_files, 0).unwrap();
         Writer {
             keyspaces,
             sync: SyncMode::None,
@@ -1165,5 +1183,52 @@ mod tests {
         })
         .await;
         assert_eq!(engine.read_snapshot(5).await.unwrap(), None);
+    }
+
+    #[tokio::test]
+    async fn a_read_ends_before_a_body_file_that_is_gone_and_a_lost_snapshot_file_is_an_error() {
+        let dir = tempfile::tempdir().unwrap();
+        let engine = FjallEngine::open(dir.path(), SyncMode::Fsync, 0).unwrap();
+        let first = vec![large(1)];
+        let records = lay_out(Offset::START, 3, first.clone());
+        let held = lay_out(records[0].next_offset(), 3, vec![Bytes::from_static(b"x")]);
+        let second = vec![large(2)];
+        let last = lay_out(held[0].next_offset(), 3, second.clone());
+        let (one, two) = (
+            staged(&engine, &first).await,
+            staged(&engine, &second).await,
+        );
+        let gone = dir
+            .path()
+            .join("bodies")
+            .join(staged::file_name(two.number()));
+        engine
+            .commit(vec![
+                Change::PutRecords(1, records.clone(), Some(one)),
+                Change::PutRecords(1, held.clone(), None),
+                Change::PutRecords(1, last, Some(two)),
+            ])
+            .await
+            .unwrap();
+        std::fs::remove_file(gone).unwrap();
+        let read = engine.read(1, 0, 3, usize::MAX).await.unwrap();
+        assert_eq!(read, [records, held].concat(), "the read stops at the gap");
+
+        let blob = large(3);
+        let file = staged(&engine, std::slice::from_ref(&blob)).await;
+        let lost = dir
+            .path()
+            .join("bodies")
+            .join(staged::file_name(file.number()));
+        engine
+            .commit(vec![Change::PutSnapshot(2, blob, Some(file))])
+            .await
+            .unwrap();
+        std::fs::remove_file(lost).unwrap();
+        let answer = tokio::time::timeout(Duration::from_secs(10), engine.read_snapshot(2));
+        assert!(
+            matches!(answer.await, Ok(Err(StorageError::Corrupt(_)))),
+            "a snapshot whose file is lost is an error, at once"
+        );
     }
 }

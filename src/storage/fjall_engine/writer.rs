@@ -9,7 +9,7 @@ use std::sync::{Arc, mpsc};
 use fjall::PersistMode;
 use tokio::sync::oneshot;
 
-use super::body_files::{self, BodyFiles};
+use super::body_files::{self, BodyFiles, SnapshotFile};
 use super::trims::{PURGE_CHUNK, Trim, Trims};
 use super::{CommitStats, Keyspaces, NEXT_ID_KEY, SyncMode, io};
 use crate::model::Record;
@@ -164,7 +164,7 @@ impl Writer {
             for submission in group {
                 let _ = submission.done.send(result.clone());
             }
-            self.files.delete(&unreferenced);
+            self.files.delete(unreferenced);
         }
     }
 
@@ -252,11 +252,9 @@ impl Writer {
                     match staged.as_ref().filter(|s| s.holds_only(blob)) {
                         Some(staged) => {
                             let number = staged.number();
-                            batch.insert(
-                                &ks.snapshot_files,
-                                key,
-                                body_files::encode_number(number),
-                            );
+                            let len = blob.len() as u64;
+                            let file = SnapshotFile { number, len };
+                            batch.insert(&ks.snapshot_files, key, file.encode());
                             files.referred.insert(number);
                             files.snapshots.insert(*id, Some(number));
                         }
@@ -369,7 +367,7 @@ impl Writer {
         let file = match files.snapshots.get(&id) {
             Some(file) => *file,
             None => match ks.snapshot_files.get(key).map_err(io)? {
-                Some(number) => Some(body_files::decode_number(&number)?),
+                Some(value) => Some(SnapshotFile::decode(&value)?.number),
                 None => None,
             },
         };
