@@ -282,10 +282,10 @@ async fn append_as(
         .unwrap()
 }
 
-async fn read_all(http: &reqwest::Client, server: &Server, path: &str) -> String {
-    let mut content = String::new();
+/// The bodies of the reads that take a stream from its start to its tail.
+async fn read_chunks(http: &reqwest::Client, server: &Server, path: &str) -> Vec<bytes::Bytes> {
+    let mut chunks = Vec::new();
     let mut offset = "-1".to_string();
-    let json = path.ends_with("events");
     loop {
         let response = http
             .get(server.url(&format!("{path}?offset={offset}")))
@@ -295,27 +295,25 @@ async fn read_all(http: &reqwest::Client, server: &Server, path: &str) -> String
         assert_eq!(response.status(), 200);
         let done = header(&response, "stream-up-to-date") == Some("true");
         offset = header(&response, "stream-next-offset").unwrap().to_string();
-        let text = response.text().await.unwrap();
-        if json {
-            // Join the arrays of successive chunks into one.
-            let inner = text.trim_start_matches('[').trim_end_matches(']');
-            if !inner.is_empty() {
-                if !content.is_empty() {
-                    content.push(',');
-                }
-                content.push_str(inner);
-            }
-        } else {
-            content.push_str(&text);
-        }
+        chunks.push(response.bytes().await.unwrap());
         if done {
-            return if json {
-                format!("[{content}]")
-            } else {
-                content
-            };
+            return chunks;
         }
     }
+}
+
+async fn read_all(http: &reqwest::Client, server: &Server, path: &str) -> String {
+    let chunks = read_chunks(http, server, path).await;
+    let texts = chunks.iter().map(|c| std::str::from_utf8(c).unwrap());
+    if !path.ends_with("events") {
+        return texts.collect();
+    }
+    // Join the arrays of successive chunks into one.
+    let inner: Vec<&str> = texts
+        .map(|text| text.trim_start_matches('[').trim_end_matches(']'))
+        .filter(|inner| !inner.is_empty())
+        .collect();
+    format!("[{}]", inner.join(","))
 }
 
 fn split_messages(content: &str, json: bool) -> Vec<String> {
@@ -366,26 +364,6 @@ fn patterned(len: usize, seed: u8) -> Vec<u8> {
     (0..len)
         .map(|i| (i as u8).wrapping_mul(31) ^ (i >> 9) as u8 ^ seed)
         .collect()
-}
-
-/// The bytes of a byte stream from its start, however many reads that takes.
-async fn read_bytes(http: &reqwest::Client, server: &Server, path: &str) -> Vec<u8> {
-    let mut content = Vec::new();
-    let mut offset = "-1".to_string();
-    loop {
-        let response = http
-            .get(server.url(&format!("{path}?offset={offset}")))
-            .send()
-            .await
-            .unwrap();
-        assert_eq!(response.status(), 200);
-        let done = header(&response, "stream-up-to-date") == Some("true");
-        offset = header(&response, "stream-next-offset").unwrap().to_string();
-        content.extend_from_slice(&response.bytes().await.unwrap());
-        if done {
-            return content;
-        }
-    }
 }
 
 fn staged_files(data: &std::path::Path) -> usize {
@@ -467,7 +445,8 @@ async fn large_appends_and_snapshots_kept_in_their_own_files_survive_sigkill() {
     let server = Server::on_disk(dir.path());
     let mut expected = large;
     expected.extend_from_slice(b"tail");
-    assert!(read_bytes(&http, &server, "/bkt1/bin").await == expected);
+    let chunks = read_chunks(&http, &server, "/bkt1/bin").await;
+    assert!(chunks.concat() == expected);
     let response = http
         .get(server.url("/bkt1/bin/snapshot"))
         .send()
