@@ -105,6 +105,14 @@ def payload_size(rng):
     return rng.randint(2000, 32768)
 
 
+def byte_payload_size(rng):
+    """As payload_size, and now and then one of a few MiB: bodies that large are written to a
+    file of their own before their commit, a path of its own to crash in."""
+    if rng.random() < 0.003:
+        return rng.randint(1 << 20, 3 << 20)
+    return payload_size(rng)
+
+
 def pad_text(rng, n):
     return "".join(rng.choice(PAD_CHARS) for _ in range(n))
 
@@ -188,7 +196,7 @@ class DsStream:
 
     def _byte_payload(self, key, rng):
         producer, epoch, seq = key
-        n = payload_size(rng)
+        n = byte_payload_size(rng)
         body = f"#{self.index}/{producer}/{epoch}/{seq}/{n}#".encode() + rng.randbytes(n)
         return body, [body]
 
