@@ -312,6 +312,9 @@ struct Subscription {
 struct Subscriptions {
     live: HashMap<String, Subscription>,
     started: u64,
+    /// The parent of every subscription's token: cancelled when the session ends, it silences
+    /// what finished subscriptions still have queued too.
+    session: CancellationToken,
 }
 
 const SUBSCRIPTIONS_GAUGE: &str = "runnel_replication_subscriptions";
@@ -330,7 +333,7 @@ impl Subscriptions {
         // The old subscription (if any) ends before the new one starts.
         self.forget(&target);
         self.started += 1;
-        let subscription = CancellationToken::new();
+        let subscription = self.session.child_token();
         let outbox = Outbox {
             queue: queue.clone(),
             subscription: subscription.clone(),
@@ -372,6 +375,7 @@ impl Subscriptions {
 
 impl Drop for Subscriptions {
     fn drop(&mut self) {
+        self.session.cancel();
         metrics::gauge!(SUBSCRIPTIONS_GAUGE).decrement(self.live.len() as f64);
     }
 }
@@ -577,23 +581,35 @@ async fn pump(
     // A replica applies a close only once it holds every record before it: a closed stream's
     // state goes out again after the backlog.
     told.1 &= after >= state.tail.seq;
-    let gap = |first: Offset| GapSignal {
-        oldest_available: Some(streamld::sequence_of(first.seq)),
+    let gap = |first: u64| GapSignal {
+        oldest_available: Some(streamld::sequence_of(first)),
         stream: Some(url.to_string()),
         ..Default::default()
     };
     if after < state.retained_from.seq || after > state.tail.seq {
-        return send(Message::Gap(gap(state.retained_from))).await;
+        return send(Message::Gap(gap(state.retained_from.seq))).await;
     }
     if let Some(timestamp_ms) = cursor.last_timestamp
         && after > state.retained_from.seq
-        && !last_record_is(app, stream, after - 1, timestamp_ms, state.tail).await?
     {
-        let diverged = GapSignal {
-            diverged: true,
-            ..gap(state.retained_from)
-        };
-        return send(Message::Gap(diverged)).await;
+        match last_record_is(app, stream, after - 1, timestamp_ms, state.tail).await {
+            Ok(true) => {}
+            Ok(false) => {
+                let diverged = GapSignal {
+                    diverged: true,
+                    ..gap(state.retained_from.seq)
+                };
+                return send(Message::Gap(diverged)).await;
+            }
+            // Trimmed while this pump looked.
+            Err(StreamError::RecordRetained { first, .. }) => {
+                return send(Message::Gap(gap(first))).await;
+            }
+            Err(StreamError::Retained { first }) => {
+                return send(Message::Gap(gap(first.seq))).await;
+            }
+            Err(e) => return Err(e),
+        }
     }
     let mut next = after;
     let mut watch = stream.subscribe();
@@ -608,22 +624,25 @@ async fn pump(
         }
         if next < durable.tail.seq {
             if next < durable.first.seq {
-                return send(Message::Gap(gap(durable.first))).await;
+                return send(Message::Gap(gap(durable.first.seq))).await;
             }
-            let at = app
-                .service
-                .record_offset(stream, next, durable.tail)
-                .await?;
-            let chunk = match app.service.read_at(stream, at, Some(READ_BATCH)).await {
-                Ok(chunk) => chunk,
-                // Trimmed while this pump read: the replica hears of the gap.
-                Err(StreamError::Retained { first }) => {
+            // Trimmed while this pump read: the replica hears of the gap.
+            let at = match app.service.record_offset(stream, next, durable.tail).await {
+                Ok(at) => at,
+                Err(StreamError::RecordRetained { first, .. }) => {
                     return send(Message::Gap(gap(first))).await;
                 }
                 Err(e) => return Err(e),
             };
+            let chunk = match app.service.read_at(stream, at, Some(READ_BATCH)).await {
+                Ok(chunk) => chunk,
+                Err(StreamError::Retained { first }) => {
+                    return send(Message::Gap(gap(first.seq))).await;
+                }
+                Err(e) => return Err(e),
+            };
             if !streamld::continues(next, chunk.records.first().map(|r| r.seq)) {
-                return send(Message::Gap(gap(stream.durable().first))).await;
+                return send(Message::Gap(gap(stream.durable().first.seq))).await;
             }
             let upstream_next = streamld::sequence_of(stream.durable().tail.seq);
             for record in &chunk.records {

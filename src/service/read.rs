@@ -86,7 +86,9 @@ impl StreamService {
         if record >= tail.seq {
             return Ok(tail);
         }
-        let found = self.collect(stream, record, record + 1, 0).await?;
+        // Up to the tail, not just `record`: when retention passed it, the first record found
+        // is where retention now starts.
+        let found = self.collect(stream, record, tail.seq, 0).await?;
         match found.first() {
             Some(found) if found.seq == record => Ok(found.offset()),
             // Below the tail only retention removes records: it passed this one meanwhile
@@ -117,7 +119,7 @@ impl StreamService {
         let actual = if offset.seq == tail.seq {
             tail
         } else {
-            let record = self.collect(stream, offset.seq, offset.seq + 1, 0).await?;
+            let record = self.collect(stream, offset.seq, tail.seq, 0).await?;
             match record.first() {
                 Some(record) if record.seq == offset.seq => record.offset(),
                 // Retention passed the record meanwhile (see `record_offset`).

@@ -720,8 +720,16 @@ impl StreamService {
     pub(super) async fn trim(&self, stream: &Arc<Stream>, seq: u64) -> StreamResult<()> {
         let durable = stream.durable();
         let at = if seq > durable.first.seq {
-            self.record_offset(stream, seq.min(durable.tail.seq), durable.tail)
-                .await?
+            match self
+                .record_offset(stream, seq.min(durable.tail.seq), durable.tail)
+                .await
+            {
+                Ok(at) => at,
+                // Retention passed the point meanwhile: no record is left to trim, and the
+                // pending mark goes all the same.
+                Err(StreamError::RecordRetained { .. }) => Offset::START,
+                Err(e) => return Err(e),
+            }
         } else {
             Offset::START
         };
@@ -804,8 +812,10 @@ impl StreamService {
         while low < high {
             let mid = low + (high - low) / 2;
             let found = self.collect(stream, mid, mid + 1, 0).await?;
+            // Retention passed it while this looked: it was older than anything left.
             let Some(record) = found.first() else {
-                return Ok(high);
+                low = mid + 1;
+                continue;
             };
             if ms(time(record)) >= ts {
                 high = mid;

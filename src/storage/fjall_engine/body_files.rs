@@ -18,7 +18,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, mpsc};
 
 use bytes::Bytes;
-use fjall::Keyspace;
+use fjall::{Database, Keyspace};
 
 use super::io;
 use crate::storage::StorageError;
@@ -53,6 +53,7 @@ impl BodyFiles {
         record_files: &Keyspace,
         snapshot_files: &Keyspace,
         reserve: u64,
+        unsynced: Option<Database>,
     ) -> Result<BodyFiles, StorageError> {
         let dir = data.join(DIRECTORY);
         std::fs::create_dir_all(&dir).map_err(io)?;
@@ -92,6 +93,15 @@ impl BodyFiles {
             .name("runnel-unlink".into())
             .spawn(move || {
                 for numbers in deleted {
+                    // Commits not synced (`--sync none`) could be lost in a machine crash that
+                    // keeps the deletion: the references would outlive their files. Synced
+                    // first, they cannot.
+                    if let Some(db) = &unsynced
+                        && let Err(e) = db.persist(fjall::PersistMode::SyncAll)
+                    {
+                        tracing::warn!(error = %e, "could not sync before deleting staged body files; they go at the next start");
+                        continue;
+                    }
                     delete(&deleter, &numbers);
                 }
             })

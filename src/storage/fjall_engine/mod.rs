@@ -171,6 +171,7 @@ impl FjallEngine {
             &keyspaces.record_files,
             &keyspaces.snapshot_files,
             reserve,
+            (sync == SyncMode::None).then(|| keyspaces.db.clone()),
         )?);
         let (queue, incoming) = mpsc::channel();
         let failed = Arc::new(AtomicBool::new(false));
@@ -215,6 +216,7 @@ impl FjallEngine {
     fn read_sync(
         records: &Keyspace,
         files: &BodyFiles,
+        trims: &Trims,
         id: StreamId,
         from: u64,
         until: u64,
@@ -244,7 +246,21 @@ impl FjallEngine {
                     })
                 }
                 Stored::Filed(run) => {
-                    Self::read_filed(files, run, from, until, &mut budget, &mut out)?
+                    let file = run.file;
+                    match Self::read_filed(files, run, from, until, &mut budget, &mut out)? {
+                        Some(complete) => complete,
+                        // Gone with a trim or a removal since this read began: what was read so
+                        // far is the answer. Gone while its records are still there to read:
+                        // lost, and said so rather than passed off as trimmed.
+                        None if last >= trims.floor(id)
+                            && records.contains_key(key).map_err(io)? =>
+                        {
+                            return Err(StorageError::Corrupt(format!(
+                                "staged body file {file:016x} of stream {id} is missing"
+                            )));
+                        }
+                        None => false,
+                    }
                 }
             };
             // Do not load the next run only to find it starts at or past `until`.
@@ -257,8 +273,7 @@ impl FjallEngine {
 
     /// Adds to `out` the records of `run` in `from..until` that fit the budget, their bodies
     /// read from the staged file in one read. Returns whether the read may go on to the next
-    /// run: not when the budget or `until` stopped it, nor when the file is gone (the records
-    /// were trimmed or removed since the read began; what was read so far is the answer).
+    /// run (not when the budget or `until` stopped it), or `None` when the file is gone.
     fn read_filed(
         files: &BodyFiles,
         run: codec::FiledRun,
@@ -266,7 +281,7 @@ impl FjallEngine {
         until: u64,
         budget: &mut ByteBudget,
         out: &mut Vec<Record>,
-    ) -> Result<bool, StorageError> {
+    ) -> Result<Option<bool>, StorageError> {
         let wanted = run.records.into_iter().skip_while(|f| f.record.seq < from);
         let mut taken = Vec::new();
         let mut complete = true;
@@ -283,10 +298,10 @@ impl FjallEngine {
         let end = bodies().map(|f| f.place + f.len).max().unwrap_or(start);
         if end == start {
             out.extend(taken.into_iter().map(|f| f.record));
-            return Ok(complete);
+            return Ok(Some(complete));
         }
         let Some(span) = files.read(run.file, start, end - start)? else {
-            return Ok(false);
+            return Ok(None);
         };
         for filed in taken {
             if filed.len == 0 {
@@ -300,7 +315,7 @@ impl FjallEngine {
                 ..filed.record
             });
         }
-        Ok(complete)
+        Ok(Some(complete))
     }
 }
 
@@ -343,11 +358,12 @@ impl Engine for FjallEngine {
         max_bytes: usize,
     ) -> BoxFuture<'static, Result<Vec<Record>, StorageError>> {
         let (records, files) = (self.keyspaces.records.clone(), self.files.clone());
+        let trims = self.trims.clone();
         // Trimmed records may still be stored until the purger reaches them; never show them.
         let from = from.max(self.trims.floor(id));
         async move {
             tokio::task::spawn_blocking(move || {
-                Self::read_sync(&records, &files, id, from, until, max_bytes)
+                Self::read_sync(&records, &files, &trims, id, from, until, max_bytes)
             })
             .await
             .map_err(io)?
@@ -633,7 +649,7 @@ mod tests {
         let keyspaces = Keyspaces::open(dir).unwrap();
         let trims = Arc::new(Trims::load(&keyspaces.trims).unwrap());
         let ks = &keyspaces;
-        let files = BodyFiles::open(dir, &ks.record_files, &ks.snapshot_files, 0).unwrap();
+        let files = BodyFiles::open(dir, &ks.record_files, &ks.snapshot_files, 0, None).unwrap();
         Writer {
             keyspaces,
             sync: SyncMode::None,
@@ -968,6 +984,7 @@ mod tests {
         let visible = FjallEngine::read_sync(
             &writer.keyspaces.records,
             &writer.files,
+            &writer.trims,
             1,
             floor,
             6,
@@ -1186,7 +1203,7 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn a_read_ends_before_a_body_file_that_is_gone_and_a_lost_snapshot_file_is_an_error() {
+    async fn a_body_file_lost_under_its_records_or_snapshot_is_an_error_not_a_gap() {
         let dir = tempfile::tempdir().unwrap();
         let engine = FjallEngine::open(dir.path(), SyncMode::Fsync, 0).unwrap();
         let first = vec![large(1)];
@@ -1211,8 +1228,13 @@ mod tests {
             .await
             .unwrap();
         std::fs::remove_file(gone).unwrap();
-        let read = engine.read(1, 0, 3, usize::MAX).await.unwrap();
-        assert_eq!(read, [records, held].concat(), "the read stops at the gap");
+        assert!(
+            matches!(
+                engine.read(1, 0, 3, usize::MAX).await,
+                Err(StorageError::Corrupt(_))
+            ),
+            "records whose file is lost are an error, not passed off as trimmed"
+        );
 
         let blob = large(3);
         let file = staged(&engine, std::slice::from_ref(&blob)).await;
