@@ -58,7 +58,8 @@ impl Drop for StagedFile {
 
 impl Staged {
     /// Writes `bodies` one after another to a new file `number` in `dir`, and syncs the file and
-    /// the directory (so the file is durable before any commit refers to it). Blocking. An error keeps its kind (a full disk is told apart) and says what failed.
+    /// the directory (so the file is durable before any commit refers to it). Blocking. An error
+    /// keeps its kind (a full disk is told apart) and says what failed.
     pub fn write(dir: &Path, number: u64, bodies: Vec<Bytes>) -> Result<Staged, std::io::Error> {
         let path = dir.join(file_name(number));
         let io = |what: &str, e: std::io::Error| {

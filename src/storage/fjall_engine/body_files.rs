@@ -77,7 +77,8 @@ impl BodyFiles {
             };
             highest = highest.max(Some(number));
             if !referred.remove(&number) {
-                tracing::info!(file = %entry.path().display(), "deleting a staged body file no commit refers to");
+                let file = entry.path();
+                tracing::info!(file = %file.display(), "deleting an unreferenced staged body file");
                 std::fs::remove_file(entry.path()).map_err(io)?;
             }
         }
@@ -99,7 +100,8 @@ impl BodyFiles {
                     if let Some(db) = &unsynced
                         && let Err(e) = db.persist(fjall::PersistMode::SyncAll)
                     {
-                        tracing::warn!(error = %e, "could not sync before deleting staged body files; they go at the next start");
+                        let why = "could not sync before deleting staged body files";
+                        tracing::warn!(error = %e, "{why}; they go at the next start");
                         continue;
                     }
                     delete(&deleter, &numbers);
@@ -183,7 +185,9 @@ fn delete(dir: &Path, numbers: &[u64]) {
         if let Err(e) = std::fs::remove_file(&path)
             && e.kind() != std::io::ErrorKind::NotFound
         {
-            tracing::warn!(file = %path.display(), error = %e, "could not delete a staged body file; it goes at the next start");
+            let file = path.display();
+            let later = "it goes at the next start";
+            tracing::warn!(%file, error = %e, "could not delete a staged body file; {later}");
         }
     }
 }

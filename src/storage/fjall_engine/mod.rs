@@ -22,6 +22,7 @@ use futures::future::BoxFuture;
 use tokio::sync::oneshot;
 
 use super::codec::{self, Stored, decode_stored};
+use super::staged;
 use super::{
     ByteBudget, Change, Engine, Recovered, RecoveredStream, Staged, StorageError, StoredEnd,
     StreamId,
@@ -390,9 +391,9 @@ impl Engine for FjallEngine {
                     };
                     let file = SnapshotFile::decode(&value)?;
                     if tried == Some(file.number) {
+                        let name = staged::file_name(file.number);
                         return Err(StorageError::Corrupt(format!(
-                            "the snapshot of stream {id} is in staged file {:016x}, which is missing",
-                            file.number
+                            "the snapshot of stream {id} is in staged file {name}, which is missing"
                         )));
                     }
                     if let Some(blob) = files.read(file.number, 0, file.len)? {
@@ -515,7 +516,7 @@ mod tests {
 
     use crate::model::Offset;
     use crate::model::record::lay_out;
-    use crate::storage::staged;
+
     use std::time::Duration;
 
     #[tokio::test]
