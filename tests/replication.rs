@@ -693,6 +693,23 @@ async fn send_json(socket: &mut Socket, message: serde_json::Value) {
         .unwrap();
 }
 
+/// A SubscriptionRequest for `stream` of the bucket, or for the whole bucket when `stream` is
+/// empty (with the replica's `cursors` per stream, unless null).
+fn subscription(upstream: &Server, stream: &str, cursors: serde_json::Value) -> serde_json::Value {
+    let path = match stream {
+        "" => format!("/{BUCKET}"),
+        name => format!("/{BUCKET}/{name}"),
+    };
+    let mut join = serde_json::json!({
+        "@type": "SubscriptionRequest",
+        "stream": upstream.url(&path),
+    });
+    if !cursors.is_null() {
+        join["runnel:cursors"] = cursors;
+    }
+    join
+}
+
 /// The next JSON message from the upstream, or `None` when nothing arrives within `within`.
 async fn next_json(socket: &mut Socket, within: Duration) -> Option<serde_json::Value> {
     use futures::StreamExt;
@@ -746,11 +763,7 @@ async fn a_second_bucket_join_on_one_session_replaces_the_first_so_each_append_a
     assert_eq!(put(&http, &stream, "text/plain", "a;").await.status(), 201);
 
     let mut socket = connect_replica(&http, &upstream).await;
-    let join = serde_json::json!({
-        "@type": "SubscriptionRequest",
-        "stream": upstream.url(&format!("/{BUCKET}")),
-        "runnel:cursors": {"s": 1},
-    });
+    let join = subscription(&upstream, "", serde_json::json!({"s": 1}));
     // Each join answers with the stream's state: once it is here, that join is live.
     send_json(&mut socket, join.clone()).await;
     read_until(&mut socket, is_state).await;
@@ -1693,11 +1706,7 @@ async fn a_stream_whose_pump_ended_on_a_gap_is_forgotten_once_it_is_deleted() {
     // A cursor past the tail cannot be served: the stream's pump answers with a gap and ends,
     // while the stream lives on.
     let mut socket = connect_replica(&http, &upstream).await;
-    let join = serde_json::json!({
-        "@type": "SubscriptionRequest",
-        "stream": upstream.url(&format!("/{BUCKET}")),
-        "runnel:cursors": {"s": 99},
-    });
+    let join = subscription(&upstream, "", serde_json::json!({"s": 99}));
     send_json(&mut socket, join).await;
     read_until(&mut socket, |m| m["@type"] == "GapSignal").await;
     wait_for_gauge(&http, &upstream, FOLLOWED, 1.0).await;
@@ -1716,12 +1725,7 @@ async fn a_session_forgets_single_stream_subscriptions_whose_streams_are_gone_an
     assert_eq!(put(&http, &kept, "text/plain", "k;").await.status(), 201);
 
     let mut socket = connect_replica(&http, &upstream).await;
-    let join = |name: &str| {
-        serde_json::json!({
-            "@type": "SubscriptionRequest",
-            "stream": upstream.url(&format!("/{BUCKET}/{name}")),
-        })
-    };
+    let join = |name: &str| subscription(&upstream, name, serde_json::Value::Null);
     send_json(&mut socket, join("kept")).await;
     read_until(&mut socket, is_state).await;
     // Each join of a stream that is not there is answered that it is deleted, and then the

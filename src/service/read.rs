@@ -86,22 +86,27 @@ impl StreamService {
         if record >= tail.seq {
             return Ok(tail);
         }
-        // Up to the tail, not just `record`: when retention passed it, the first record found
-        // is where retention now starts.
-        let found = self.collect(stream, record, tail.seq, 0).await?;
-        match found.first() {
-            Some(found) if found.seq == record => Ok(found.offset()),
-            // Below the tail only retention removes records: it passed this one meanwhile
-            // (the engine hides trimmed records a moment before the retention is published).
-            other => {
-                let durable = stream.durable();
-                let first = other.map_or(durable.first.seq, |r| r.seq);
-                Err(StreamError::RecordRetained {
-                    first: first.max(durable.first.seq),
-                    next: durable.tail.seq,
-                })
-            }
+        match self.locate(stream, record, tail).await? {
+            Located::At(at) => Ok(at),
+            Located::Retained(first) => Err(StreamError::RecordRetained {
+                first: first.seq,
+                next: stream.durable().tail.seq,
+            }),
         }
+    }
+
+    /// Where record `seq` (below `tail`) starts, or where the retained records start when
+    /// retention passed it while this looked: below the tail only retention removes records,
+    /// and the engine hides trimmed ones a moment before the retention is published.
+    async fn locate(&self, stream: &Arc<Stream>, seq: u64, tail: Offset) -> StreamResult<Located> {
+        // Up to the tail, not just `seq`: when retention passed it, the first record found is
+        // where retention now starts.
+        let found = self.collect(stream, seq, tail.seq, 0).await?;
+        let first = stream.durable().first;
+        Ok(match found.first() {
+            Some(record) if record.seq == seq => Located::At(record.offset()),
+            other => Located::Retained(other.map_or(first, Record::offset).max(first)),
+        })
     }
 
     /// Checks that `offset` is a record boundary of `stream` at or before its durable tail.
@@ -119,16 +124,9 @@ impl StreamService {
         let actual = if offset.seq == tail.seq {
             tail
         } else {
-            let record = self.collect(stream, offset.seq, tail.seq, 0).await?;
-            match record.first() {
-                Some(record) if record.seq == offset.seq => record.offset(),
-                // Retention passed the record meanwhile (see `record_offset`).
-                other => {
-                    let first = stream.durable().first;
-                    return Err(StreamError::Retained {
-                        first: other.map_or(first, Record::offset).max(first),
-                    });
-                }
+            match self.locate(stream, offset.seq, tail).await? {
+                Located::At(at) => at,
+                Located::Retained(first) => return Err(StreamError::Retained { first }),
             }
         };
         if actual == offset {
@@ -420,4 +418,11 @@ fn owner_of(stream: &Arc<Stream>, seq: u64, until: u64) -> (&Arc<Stream>, u64) {
         owner = source;
     }
     (owner, until)
+}
+
+/// Where [`StreamService::locate`] found a record.
+enum Located {
+    At(Offset),
+    /// Retention passed it; the retained records start here.
+    Retained(Offset),
 }
