@@ -122,7 +122,7 @@ impl StreamService {
         self.engine.room()?;
         let bodies = parse_bodies(&stream, &request.body).await;
         let staged = match &bodies {
-            Ok(bodies) => self.stage(bodies.iter()).await?,
+            Ok(bodies) => self.stage_append(&stream, &request, bodies).await?,
             Err(_) => None,
         };
         let _permit = self
@@ -281,6 +281,26 @@ impl StreamService {
         Ok(results)
     }
 
+    /// Stages one append's bodies (see [`Self::stage`]) only if the stream would write them
+    /// now. A retry of an append already applied, or an append the stream refuses, must not
+    /// cost a file and its fsync: producers retry large appends after a timeout. The state can
+    /// still change before the commit; bodies not staged are then committed inline.
+    async fn stage_append(
+        &self,
+        stream: &Stream,
+        request: &AppendRequest<'_>,
+        bodies: &[Bytes],
+    ) -> StreamResult<Option<Staged>> {
+        if !self.engine.stages(bodies.iter().map(Bytes::len).sum()) {
+            return Ok(None);
+        }
+        let writes = matches!(check(stream, &stream.lock(), request), Ok(None));
+        if !writes {
+            return Ok(None);
+        }
+        self.stage(bodies.iter()).await
+    }
+
     /// Writes large bodies to a file of their own, when the engine would rather not copy them
     /// into their commit (see `storage::staged`). Before any lock: it does I/O.
     pub(super) async fn stage<'a>(
@@ -379,107 +399,10 @@ fn decide(
     request: &AppendRequest<'_>,
     bodies: Result<Vec<Bytes>, String>,
 ) -> StreamResult<Decision> {
-    if state.removed {
-        return Err(StreamError::NotFound);
-    }
-    if state.meta.soft_deleted {
-        return Err(StreamError::Gone);
-    }
-    if stream.encrypted {
-        return Err(StreamError::Encrypted);
+    if let Some(acknowledge) = check(stream, state, request)? {
+        return Ok(acknowledge);
     }
     let tail = state.meta.tail;
-
-    if state.meta.closed {
-        let closing_retry = match (&request.producer, &state.meta.extra().closed_by) {
-            (Some(claim), Some(by)) => {
-                claim.id == by.id && claim.epoch == by.epoch && claim.seq == by.seq
-            }
-            _ => false,
-        };
-        let plain_close_retry =
-            request.body.is_empty() && request.close && request.producer.is_none();
-        if !(closing_retry || plain_close_retry) {
-            return Err(StreamError::Closed { tail });
-        }
-        let records = request
-            .producer
-            .as_ref()
-            .and_then(|c| state.producers.get(&c.id))
-            .map_or((tail.seq, tail.seq), |p| p.records);
-        let ack = AppendAck {
-            tail,
-            closed: true,
-            producer: request.producer.as_ref().map(|c| (c.epoch, c.seq)),
-            duplicate: true,
-            records: Some(records),
-            record_aware: stream.json,
-            timestamp_ms: state.meta.last_timestamp_ms,
-        };
-        return Ok(Decision::Acknowledge {
-            ack,
-            awaited: Awaited {
-                seq: tail.seq,
-                closed: true,
-            },
-        });
-    }
-
-    if !request.body.is_empty() {
-        let given = request.content_type.unwrap_or_default();
-        if !content_type::same_media_type(given, &stream.content_type) {
-            return Err(StreamError::ContentTypeMismatch);
-        }
-    }
-
-    if let Some(claim) = &request.producer
-        && let ProducerDecision::Duplicate { epoch, last_seq } =
-            producer::decide(state.producers.get(&claim.id), claim)?
-    {
-        let records = state
-            .producers
-            .get(&claim.id)
-            .and_then(|p| p.records_of(claim.seq));
-        let ack = AppendAck {
-            tail,
-            closed: false,
-            producer: Some((epoch, last_seq)),
-            duplicate: true,
-            records,
-            record_aware: stream.json,
-            timestamp_ms: state.meta.last_timestamp_ms,
-        };
-        return Ok(Decision::Acknowledge {
-            ack,
-            awaited: Awaited {
-                seq: records.map_or(tail.seq, |(_, next)| next),
-                closed: false,
-            },
-        });
-    }
-
-    if let Some(expected) = request.record_match {
-        if !stream.json {
-            return Err(StreamError::NotRecordAware);
-        }
-        if expected != tail.seq {
-            return Err(StreamError::RecordMismatch {
-                expected,
-                next: tail.seq,
-                tail,
-            });
-        }
-    }
-
-    if let (Some(received), Some(last)) = (&request.stream_seq, &state.meta.extra().last_stream_seq)
-        && received.as_bytes() <= last.as_bytes()
-    {
-        return Err(StreamError::StreamSeqRegression {
-            last: last.clone(),
-            received: (*received).to_owned(),
-        });
-    }
-
     let bodies = bodies.map_err(StreamError::BadRequest)?;
     let arrival = now_ms();
     let timestamp = arrival.max(state.meta.last_timestamp_ms);
@@ -533,4 +456,115 @@ fn decide(
         producer,
         meta_changed: request.close || request.stream_seq.is_some(),
     })
+}
+
+/// The checks of [`decide`] that change nothing: a refusal, a retry to acknowledge without
+/// writing, or `None` when the append writes.
+fn check(
+    stream: &Stream,
+    state: &State,
+    request: &AppendRequest<'_>,
+) -> StreamResult<Option<Decision>> {
+    if state.removed {
+        return Err(StreamError::NotFound);
+    }
+    if state.meta.soft_deleted {
+        return Err(StreamError::Gone);
+    }
+    if stream.encrypted {
+        return Err(StreamError::Encrypted);
+    }
+    let tail = state.meta.tail;
+
+    if state.meta.closed {
+        let closing_retry = match (&request.producer, &state.meta.extra().closed_by) {
+            (Some(claim), Some(by)) => {
+                claim.id == by.id && claim.epoch == by.epoch && claim.seq == by.seq
+            }
+            _ => false,
+        };
+        let plain_close_retry =
+            request.body.is_empty() && request.close && request.producer.is_none();
+        if !(closing_retry || plain_close_retry) {
+            return Err(StreamError::Closed { tail });
+        }
+        let records = request
+            .producer
+            .as_ref()
+            .and_then(|c| state.producers.get(&c.id))
+            .map_or((tail.seq, tail.seq), |p| p.records);
+        let ack = AppendAck {
+            tail,
+            closed: true,
+            producer: request.producer.as_ref().map(|c| (c.epoch, c.seq)),
+            duplicate: true,
+            records: Some(records),
+            record_aware: stream.json,
+            timestamp_ms: state.meta.last_timestamp_ms,
+        };
+        return Ok(Some(Decision::Acknowledge {
+            ack,
+            awaited: Awaited {
+                seq: tail.seq,
+                closed: true,
+            },
+        }));
+    }
+
+    if !request.body.is_empty() {
+        let given = request.content_type.unwrap_or_default();
+        if !content_type::same_media_type(given, &stream.content_type) {
+            return Err(StreamError::ContentTypeMismatch);
+        }
+    }
+
+    if let Some(claim) = &request.producer
+        && let ProducerDecision::Duplicate { epoch, last_seq } =
+            producer::decide(state.producers.get(&claim.id), claim)?
+    {
+        let records = state
+            .producers
+            .get(&claim.id)
+            .and_then(|p| p.records_of(claim.seq));
+        let ack = AppendAck {
+            tail,
+            closed: false,
+            producer: Some((epoch, last_seq)),
+            duplicate: true,
+            records,
+            record_aware: stream.json,
+            timestamp_ms: state.meta.last_timestamp_ms,
+        };
+        return Ok(Some(Decision::Acknowledge {
+            ack,
+            awaited: Awaited {
+                seq: records.map_or(tail.seq, |(_, next)| next),
+                closed: false,
+            },
+        }));
+    }
+
+    if let Some(expected) = request.record_match {
+        if !stream.json {
+            return Err(StreamError::NotRecordAware);
+        }
+        if expected != tail.seq {
+            return Err(StreamError::RecordMismatch {
+                expected,
+                next: tail.seq,
+                tail,
+            });
+        }
+    }
+
+    if let (Some(received), Some(last)) = (&request.stream_seq, &state.meta.extra().last_stream_seq)
+        && received.as_bytes() <= last.as_bytes()
+    {
+        return Err(StreamError::StreamSeqRegression {
+            last: last.clone(),
+            received: (*received).to_owned(),
+        });
+    }
+
+    Ok(None)
 }

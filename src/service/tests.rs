@@ -1421,3 +1421,48 @@ async fn a_basin_delete_cut_short_is_finished_at_the_next_start_and_takes_no_new
     assert!(reopened.bucket_info("doomed").is_err());
     assert!(reopened.find("/doomed/a", false).await.is_err());
 }
+
+#[tokio::test]
+async fn a_large_append_that_will_not_be_written_takes_no_body_file() {
+    use crate::model::producer::ProducerClaim;
+    use crate::storage::{FjallEngine, SyncMode};
+    let dir = tempfile::tempdir().unwrap();
+    let engine = FjallEngine::open(dir.path(), SyncMode::Fsync, 0).unwrap();
+    let service = StreamService::open(Arc::new(engine), ServiceConfig::default()).unwrap();
+    service.create(create_text("t")).await.unwrap();
+    service.create(create_text("u")).await.unwrap();
+    let large = Bytes::from(vec![b'x'; 2 << 20]);
+    let append = |seq: Option<u64>, close: bool| AppendRequest {
+        body: large.clone(),
+        close,
+        producer: seq.map(|seq| ProducerClaim {
+            id: "p".into(),
+            epoch: 0,
+            seq,
+        }),
+        ..text("")
+    };
+    service.append("t", append(Some(0), false)).await.unwrap();
+    // A producer retrying after a timeout: acknowledged without writing.
+    let retry = service.append("t", append(Some(0), false)).await.unwrap();
+    assert!(retry.duplicate);
+    service.append("t", append(Some(1), true)).await.unwrap();
+    let refused = service.append("t", append(None, false)).await;
+    assert!(
+        matches!(refused, Err(StreamError::Closed { .. })),
+        "{refused:?}"
+    );
+    service.append("u", append(None, false)).await.unwrap();
+
+    // Each body file is numbered when it is written: the retry and the refusal took none.
+    let mut numbers: Vec<u64> = std::fs::read_dir(dir.path().join("bodies"))
+        .unwrap()
+        .map(|entry| {
+            let name = entry.unwrap().file_name();
+            u64::from_str_radix(name.to_str().unwrap(), 16).unwrap()
+        })
+        .collect();
+    numbers.sort_unstable();
+    let first = numbers[0];
+    assert_eq!(numbers, [first, first + 1, first + 2]);
+}
