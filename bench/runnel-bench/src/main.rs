@@ -102,10 +102,15 @@ enum Cmd {
         #[arg(long, default_value_t = 3)]
         reads: usize,
     },
-    /// A no-op HTTP server that answers 204 to everything (the client's ceiling).
+    /// A no-op HTTP server that answers 204 to everything (the client's ceiling); it sends
+    /// each POST body to `?live=sse` subscribers (the fan-out floor).
     Noop {
         #[arg(long, default_value = "127.0.0.1:0")]
         listen: String,
+        /// Make it durable: append each POST body to a file here, group commit with fsync,
+        /// before answering (the floor of a durable append).
+        #[arg(long)]
+        sync_dir: Option<std::path::PathBuf>,
     },
 }
 
@@ -145,8 +150,8 @@ fn main() -> Result<()> {
 }
 
 async fn run(cli: Cli, threads: usize) -> Result<()> {
-    if let Cmd::Noop { listen } = &cli.cmd {
-        return noop::serve(listen).await;
+    if let Cmd::Noop { listen, sync_dir } = &cli.cmd {
+        return noop::serve(listen, sync_dir.as_deref()).await;
     }
     let target = client::Target::parse(&cli.target)?;
     let unix = SystemTime::now().duration_since(UNIX_EPOCH)?;
