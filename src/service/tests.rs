@@ -1466,3 +1466,118 @@ async fn a_large_append_that_will_not_be_written_takes_no_body_file() {
     let first = numbers[0];
     assert_eq!(numbers, [first, first + 1, first + 2]);
 }
+
+/// A memory engine that trims a stream's records below `trimmed_below` from under a service
+/// that does not know yet, as the fjall engine's reads see a trim a moment before retention is
+/// published. The first read after `trim_after_read` is cut short after that many records (a
+/// body file it needed went with the trim) and the trim takes effect right after it.
+#[derive(Default)]
+struct TrimmingEngine {
+    inner: MemoryEngine,
+    trimmed_below: std::sync::Mutex<u64>,
+    trim_after_read: std::sync::Mutex<Option<(usize, u64)>>,
+}
+
+impl Engine for TrimmingEngine {
+    fn commit(&self, changes: Vec<Change>) -> BoxFuture<'static, Result<(), StorageError>> {
+        self.inner.commit(changes)
+    }
+
+    fn read(
+        &self,
+        id: StreamId,
+        from: u64,
+        until: u64,
+        max: usize,
+    ) -> BoxFuture<'static, Result<Vec<Record>, StorageError>> {
+        let cut = self.trim_after_read.lock().unwrap().take();
+        let trimmed_below = {
+            let mut below = self.trimmed_below.lock().unwrap();
+            let now = *below;
+            if let Some((_, trim_to)) = cut {
+                *below = trim_to;
+            }
+            now
+        };
+        let read = self.inner.read(id, from.max(trimmed_below), until, max);
+        async move {
+            let mut records = read.await?;
+            if let Some((kept, _)) = cut {
+                records.truncate(kept);
+            }
+            Ok(records)
+        }
+        .boxed()
+    }
+
+    fn read_snapshot(
+        &self,
+        id: StreamId,
+    ) -> BoxFuture<'static, Result<Option<Bytes>, StorageError>> {
+        self.inner.read_snapshot(id)
+    }
+
+    fn recover(&self) -> Result<Recovered, StorageError> {
+        self.inner.recover()
+    }
+}
+
+/// Seven records `r0` … `r6` in stream "t", read back by a service that has just started (so
+/// reads go to the engine, not the tail cache). Returns the offsets after each record.
+async fn seven_records_after_a_restart(
+    engine: &Arc<TrimmingEngine>,
+) -> (Arc<StreamService>, Arc<Stream>, Vec<Offset>) {
+    let shared: SharedEngine = engine.clone();
+    let service = StreamService::open(shared.clone(), ServiceConfig::default()).unwrap();
+    service.create(create_text("t")).await.unwrap();
+    let mut ends = Vec::new();
+    for i in 0..7 {
+        ends.push(
+            service
+                .append("t", text(&format!("r{i}")))
+                .await
+                .unwrap()
+                .tail,
+        );
+    }
+    drop(service);
+    let service = StreamService::open(shared, ServiceConfig::default()).unwrap();
+    let stream = service.find("t", false).await.unwrap();
+    (service, stream, ends)
+}
+
+#[tokio::test]
+async fn a_read_never_joins_records_across_a_trim_that_happened_while_it_read() {
+    let engine = Arc::new(TrimmingEngine::default());
+    let (service, stream, ends) = seven_records_after_a_restart(&engine).await;
+    // The first engine read ends after r1; then r2 … r4 are trimmed.
+    *engine.trim_after_read.lock().unwrap() = Some((2, 5));
+    let chunk = service.read_at(&stream, Offset::START, None).await.unwrap();
+    let bodies: Vec<&[u8]> = chunk.records.iter().map(|r| &r.body[..]).collect();
+    assert_eq!(bodies, [b"r0", b"r1"], "contiguous, ending before the gap");
+    assert_eq!(chunk.next, ends[1]);
+    // The reader's next read is told where the stream now starts.
+    let next = service.read_at(&stream, chunk.next, None).await;
+    assert!(
+        matches!(next, Err(StreamError::Retained { first }) if first == ends[4]),
+        "{next:?}"
+    );
+}
+
+#[tokio::test]
+async fn an_offset_that_retention_is_passing_is_gone_not_invalid() {
+    let engine = Arc::new(TrimmingEngine::default());
+    let (service, stream, ends) = seven_records_after_a_restart(&engine).await;
+    // The engine no longer has r0 … r2; retention is not yet published.
+    *engine.trimmed_below.lock().unwrap() = 3;
+    let resolved = service.resolve(&stream, ReadFrom::At(ends[0])).await;
+    assert!(
+        matches!(resolved, Err(StreamError::Retained { first }) if first == ends[2]),
+        "{resolved:?}"
+    );
+    let at_start = service
+        .resolve(&stream, ReadFrom::At(ends[2]))
+        .await
+        .unwrap();
+    assert_eq!(at_start, ends[2], "the first record still there resolves");
+}
