@@ -11,7 +11,9 @@ use axum::http::{HeaderValue, Method, StatusCode, header};
 use axum::middleware::Next;
 use axum::response::Response;
 use futures::StreamExt as _;
+use futures::stream::{AbortHandle, Abortable};
 
+use super::task::OwnedTask;
 use super::{AppState, token_expiry};
 use crate::service::Principal;
 
@@ -108,14 +110,19 @@ pub async fn serve(app: &AppState, request: Request, next: Next) -> Response {
         }
     };
     let (parts, body) = response.into_parts();
+    // The ways the body ends are watched by a task of their own, which lives as long as the
+    // body: a frame then costs one atomic load. Polled with every frame instead, they locked two
+    // cancellation tokens per frame, a few percent of a fan-out's CPU.
+    let (abort, registration) = AbortHandle::new_pair();
+    let watcher = OwnedTask::spawn(async move {
+        end.await;
+        abort.abort();
+    });
     // The permit lives as long as the body does.
-    let body = body
-        .into_data_stream()
-        .take_until(Box::pin(end))
-        .map(move |chunk| {
-            let _held = &permit;
-            chunk
-        });
+    let body = Abortable::new(body.into_data_stream(), registration).map(move |chunk| {
+        let _held = (&permit, &watcher);
+        chunk
+    });
     Response::from_parts(parts, Body::from_stream(body))
 }
 

@@ -16,6 +16,7 @@ mod request;
 mod s2;
 mod sse;
 mod streamld;
+mod task;
 
 use std::convert::Infallible;
 use std::sync::Arc;

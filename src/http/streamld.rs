@@ -26,6 +26,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::AppState;
 use super::origin::Origin;
+use super::task::OwnedTask;
 use crate::model::Offset;
 use crate::model::access::Operation;
 use crate::model::names;
@@ -303,7 +304,7 @@ struct Subscription {
     /// a later subscription to the same target.
     generation: u64,
     ended: tokio_util::sync::DropGuard,
-    _pump: Pump,
+    _pump: OwnedTask,
 }
 
 /// A session's live subscriptions, by target. How many there are across sessions is
@@ -341,7 +342,7 @@ impl Subscriptions {
         let started = Subscription {
             generation: self.started,
             ended: subscription.drop_guard(),
-            _pump: Pump::spawn(pump(outbox, self.started)),
+            _pump: OwnedTask::spawn(pump(outbox, self.started)),
         };
         self.live.insert(target, started);
         metrics::gauge!(SUBSCRIPTIONS_GAUGE).increment(1.0);
@@ -382,29 +383,15 @@ impl Drop for Subscriptions {
 
 /// A pump task, aborted when its handle is dropped: its subscription (or, for a stream of a
 /// bucket subscription, its bucket pump) ended.
-struct Pump(tokio::task::JoinHandle<()>);
-
-impl Pump {
-    fn spawn(task: impl std::future::Future<Output = ()> + Send + 'static) -> Pump {
-        Pump(tokio::spawn(task))
-    }
-}
-
-impl Drop for Pump {
-    fn drop(&mut self) {
-        self.0.abort();
-    }
-}
-
 /// The stream pumps of one bucket subscription, by stream incarnation (internal id). How many
 /// there are across sessions is `runnel_replication_streams_followed` on `/metrics`.
 #[derive(Default)]
-struct Followed(HashMap<u64, Pump>);
+struct Followed(HashMap<u64, OwnedTask>);
 
 const FOLLOWED_GAUGE: &str = "runnel_replication_streams_followed";
 
 impl Followed {
-    fn insert_with(&mut self, id: u64, spawn: impl FnOnce() -> Pump) {
+    fn insert_with(&mut self, id: u64, spawn: impl FnOnce() -> OwnedTask) {
         if let std::collections::hash_map::Entry::Vacant(slot) = self.0.entry(id) {
             slot.insert(spawn());
             metrics::gauge!(FOLLOWED_GAUGE).increment(1.0);
@@ -467,7 +454,7 @@ async fn bucket_pump(
         pumps.insert_with(id, || {
             let (app, queue, origin) = (app.clone(), queue.clone(), origin.clone());
             let (key, ended) = (key.to_string(), ended_tx.clone());
-            Pump::spawn(async move {
+            OwnedTask::spawn(async move {
                 stream_pump(app.clone(), queue, origin, key.clone(), cursor).await;
                 // Ended on a gap while the stream lives on: it stays followed (and is not
                 // restarted) until the replica asks again or the stream goes.
