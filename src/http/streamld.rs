@@ -304,6 +304,7 @@ struct Subscription {
     /// a later subscription to the same target.
     generation: u64,
     ended: tokio_util::sync::DropGuard,
+    /// Stops the pump when the subscription goes.
     _pump: OwnedTask,
 }
 
@@ -381,8 +382,6 @@ impl Drop for Subscriptions {
     }
 }
 
-/// A pump task, aborted when its handle is dropped: its subscription (or, for a stream of a
-/// bucket subscription, its bucket pump) ended.
 /// The stream pumps of one bucket subscription, by stream incarnation (internal id). How many
 /// there are across sessions is `runnel_replication_streams_followed` on `/metrics`.
 #[derive(Default)]

@@ -11,7 +11,7 @@ use super::heavy;
 use super::stream::State;
 use super::{Durable, StreamError, StreamResult, StreamService, now_ms};
 use crate::model::json::{self, EmptyArray};
-use crate::model::producer::{self, ProducerClaim, ProducerDecision, ProducerState};
+use crate::model::producer::{self, ProducerClaim, ProducerDecision, ProducerError, ProducerState};
 use crate::model::record::lay_out_arrived;
 use crate::model::stream::ClosingProducer;
 use crate::model::{Offset, Record, content_type};
@@ -281,11 +281,13 @@ impl StreamService {
         Ok(results)
     }
 
-    /// Stages one append's bodies (see [`Self::stage`]) only if the stream would write them
-    /// now. A retry of an append already applied, or an append the stream refuses, must not
-    /// cost a file and its fsync: producers retry large appends after a timeout. The state can
-    /// still change before the commit; bodies not staged are then committed inline.
-    async fn stage_append(
+    /// Stages one append's bodies (see [`Self::stage`]) unless the append can never write them:
+    /// a retry of an append already applied, or a refusal no append still in flight can lift,
+    /// must not cost a file and its fsync (producers retry large appends after a timeout). An
+    /// append that waits on appends in flight ahead of it (a pipelining producer's next sequence
+    /// number) is staged like theirs: it is decided after them. The state can still change
+    /// before the commit; bodies not staged are then committed inline.
+    pub(super) async fn stage_append(
         &self,
         stream: &Stream,
         request: &AppendRequest<'_>,
@@ -294,8 +296,12 @@ impl StreamService {
         if !self.engine.stages(bodies.iter().map(Bytes::len).sum()) {
             return Ok(None);
         }
-        let writes = matches!(check(stream, &stream.lock(), request), Ok(None));
-        if !writes {
+        let never_writes = match check(stream, &stream.lock(), request) {
+            Ok(None) => false,
+            Ok(Some(_acknowledge)) => true,
+            Err(refusal) => !may_pass_later(&refusal),
+        };
+        if never_writes {
             return Ok(None);
         }
         self.stage(bodies.iter()).await
@@ -456,6 +462,18 @@ fn decide(
         producer,
         meta_changed: request.close || request.stream_seq.is_some(),
     })
+}
+
+/// Whether an append refused with `refusal` may be accepted once appends ahead of it land: a
+/// producer's later sequence number, or the rest of a new epoch, sent before the appends it
+/// follows are decided, or a record match ahead of the tail.
+fn may_pass_later(refusal: &StreamError) -> bool {
+    match refusal {
+        StreamError::Producer(ProducerError::SequenceGap { .. })
+        | StreamError::Producer(ProducerError::EpochBumpNotAtZero) => true,
+        StreamError::RecordMismatch { expected, next, .. } => expected > next,
+        _ => false,
+    }
 }
 
 /// The checks of [`decide`] that change nothing: a refusal, a retry to acknowledge without

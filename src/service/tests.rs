@@ -1423,7 +1423,7 @@ async fn a_basin_delete_cut_short_is_finished_at_the_next_start_and_takes_no_new
 }
 
 #[tokio::test]
-async fn a_large_append_that_will_not_be_written_takes_no_body_file() {
+async fn a_large_append_is_staged_unless_it_can_never_be_written() {
     use crate::model::producer::ProducerClaim;
     use crate::storage::{FjallEngine, SyncMode};
     let dir = tempfile::tempdir().unwrap();
@@ -1454,6 +1454,24 @@ async fn a_large_append_that_will_not_be_written_takes_no_body_file() {
     );
     service.append("u", append(None, false)).await.unwrap();
 
+    // A pipelining producer's next append, sent before the one ahead of it is decided, is
+    // staged: it will most likely be written, after that one.
+    let ahead = service.find("u", false).await.unwrap();
+    let pipelined = AppendRequest {
+        producer: Some(ProducerClaim {
+            id: "q".into(),
+            epoch: 0,
+            seq: 1,
+        }),
+        ..append(None, false)
+    };
+    let staged = service
+        .stage_append(&ahead, &pipelined, std::slice::from_ref(&large))
+        .await
+        .unwrap();
+    assert!(staged.is_some());
+    drop(staged);
+
     // Each body file is numbered when it is written: the retry and the refusal took none.
     let mut numbers: Vec<u64> = std::fs::read_dir(dir.path().join("bodies"))
         .unwrap()
@@ -1464,7 +1482,11 @@ async fn a_large_append_that_will_not_be_written_takes_no_body_file() {
         .collect();
     numbers.sort_unstable();
     let first = numbers[0];
-    assert_eq!(numbers, [first, first + 1, first + 2]);
+    assert_eq!(
+        numbers,
+        [first, first + 1, first + 2],
+        "the dropped file is gone"
+    );
 }
 
 /// A memory engine that trims a stream's records below `trimmed_below` from under a service

@@ -102,6 +102,12 @@ enum Cmd {
         #[arg(long, default_value_t = 3)]
         reads: usize,
     },
+    /// Read one TCP connection to its end and print the bytes and seconds (the reader of the
+    /// catch-up floor: a file sent with sendfile over loopback).
+    Drain {
+        #[arg(long)]
+        connect: String,
+    },
     /// A no-op HTTP server that answers 204 to everything (the client's ceiling); it sends
     /// each POST body to `?live=sse` subscribers (the fan-out floor).
     Noop {
@@ -153,6 +159,11 @@ async fn run(cli: Cli, threads: usize) -> Result<()> {
     if let Cmd::Noop { listen, sync_dir } = &cli.cmd {
         return noop::serve(listen, sync_dir.as_deref()).await;
     }
+    if let Cmd::Drain { connect } = &cli.cmd {
+        let (bytes, took) = noop::drain(connect)?;
+        println!("{bytes} {}", took.as_secs_f64());
+        return Ok(());
+    }
     let target = client::Target::parse(&cli.target)?;
     let unix = SystemTime::now().duration_since(UNIX_EPOCH)?;
     let run = cli
@@ -172,7 +183,7 @@ async fn run(cli: Cli, threads: usize) -> Result<()> {
         Cmd::S2 => ("s2", 16),
         Cmd::Idle { .. } => ("idle", 100_000),
         Cmd::Catchup { .. } => ("catchup", 1),
-        Cmd::Noop { .. } => unreachable!(),
+        Cmd::Noop { .. } | Cmd::Drain { .. } => unreachable!(),
     };
     let n = cli.streams.unwrap_or(default_n);
     if n == 0 {
@@ -226,7 +237,7 @@ async fn run(cli: Cli, threads: usize) -> Result<()> {
                 serde_json::json!({ "size_mb": size_mb, "chunk_kb": chunk_kb, "reads": reads });
             scenarios::catchup(ctx, opts, size_mb, chunk_kb, reads).await?
         }
-        Cmd::Noop { .. } => unreachable!(),
+        Cmd::Noop { .. } | Cmd::Drain { .. } => unreachable!(),
     };
     let report = Report {
         scenario: scenario.to_string(),
