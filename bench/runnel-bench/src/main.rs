@@ -137,6 +137,12 @@ fn parse_duration(s: &str) -> Result<Duration, String> {
 
 fn main() -> Result<()> {
     let cli = Cli::parse();
+    if let Cmd::Drain { connect } = &cli.cmd {
+        // Blocking, on this thread: no runtime to start.
+        let (bytes, took) = noop::drain(connect)?;
+        println!("{bytes} {}", took.as_secs_f64());
+        return Ok(());
+    }
     let threads = cli.threads.unwrap_or_else(|| {
         std::thread::available_parallelism()
             .map(|n| n.get())
@@ -158,11 +164,6 @@ fn main() -> Result<()> {
 async fn run(cli: Cli, threads: usize) -> Result<()> {
     if let Cmd::Noop { listen, sync_dir } = &cli.cmd {
         return noop::serve(listen, sync_dir.as_deref()).await;
-    }
-    if let Cmd::Drain { connect } = &cli.cmd {
-        let (bytes, took) = noop::drain(connect)?;
-        println!("{bytes} {}", took.as_secs_f64());
-        return Ok(());
     }
     let target = client::Target::parse(&cli.target)?;
     let unix = SystemTime::now().duration_since(UNIX_EPOCH)?;
