@@ -138,6 +138,30 @@ impl Conn {
         })
     }
 
+    /// Send and count the response body's bytes as they arrive, keeping none of them (the
+    /// returned body is empty): how a catch-up reader handles a large body, piece by piece,
+    /// rather than gathering it into one buffer first.
+    pub async fn send_counting(&mut self, req: Request<Full<Bytes>>) -> Result<(Response, u64)> {
+        let resp = self.send_streaming(req).await?;
+        let (parts, mut body) = resp.into_parts();
+        let mut len = 0u64;
+        while let Some(frame) = body.frame().await {
+            match frame {
+                Ok(frame) => len += frame.data_ref().map_or(0, |d| d.len() as u64),
+                Err(e) => {
+                    self.sender = None;
+                    return Err(e.into());
+                }
+            }
+        }
+        let resp = Response {
+            status: parts.status,
+            headers: parts.headers,
+            body: Bytes::new(),
+        };
+        Ok((resp, len))
+    }
+
     /// Send and hand back the response with its body still streaming (for SSE).
     pub async fn send_streaming(
         &mut self,

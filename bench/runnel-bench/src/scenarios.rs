@@ -298,18 +298,17 @@ async fn read_ds(ctx: &Ctx, conn: &mut Conn, name: &str) -> Result<u64> {
     let mut offset = "-1".to_string();
     let mut total = 0u64;
     for _ in 0..10_000 {
-        let resp = conn
-            .call(
-                Method::GET,
-                &format!("{base}?offset={offset}"),
-                &[],
-                Bytes::new(),
-            )
-            .await?;
+        let req = conn.request(
+            Method::GET,
+            &format!("{base}?offset={offset}"),
+            &[],
+            Bytes::new(),
+        );
+        let (resp, len) = conn.send_counting(req).await?;
         if resp.status.as_u16() != 200 {
             bail!("GET {}: {}", offset, resp.status);
         }
-        total += resp.body.len() as u64;
+        total += len;
         if resp.header("stream-up-to-date").is_some() {
             return Ok(total);
         }
