@@ -7,6 +7,7 @@ use std::sync::Arc;
 use bytes::Bytes;
 use futures::future::BoxFuture;
 
+use super::arrivals::Arrival;
 use super::heavy;
 use super::stream::State;
 use super::{Durable, StreamError, StreamResult, StreamService, now_ms};
@@ -120,11 +121,14 @@ impl StreamService {
         let stream = self.find(name, false).await?;
         Self::writable(&stream)?;
         self.engine.room()?;
+        let mut arrival = Arrival::take(&stream);
         let bodies = parse_bodies(&stream, &request.body).await;
         let staged = match &bodies {
             Ok(bodies) => self.stage_append(&stream, &request, bodies).await?,
             Err(_) => None,
         };
+        // Before the permit: the appends waited for need permits of their own.
+        wait_for_earlier_arrivals(&stream, &arrival, &request).await;
         let _permit = self
             .commit_permits
             .acquire()
@@ -133,6 +137,7 @@ impl StreamService {
         // Either a commit to await, or an earlier append to wait for (a deduplicated retry).
         let decided = {
             let mut state = stream.lock();
+            arrival.decided(&mut state);
             match decide(&stream, &mut state, &request, bodies) {
                 Ok(decision) => {
                     stream.renew_locked(&mut state);
@@ -462,6 +467,28 @@ fn decide(
         producer,
         meta_changed: request.close || request.stream_seq.is_some(),
     })
+}
+
+/// Waits while `request` would be refused in a way that an append which arrived before it, and
+/// is not decided yet, may still change (see `arrivals`).
+async fn wait_for_earlier_arrivals(
+    stream: &Stream,
+    arrival: &Arrival,
+    request: &AppendRequest<'_>,
+) {
+    loop {
+        let wait = {
+            let state = stream.lock();
+            let Some(wait) = arrival.earlier_undecided(&state) else {
+                return;
+            };
+            match check(stream, &state, request) {
+                Err(refusal) if may_pass_later(&refusal) => wait,
+                _ => return,
+            }
+        };
+        wait.await;
+    }
 }
 
 /// Whether an append refused with `refusal` may be accepted once appends ahead of it land: a

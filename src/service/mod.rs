@@ -5,6 +5,7 @@
 //! the durable tail that readers wait on.
 
 mod append;
+mod arrivals;
 mod buckets;
 mod cache;
 mod error;

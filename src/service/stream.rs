@@ -11,6 +11,7 @@ use crate::model::stream::StreamMeta;
 use crate::model::{Offset, Record};
 use crate::storage::{SharedEngine, StorageError, StreamId};
 
+use super::arrivals::Arrivals;
 use super::cache::TailCache;
 
 /// What readers may see: only data that is durable.
@@ -94,6 +95,8 @@ pub(super) struct State {
     /// [`Durable::meta_version`] counts those committed. Readers of that metadata wait for the
     /// two to meet, so they never see what a crash could still undo.
     pub meta_submitted: u64,
+    /// The appends in flight, in the order they arrived, once the stream had one.
+    pub arrivals: Option<Box<Arrivals>>,
 }
 
 impl State {
@@ -143,6 +146,7 @@ impl Stream {
                 last_access_ms: now_ms,
                 removed: false,
                 meta_submitted: durable.meta_version,
+                arrivals: None,
             }),
             durable: DurableCell::new(durable),
         }
@@ -347,9 +351,15 @@ impl DurableCell {
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
     use crate::model::Offset;
+
+    /// An empty `text/plain` stream, alone (no service around it).
+    pub(in crate::service) fn test_stream() -> Arc<Stream> {
+        let meta = crate::model::stream::StreamMeta::new("s", "text/plain");
+        Arc::new(Stream::new(1, meta, BTreeMap::new(), None, durable(0), 0))
+    }
 
     fn durable(seq: u64) -> Durable {
         Durable {

@@ -1603,3 +1603,120 @@ async fn an_offset_that_retention_is_passing_is_gone_not_invalid() {
         .unwrap();
     assert_eq!(at_start, ends[2], "the first record still there resolves");
 }
+
+/// A fjall engine whose first staging of bodies finishes only when the test lets it, as a slow
+/// disk's would.
+struct SlowFirstStaging {
+    inner: crate::storage::FjallEngine,
+    first: Arc<Semaphore>,
+    calls: std::sync::atomic::AtomicUsize,
+}
+
+impl Engine for SlowFirstStaging {
+    fn commit(&self, changes: Vec<Change>) -> BoxFuture<'static, Result<(), StorageError>> {
+        self.inner.commit(changes)
+    }
+
+    fn stages(&self, bytes: usize) -> bool {
+        self.inner.stages(bytes)
+    }
+
+    fn stage(&self, bodies: Vec<Bytes>) -> BoxFuture<'static, Result<Staged, StorageError>> {
+        let staging = self.inner.stage(bodies);
+        if self.calls.fetch_add(1, Ordering::SeqCst) > 0 {
+            return staging;
+        }
+        let first = self.first.clone();
+        async move {
+            let _released = first.acquire().await.map_err(|_| StorageError::Failed)?;
+            staging.await
+        }
+        .boxed()
+    }
+
+    fn read(
+        &self,
+        id: StreamId,
+        from: u64,
+        until: u64,
+        max: usize,
+    ) -> BoxFuture<'static, Result<Vec<Record>, StorageError>> {
+        self.inner.read(id, from, until, max)
+    }
+
+    fn read_snapshot(
+        &self,
+        id: StreamId,
+    ) -> BoxFuture<'static, Result<Option<Bytes>, StorageError>> {
+        self.inner.read_snapshot(id)
+    }
+
+    fn recover(&self) -> Result<Recovered, StorageError> {
+        self.inner.recover()
+    }
+}
+
+#[tokio::test]
+async fn a_pipelined_append_waits_for_an_earlier_one_still_staging_instead_of_refusing_a_gap() {
+    use crate::model::producer::ProducerClaim;
+    use crate::storage::{FjallEngine, SyncMode};
+    let dir = tempfile::tempdir().unwrap();
+    let first_staged = Arc::new(Semaphore::new(0));
+    let engine = Arc::new(SlowFirstStaging {
+        inner: FjallEngine::open(dir.path(), SyncMode::Fsync, 0).unwrap(),
+        first: first_staged.clone(),
+        calls: Default::default(),
+    });
+    let service = StreamService::open(engine.clone(), ServiceConfig::default()).unwrap();
+    service.create(create_text("s")).await.unwrap();
+    let append = |seq: u64| {
+        let request = AppendRequest {
+            body: Bytes::from(vec![b'0' + seq as u8; 2 << 20]),
+            producer: Some(ProducerClaim {
+                id: "p".into(),
+                epoch: 0,
+                seq,
+            }),
+            ..text("")
+        };
+        let service = service.clone();
+        tokio::spawn(async move { service.append("s", request).await })
+    };
+    let first = append(0);
+    let staging = || engine.calls.load(Ordering::SeqCst) == 1;
+    for _ in 0..5000 {
+        if staging() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    assert!(staging(), "the first append is staging");
+    let second = append(1);
+    let stream = service.find("s", false).await.unwrap();
+    let waiting = || {
+        stream
+            .lock()
+            .arrivals
+            .as_ref()
+            .is_some_and(|a| a.waited_on())
+    };
+    for _ in 0..5000 {
+        if waiting() || second.is_finished() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    assert!(
+        !second.is_finished(),
+        "decided before the append that arrived first: {:?}",
+        second.await
+    );
+    assert!(waiting());
+    first_staged.add_permits(1);
+    let (first, second) = (
+        first.await.unwrap().unwrap(),
+        second.await.unwrap().unwrap(),
+    );
+    assert_eq!(first.records, Some((0, 1)));
+    assert_eq!(second.records, Some((1, 2)));
+}

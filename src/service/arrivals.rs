@@ -1,0 +1,123 @@
+//! The order in which a stream's appends arrived, so that a refusal an earlier append may still
+//! lift waits for that append to be decided.
+//!
+//! Appends are decided under the stream lock in the order they reach it, and a large one reaches
+//! it only once its body is written to a file of its own and synced (`storage::staged`), which
+//! takes as long as the disk makes it. A pipelining producer's large appends then reach the lock
+//! in any order, and a later sequence number decided first is refused as a gap that the earlier
+//! ones, already received, were about to fill: the producer must wait and send it again, body
+//! and all. So each append takes a number when it arrives, and one that would be refused in a
+//! way an earlier append can change (see `append::may_pass_later`) first waits until every
+//! append that arrived before it is decided.
+//!
+//! Only earlier arrivals are waited for, so the wait is bounded: the earliest undecided append
+//! never waits, and an append that ends undecided (refused, failed, or its request gone) counts
+//! as decided.
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+
+use tokio::sync::Notify;
+use tokio::sync::futures::OwnedNotified;
+
+use super::Stream;
+use super::stream::State;
+
+/// A stream's appends that arrived and are not decided yet. Created at its first append: most
+/// streams never have one in flight, and a million idle ones should not carry this.
+#[derive(Default)]
+pub(super) struct Arrivals {
+    next: u64,
+    undecided: BTreeSet<u64>,
+    /// Woken when an append is decided. Each waiter holds a clone, so while nobody holds one
+    /// deciding skips the wake-up.
+    decided: Arc<Notify>,
+}
+
+impl Arrivals {
+    /// Whether an append waits for another to be decided.
+    #[cfg(test)]
+    pub(super) fn waited_on(&self) -> bool {
+        Arc::strong_count(&self.decided) > 1
+    }
+}
+
+/// One append's place among its stream's arrivals, until it is decided (or dropped undecided).
+pub(super) struct Arrival {
+    stream: Arc<Stream>,
+    number: u64,
+    decided: bool,
+}
+
+impl Arrival {
+    /// Takes the next place among `stream`'s arrivals.
+    pub(super) fn take(stream: &Arc<Stream>) -> Arrival {
+        let mut state = stream.lock();
+        let arrivals = state.arrivals.get_or_insert_with(Box::default);
+        let number = arrivals.next;
+        arrivals.next += 1;
+        arrivals.undecided.insert(number);
+        Arrival {
+            stream: stream.clone(),
+            number,
+            decided: false,
+        }
+    }
+
+    /// Under the lock: when an append that arrived before this one is still undecided, a
+    /// future that completes once an append is decided after now (awaited outside the lock).
+    pub(super) fn earlier_undecided(&self, state: &State) -> Option<OwnedNotified> {
+        let arrivals = state.arrivals.as_deref()?;
+        let earliest = arrivals.undecided.first()?;
+        (*earliest < self.number).then(|| arrivals.decided.clone().notified_owned())
+    }
+
+    /// Marks it decided, under the lock it was decided under.
+    pub(super) fn decided(&mut self, state: &mut State) {
+        if std::mem::replace(&mut self.decided, true) {
+            return;
+        }
+        let Some(arrivals) = state.arrivals.as_deref_mut() else {
+            return;
+        };
+        arrivals.undecided.remove(&self.number);
+        if Arc::strong_count(&arrivals.decided) > 1 {
+            arrivals.decided.notify_waiters();
+        }
+    }
+}
+
+impl Drop for Arrival {
+    fn drop(&mut self) {
+        if !self.decided {
+            let stream = self.stream.clone();
+            self.decided(&mut stream.lock());
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::service::stream::tests::test_stream;
+
+    #[tokio::test]
+    async fn only_an_earlier_undecided_arrival_is_waited_for_and_its_decision_wakes() {
+        let stream = test_stream();
+        let first = Arrival::take(&stream);
+        let mut second = Arrival::take(&stream);
+        assert!(first.earlier_undecided(&stream.lock()).is_none());
+        let wait = second
+            .earlier_undecided(&stream.lock())
+            .expect("the first is undecided");
+        // Dropped undecided (its request went away): that counts as decided, and wakes.
+        drop(first);
+        tokio::time::timeout(std::time::Duration::from_secs(5), wait)
+            .await
+            .expect("woken");
+        assert!(second.earlier_undecided(&stream.lock()).is_none());
+        let third = Arrival::take(&stream);
+        second.decided(&mut stream.lock());
+        assert!(third.earlier_undecided(&stream.lock()).is_none());
+    }
+}
