@@ -92,6 +92,10 @@ pub async fn serve(app: &AppState, request: Request, next: Next) -> Response {
     // A live read ends at shutdown; an append session carries on while the server drains, so
     // that the batches it sent are acknowledged.
     let shutdown = live.then(|| app.service.shutdown_signal());
+    if shutdown.is_none() && principal.is_none() {
+        // Nothing can end it early: an append session opened without a token.
+        return response;
+    }
     let end = async move {
         let (expires_ms, revoked) = match &principal {
             Some(p) => (p.expires_ms, p.revoked.clone()),
