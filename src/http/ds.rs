@@ -281,6 +281,8 @@ async fn append(app: &AppState, name: &str, headers: &HeaderMap, body: Body) -> 
     )?;
     let close = hv::is_closed_flag(request::header(headers, &header_names::STREAM_CLOSED)?);
     let content_type = request::header(headers, &header::CONTENT_TYPE)?;
+    // Placed among the stream's appends in flight before the body arrives: see `arrive`.
+    let arrival = app.service.arrive(name).await;
     let body = request::body(headers, body, app.config.body).await?;
     if body.is_empty() && !close {
         return Err(Rejection::bad_request(
@@ -307,7 +309,7 @@ async fn append(app: &AppState, name: &str, headers: &HeaderMap, body: Body) -> 
         stream_seq: request::header(headers, &header_names::STREAM_SEQ)?,
         record_match,
     };
-    let ack = app.service.append(name, request).await?;
+    let ack = app.service.append_arrived(name, request, arrival).await?;
     let mut response = acknowledge(&ack, has_body);
     if ack.record_aware {
         advertise_records(&mut response);

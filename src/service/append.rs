@@ -118,10 +118,34 @@ impl Awaited {
 
 impl StreamService {
     pub async fn append(&self, name: &str, request: AppendRequest<'_>) -> StreamResult<AppendAck> {
+        self.append_arrived(name, request, None).await
+    }
+
+    /// Takes the next place among the appends in flight on `name`, for an append whose body is
+    /// still to be received: pipelined requests are told apart by the order in which they
+    /// began, not by the order in which their bodies happened to finish. `None` when there is
+    /// no such stream (the append then says so, in its order of checks).
+    pub async fn arrive(&self, name: &str) -> Option<Arrival> {
+        let stream = self.find(name, false).await.ok()?;
+        Some(Arrival::take(&stream))
+    }
+
+    /// [`Self::append`], placed where `arrival` (from [`Self::arrive`]) put it among the appends
+    /// in flight.
+    pub async fn append_arrived(
+        &self,
+        name: &str,
+        request: AppendRequest<'_>,
+        arrival: Option<Arrival>,
+    ) -> StreamResult<AppendAck> {
         let stream = self.find(name, false).await?;
         Self::writable(&stream)?;
         self.engine.room()?;
-        let mut arrival = Arrival::take(&stream);
+        // Not if the stream was deleted and created again since.
+        let mut arrival = match arrival {
+            Some(arrival) if arrival.is_on(&stream) => arrival,
+            _ => Arrival::take(&stream),
+        };
         let bodies = parse_bodies(&stream, &request.body).await;
         let staged = match &bodies {
             Ok(bodies) => self.stage_append(&stream, &request, bodies).await?,
@@ -478,8 +502,8 @@ async fn wait_for_earlier_arrivals(
 ) {
     loop {
         let wait = {
-            let state = stream.lock();
-            let Some(wait) = arrival.earlier_undecided(&state) else {
+            let mut state = stream.lock();
+            let Some(wait) = arrival.earlier_undecided(&mut state) else {
                 return;
             };
             match check(stream, &state, request) {

@@ -14,7 +14,6 @@
 //! never waits, and an append that ends undecided (refused, failed, or its request gone) counts
 //! as decided.
 
-use std::collections::BTreeSet;
 use std::sync::Arc;
 
 use tokio::sync::Notify;
@@ -23,27 +22,30 @@ use tokio::sync::futures::OwnedNotified;
 use super::Stream;
 use super::stream::State;
 
-/// A stream's appends that arrived and are not decided yet. Created at its first append: most
-/// streams never have one in flight, and a million idle ones should not carry this.
+/// A stream's appends that arrived and are not decided yet. It exists only while there are
+/// some: most streams have none in flight most of the time, and a million idle ones should not
+/// carry it.
 #[derive(Default)]
 pub(super) struct Arrivals {
     next: u64,
-    undecided: BTreeSet<u64>,
-    /// Woken when an append is decided. Each waiter holds a clone, so while nobody holds one
-    /// deciding skips the wake-up.
-    decided: Arc<Notify>,
+    /// In arrival order (numbers only grow), so the earliest is first.
+    undecided: Vec<u64>,
+    /// Woken when an append is decided; made by the first append that waits.
+    decided: Option<Arc<Notify>>,
 }
 
 impl Arrivals {
     /// Whether an append waits for another to be decided.
     #[cfg(test)]
     pub(super) fn waited_on(&self) -> bool {
-        Arc::strong_count(&self.decided) > 1
+        self.decided
+            .as_ref()
+            .is_some_and(|notify| Arc::strong_count(notify) > 1)
     }
 }
 
 /// One append's place among its stream's arrivals, until it is decided (or dropped undecided).
-pub(super) struct Arrival {
+pub struct Arrival {
     stream: Arc<Stream>,
     number: u64,
     decided: bool,
@@ -56,7 +58,7 @@ impl Arrival {
         let arrivals = state.arrivals.get_or_insert_with(Box::default);
         let number = arrivals.next;
         arrivals.next += 1;
-        arrivals.undecided.insert(number);
+        arrivals.undecided.push(number);
         Arrival {
             stream: stream.clone(),
             number,
@@ -64,12 +66,20 @@ impl Arrival {
         }
     }
 
+    /// Whether it is a place among `stream`'s arrivals.
+    pub(super) fn is_on(&self, stream: &Arc<Stream>) -> bool {
+        Arc::ptr_eq(&self.stream, stream)
+    }
+
     /// Under the lock: when an append that arrived before this one is still undecided, a
     /// future that completes once an append is decided after now (awaited outside the lock).
-    pub(super) fn earlier_undecided(&self, state: &State) -> Option<OwnedNotified> {
-        let arrivals = state.arrivals.as_deref()?;
-        let earliest = arrivals.undecided.first()?;
-        (*earliest < self.number).then(|| arrivals.decided.clone().notified_owned())
+    pub(super) fn earlier_undecided(&self, state: &mut State) -> Option<OwnedNotified> {
+        let arrivals = state.arrivals.as_deref_mut()?;
+        if *arrivals.undecided.first()? >= self.number {
+            return None;
+        }
+        let notify = arrivals.decided.get_or_insert_with(Arc::default);
+        Some(notify.clone().notified_owned())
     }
 
     /// Marks it decided, under the lock it was decided under.
@@ -80,9 +90,15 @@ impl Arrival {
         let Some(arrivals) = state.arrivals.as_deref_mut() else {
             return;
         };
-        arrivals.undecided.remove(&self.number);
-        if Arc::strong_count(&arrivals.decided) > 1 {
-            arrivals.decided.notify_waiters();
+        if let Some(at) = arrivals.undecided.iter().position(|n| *n == self.number) {
+            arrivals.undecided.remove(at);
+        }
+        if let Some(notify) = &arrivals.decided {
+            notify.notify_waiters();
+        }
+        if arrivals.undecided.is_empty() {
+            // Those waiting were woken and hold the notifier; the numbers start again at 0.
+            state.arrivals = None;
         }
     }
 }
@@ -106,18 +122,23 @@ mod tests {
         let stream = test_stream();
         let first = Arrival::take(&stream);
         let mut second = Arrival::take(&stream);
-        assert!(first.earlier_undecided(&stream.lock()).is_none());
+        assert!(first.earlier_undecided(&mut stream.lock()).is_none());
         let wait = second
-            .earlier_undecided(&stream.lock())
+            .earlier_undecided(&mut stream.lock())
             .expect("the first is undecided");
         // Dropped undecided (its request went away): that counts as decided, and wakes.
         drop(first);
         tokio::time::timeout(std::time::Duration::from_secs(5), wait)
             .await
             .expect("woken");
-        assert!(second.earlier_undecided(&stream.lock()).is_none());
+        assert!(second.earlier_undecided(&mut stream.lock()).is_none());
         let third = Arrival::take(&stream);
         second.decided(&mut stream.lock());
-        assert!(third.earlier_undecided(&stream.lock()).is_none());
+        assert!(third.earlier_undecided(&mut stream.lock()).is_none());
+        drop(third);
+        assert!(
+            stream.lock().arrivals.is_none(),
+            "nothing is kept once none is in flight"
+        );
     }
 }

@@ -41,6 +41,7 @@ use crate::storage::{Change, RecoveredStream, SharedEngine, Staged, StorageError
 
 pub use append::{AppendAck, AppendRequest};
 
+pub use arrivals::Arrival;
 pub use buckets::{BucketInfo, Listing, StreamSummary};
 pub use cache::CacheLimits;
 pub use error::{StreamError, StreamResult};

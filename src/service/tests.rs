@@ -1720,3 +1720,38 @@ async fn a_pipelined_append_waits_for_an_earlier_one_still_staging_instead_of_re
     assert_eq!(first.records, Some((0, 1)));
     assert_eq!(second.records, Some((1, 2)));
 }
+
+#[cfg(target_os = "linux")]
+#[tokio::test]
+async fn a_fork_keeps_a_copy_of_its_prefix_not_the_file_it_was_read_from() {
+    use crate::storage::{FjallEngine, SyncMode, mapped_body_files};
+    let dir = tempfile::tempdir().unwrap();
+    let engine = FjallEngine::open(dir.path(), SyncMode::Fsync, 0).unwrap();
+    let service = StreamService::open(Arc::new(engine), ServiceConfig::default()).unwrap();
+    service.create(create_text("src")).await.unwrap();
+    let large = AppendRequest {
+        body: Bytes::from(vec![b'x'; 4 << 20]),
+        ..text("")
+    };
+    service.append("src", large).await.unwrap();
+    // Out of the source's tail cache: the fork reads the record from its staged file.
+    service.append("src", text("later")).await.unwrap();
+    let fork = CreateRequest {
+        fork: Some(ForkRequest {
+            source: "src".into(),
+            offset: Some(Offset::START),
+            sub_offset: 10,
+        }),
+        ..create_text("fork")
+    };
+    service.create(fork).await.unwrap();
+    let forked = service.find("fork", false).await.unwrap();
+    let chunk = service.read_at(&forked, Offset::START, None).await.unwrap();
+    assert_eq!(&chunk.records[0].body[..], b"xxxxxxxxxx");
+    drop(chunk);
+    assert_eq!(
+        mapped_body_files(dir.path()),
+        0,
+        "the fork's tail cache holds its 10 bytes, not the 4 MiB file"
+    );
+}

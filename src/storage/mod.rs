@@ -19,6 +19,8 @@ use crate::model::producer::ProducerState;
 use crate::model::stream::{BucketMeta, StreamMeta};
 use crate::model::{Offset, Record};
 
+#[cfg(all(test, target_os = "linux"))]
+pub(crate) use fjall_engine::mapped_body_files;
 pub use fjall_engine::{FjallEngine, SyncMode};
 pub use memory::MemoryEngine;
 pub use staged::Staged;

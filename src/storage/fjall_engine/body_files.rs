@@ -159,7 +159,11 @@ impl BodyFiles {
                 path.display()
             )));
         }
+        // A mapping keeps its whole file on disk while it lives, deleted or not, as long as a
+        // slow reader takes to receive it: only a span that is most of its file is mapped, so
+        // that holds at most twice what was read (a copy would hold as much memory instead).
         if len >= MAP_BYTES
+            && len.saturating_mul(2) >= held
             && let Some(span) = map(&file, place, len).map_err(failed)?
         {
             return Ok(Some(span));
@@ -190,7 +194,8 @@ impl BodyFiles {
 }
 
 /// `len` bytes at `place` of `file`, mapped, with every page read in before this returns; `None`
-/// where mapping is not how this system reads them (then the caller reads).
+/// where they cannot be mapped (another system, an old kernel, no mappings left): then the
+/// caller copies them.
 ///
 /// A mapping stays valid only while its bytes stay as they were: a staged file is written once
 /// and synced before anything refers to it, and afterwards only deleted, never truncated or
@@ -201,17 +206,16 @@ impl BodyFiles {
 fn map(file: &std::fs::File, place: u64, len: u64) -> std::io::Result<Option<Bytes>> {
     let len = usize::try_from(len).map_err(std::io::Error::other)?;
     // SAFETY: the file is never changed while mapped (above), and the mapping is read-only.
-    let map = unsafe {
-        memmap2::MmapOptions::new()
-            .offset(place)
-            .len(len)
-            .map(file)?
+    let mapped = unsafe { memmap2::MmapOptions::new().offset(place).len(len).map(file) };
+    let Ok(map) = mapped else {
+        return Ok(None);
     };
     match map.advise(memmap2::Advice::PopulateRead) {
         Ok(()) => Ok(Some(Bytes::from_owner(map))),
-        // Kernels before 5.14 cannot read the pages in up front: copy instead.
-        Err(e) if e.raw_os_error() == Some(libc::EINVAL) => Ok(None),
-        Err(e) => Err(e),
+        // A disk error is the read's error. Anything else (a kernel before 5.14 cannot read the
+        // pages in up front, memory is short) is a reason to copy instead.
+        Err(e) if e.raw_os_error() == Some(libc::EIO) => Err(e),
+        Err(_) => Ok(None),
     }
 }
 
@@ -260,6 +264,15 @@ pub(super) fn decode_number(value: &[u8]) -> Result<u64, StorageError> {
         .try_into()
         .map_err(|_| StorageError::Corrupt("a staged body file reference".into()))?;
     Ok(u64::from_be_bytes(bytes))
+}
+
+/// How many mappings of staged body files of the data directory `data` this process holds.
+#[cfg(all(test, target_os = "linux"))]
+pub(crate) fn mapped(data: &Path) -> usize {
+    let maps = std::fs::read_to_string("/proc/self/maps").unwrap();
+    let bodies = data.join(DIRECTORY);
+    let bodies = bodies.to_str().unwrap();
+    maps.lines().filter(|line| line.contains(bodies)).count()
 }
 
 #[cfg(all(test, target_os = "linux"))]

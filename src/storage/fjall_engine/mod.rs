@@ -7,6 +7,8 @@
 //! itself: opening, reading and recovery.
 
 mod body_files;
+#[cfg(all(test, target_os = "linux"))]
+pub(crate) use body_files::mapped as mapped_body_files;
 mod space;
 mod trims;
 mod writer;
@@ -1069,6 +1071,33 @@ mod tests {
             engine.recover().unwrap().streams[0].stored_end,
             Some(crate::storage::StoredEnd::of(&records[2]))
         );
+    }
+
+    #[cfg(target_os = "linux")]
+    #[tokio::test]
+    async fn a_read_of_most_of_a_staged_file_maps_it_and_a_read_of_a_small_part_copies() {
+        let dir = tempfile::tempdir().unwrap();
+        let bodies = vec![large(1), large(2), large(3), large(4)];
+        let records = lay_out(Offset::START, 4, bodies.clone());
+        let engine = FjallEngine::open(dir.path(), SyncMode::Fsync, 0).unwrap();
+        let staged = staged(&engine, &bodies).await;
+        let meta = crate::model::stream::StreamMeta::new("s", "text/plain");
+        engine
+            .commit(vec![
+                Change::PutStream(1, Box::new(meta)),
+                Change::PutRecords(1, records.clone(), Some(staged)),
+            ])
+            .await
+            .unwrap();
+        // A mapping keeps the whole file on disk while a reader holds it, even once deleted.
+        let part = engine.read(1, 1, 2, usize::MAX).await.unwrap();
+        assert_eq!(part, records[1..2]);
+        assert_eq!(body_files::mapped(dir.path()), 0, "a quarter of the file");
+        let most = engine.read(1, 1, 4, usize::MAX).await.unwrap();
+        assert_eq!(most, records[1..4]);
+        assert_eq!(body_files::mapped(dir.path()), 1, "three quarters of it");
+        drop(most);
+        assert_eq!(body_files::mapped(dir.path()), 0);
     }
 
     #[tokio::test]

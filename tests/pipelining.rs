@@ -1,0 +1,88 @@
+//! A producer's pipelined appends, each on a connection of its own: they are ordered by when
+//! their requests began, not by when their bodies finished arriving.
+
+mod common;
+
+use std::time::Duration;
+
+use common::{Server, client};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+/// Reads from `stream` until `wanted` has arrived, for at most 10 s.
+async fn read_until(stream: &mut TcpStream, wanted: &str) -> String {
+    let mut seen = Vec::new();
+    let mut buf = [0u8; 1024];
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while !String::from_utf8_lossy(&seen).contains(wanted) {
+        let n = tokio::time::timeout_at(deadline, stream.read(&mut buf))
+            .await
+            .unwrap_or_else(|_| panic!("no {wanted:?} in {:?}", String::from_utf8_lossy(&seen)))
+            .unwrap();
+        assert!(n > 0, "closed before {wanted:?}");
+        seen.extend_from_slice(&buf[..n]);
+    }
+    String::from_utf8_lossy(&seen).into_owned()
+}
+
+#[tokio::test]
+async fn a_later_sequence_number_waits_for_an_earlier_append_whose_body_is_still_arriving() {
+    let server = Server::start(&["--memory"]);
+    let http = client();
+    let stream = server.url("/v1/stream/p");
+    let created = http
+        .put(&stream)
+        .header("content-type", "text/plain")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(created.status(), 201);
+
+    // Producer-Seq 0 sends its head and half its body. `100 Continue` comes once the server
+    // starts reading that body, which is after it took the append's place.
+    let addr = server.base.trim_start_matches("http://");
+    let mut first = TcpStream::connect(addr).await.unwrap();
+    let head = "POST /v1/stream/p HTTP/1.1\r\nhost: x\r\ncontent-type: text/plain\r\n\
+                producer-id: w\r\nproducer-epoch: 0\r\nproducer-seq: 0\r\n\
+                expect: 100-continue\r\ncontent-length: 10\r\n\r\nfirst";
+    first.write_all(head.as_bytes()).await.unwrap();
+    read_until(&mut first, "100 Continue").await;
+
+    // Producer-Seq 1, whole, on another connection: decided after 0, not refused as a gap.
+    let second = tokio::spawn({
+        let (http, stream) = (http.clone(), stream.clone());
+        async move {
+            http.post(&stream)
+                .header("content-type", "text/plain")
+                .header("producer-id", "w")
+                .header("producer-epoch", "0")
+                .header("producer-seq", "1")
+                .body("second")
+                .send()
+                .await
+                .unwrap()
+        }
+    });
+    let early = tokio::time::timeout(Duration::from_millis(300), async {
+        while !second.is_finished() {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    })
+    .await;
+    assert!(early.is_err(), "answered before the append ahead of it");
+
+    first.write_all(b"_half").await.unwrap();
+    let answer = read_until(&mut first, "\r\n\r\n").await;
+    assert!(answer.contains("HTTP/1.1 200"), "{answer}");
+    let second = second.await.unwrap();
+    assert_eq!(second.status(), 200);
+    let body = http
+        .get(format!("{stream}?offset=-1"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert_eq!(body, "first_halfsecond");
+}
