@@ -164,7 +164,7 @@ impl BodyFiles {
         // that holds at most twice what was read (a copy would hold as much memory instead).
         if len >= MAP_BYTES
             && len.saturating_mul(2) >= held
-            && let Some(span) = map(&file, place, len).map_err(failed)?
+            && let Some(span) = map(&file, place, len)
         {
             return Ok(Some(span));
         }
@@ -194,34 +194,27 @@ impl BodyFiles {
 }
 
 /// `len` bytes at `place` of `file`, mapped, with every page read in before this returns; `None`
-/// where they cannot be mapped (another system, an old kernel, no mappings left): then the
-/// caller copies them.
+/// where they are not mapped (another system, an old kernel, no mappings or memory left, a page
+/// that could not be read in): then the caller copies them, and a disk error is that copy's.
 ///
 /// A mapping stays valid only while its bytes stay as they were: a staged file is written once
 /// and synced before anything refers to it, and afterwards only deleted, never truncated or
-/// rewritten (an unlinked file lives on while mapped). Its pages are read in here, so a disk
-/// error fails this read with an error, as a copying read would, instead of raising a signal
-/// when a reader later touches them.
+/// rewritten (an unlinked file lives on while mapped). Reading the pages in here means a disk
+/// error is found now, as an error, not later as a signal when the bytes are touched; what is
+/// left of that risk is a page evicted under memory pressure while a response still holds it,
+/// and failing when read again.
 #[cfg(target_os = "linux")]
-fn map(file: &std::fs::File, place: u64, len: u64) -> std::io::Result<Option<Bytes>> {
-    let len = usize::try_from(len).map_err(std::io::Error::other)?;
+fn map(file: &std::fs::File, place: u64, len: u64) -> Option<Bytes> {
+    let len = usize::try_from(len).ok()?;
     // SAFETY: the file is never changed while mapped (above), and the mapping is read-only.
-    let mapped = unsafe { memmap2::MmapOptions::new().offset(place).len(len).map(file) };
-    let Ok(map) = mapped else {
-        return Ok(None);
-    };
-    match map.advise(memmap2::Advice::PopulateRead) {
-        Ok(()) => Ok(Some(Bytes::from_owner(map))),
-        // A disk error is the read's error. Anything else (a kernel before 5.14 cannot read the
-        // pages in up front, memory is short) is a reason to copy instead.
-        Err(e) if e.raw_os_error() == Some(libc::EIO) => Err(e),
-        Err(_) => Ok(None),
-    }
+    let map = unsafe { memmap2::MmapOptions::new().offset(place).len(len).map(file) }.ok()?;
+    map.advise(memmap2::Advice::PopulateRead).ok()?;
+    Some(Bytes::from_owner(map))
 }
 
 #[cfg(not(target_os = "linux"))]
-fn map(_: &std::fs::File, _: u64, _: u64) -> std::io::Result<Option<Bytes>> {
-    Ok(None)
+fn map(_: &std::fs::File, _: u64, _: u64) -> Option<Bytes> {
+    None
 }
 
 fn delete(dir: &Path, numbers: &[u64]) {
@@ -288,7 +281,7 @@ mod tests {
         let file = std::fs::File::open(&path).unwrap();
         // Not a multiple of the page size: the mapping starts below it.
         let (place, len) = (1000, 2 * MAP_BYTES);
-        let span = map(&file, place, len).unwrap().expect("Linux maps");
+        let span = map(&file, place, len).expect("Linux maps");
         // A trim deletes the file while a reader still sends what it read.
         drop(file);
         std::fs::remove_file(&path).unwrap();
