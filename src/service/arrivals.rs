@@ -1,18 +1,20 @@
 //! The order in which a stream's appends arrived, so that a refusal an earlier append may still
 //! lift waits for that append to be decided.
 //!
-//! Appends are decided under the stream lock in the order they reach it, and a large one reaches
-//! it only once its body is written to a file of its own and synced (`storage::staged`), which
-//! takes as long as the disk makes it. A pipelining producer's large appends then reach the lock
-//! in any order, and a later sequence number decided first is refused as a gap that the earlier
-//! ones, already received, were about to fill: the producer must wait and send it again, body
-//! and all. So each append takes a number when it arrives, and one that would be refused in a
-//! way an earlier append can change (see `append::may_pass_later`) first waits until every
-//! append that arrived before it is decided.
+//! Appends are decided under the stream lock in the order they reach it. A pipelining producer
+//! sends its appends on connections of their own; each reaches the lock only once its body has
+//! arrived, and a large one only once that body is also written to a file of its own and synced
+//! (`storage::staged`). So they reach the lock in any order, and a later sequence number decided
+//! first is refused as a gap that the earlier ones, already under way, were about to fill: the
+//! producer must wait and send it again, body and all. So each append takes a number when it
+//! arrives (the DS face: when its request head does, before its body), and one that would be
+//! refused in a way an earlier append can change (see `append::may_pass_later`) first waits
+//! until every append that arrived before it is decided.
 //!
 //! Only earlier arrivals are waited for, so the wait is bounded: the earliest undecided append
-//! never waits, and an append that ends undecided (refused, failed, or its request gone) counts
-//! as decided.
+//! never waits, and an append that ends undecided (refused, failed, its request gone, its body
+//! never finished) counts as decided. A body that is slow to arrive delays only the refusals of
+//! the appends after it, up to the body idle timeout.
 
 use std::sync::Arc;
 

@@ -1027,6 +1027,19 @@ mod tests {
         engine.stage(bodies.to_vec()).await.unwrap()
     }
 
+    /// Creates stream 1 with `records`, their `bodies` staged.
+    async fn stream_of_staged(engine: &FjallEngine, bodies: &[Bytes], records: &[Record]) {
+        let staged = staged(engine, bodies).await;
+        let meta = crate::model::stream::StreamMeta::new("s", "text/plain");
+        engine
+            .commit(vec![
+                Change::PutStream(1, Box::new(meta)),
+                Change::PutRecords(1, records.to_vec(), Some(staged)),
+            ])
+            .await
+            .unwrap();
+    }
+
     /// The largest stored record value of stream `id`.
     fn largest_value(engine: &FjallEngine, id: StreamId) -> usize {
         let stream = codec::record_key(id, 0)..=codec::record_key(id, u64::MAX);
@@ -1044,15 +1057,7 @@ mod tests {
         let records = lay_out(Offset::START, 3, bodies.clone());
         {
             let engine = FjallEngine::open(dir.path(), SyncMode::Fsync, 0).unwrap();
-            let staged = staged(&engine, &bodies).await;
-            let meta = crate::model::stream::StreamMeta::new("s", "text/plain");
-            engine
-                .commit(vec![
-                    Change::PutStream(1, Box::new(meta)),
-                    Change::PutRecords(1, records.clone(), Some(staged)),
-                ])
-                .await
-                .unwrap();
+            stream_of_staged(&engine, &bodies, &records).await;
             assert!(
                 largest_value(&engine, 1) < 1024,
                 "the commit stores where the bodies lie, not the bodies"
@@ -1080,15 +1085,7 @@ mod tests {
         let bodies = vec![large(1), large(2), large(3), large(4)];
         let records = lay_out(Offset::START, 4, bodies.clone());
         let engine = FjallEngine::open(dir.path(), SyncMode::Fsync, 0).unwrap();
-        let staged = staged(&engine, &bodies).await;
-        let meta = crate::model::stream::StreamMeta::new("s", "text/plain");
-        engine
-            .commit(vec![
-                Change::PutStream(1, Box::new(meta)),
-                Change::PutRecords(1, records.clone(), Some(staged)),
-            ])
-            .await
-            .unwrap();
+        stream_of_staged(&engine, &bodies, &records).await;
         // A mapping keeps the whole file on disk while a reader holds it, even once deleted.
         let part = engine.read(1, 1, 2, usize::MAX).await.unwrap();
         assert_eq!(part, records[1..2]);
