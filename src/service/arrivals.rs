@@ -13,8 +13,8 @@
 //!
 //! Only earlier arrivals are waited for, so the wait is bounded: the earliest undecided append
 //! never waits, and an append that ends undecided (refused, failed, its request gone, its body
-//! never finished) counts as decided. A body that is slow to arrive delays only the refusals of
-//! the appends after it, up to the body idle timeout.
+//! never finished) counts as decided. A body slow to arrive holds up, for as long as it takes,
+//! only the appends after it that would otherwise be refused at once.
 
 use std::sync::Arc;
 
