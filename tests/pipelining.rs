@@ -86,3 +86,41 @@ async fn a_later_sequence_number_waits_for_an_earlier_append_whose_body_is_still
         .unwrap();
     assert_eq!(body, "first_halfsecond");
 }
+
+#[tokio::test]
+async fn another_producers_slow_body_holds_up_no_refusal() {
+    let server = Server::start(&["--memory"]);
+    let http = client();
+    let stream = server.url("/v1/stream/p");
+    let created = http
+        .put(&stream)
+        .header("content-type", "text/plain")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(created.status(), 201);
+    let addr = server.base.trim_start_matches("http://");
+    let mut slow = TcpStream::connect(addr).await.unwrap();
+    let head = "POST /v1/stream/p HTTP/1.1\r\nhost: x\r\ncontent-type: text/plain\r\n\
+                producer-id: w\r\nproducer-epoch: 0\r\nproducer-seq: 0\r\n\
+                expect: 100-continue\r\ncontent-length: 10\r\n\r\nslow";
+    slow.write_all(head.as_bytes()).await.unwrap();
+    read_until(&mut slow, "100 Continue").await;
+
+    // Another producer, out of sequence: refused at once, whatever "w" is still sending.
+    let gap = http
+        .post(&stream)
+        .header("content-type", "text/plain")
+        .header("producer-id", "v")
+        .header("producer-epoch", "0")
+        .header("producer-seq", "3")
+        .body("gap")
+        .timeout(Duration::from_secs(5))
+        .send()
+        .await
+        .expect("answered while another producer's body is still arriving");
+    assert_eq!(gap.status(), 409);
+    slow.write_all(b"_rest!").await.unwrap();
+    let answer = read_until(&mut slow, "\r\n\r\n").await;
+    assert!(answer.contains("HTTP/1.1 200"), "{answer}");
+}

@@ -282,7 +282,10 @@ async fn append(app: &AppState, name: &str, headers: &HeaderMap, body: Body) -> 
     let close = hv::is_closed_flag(request::header(headers, &header_names::STREAM_CLOSED)?);
     let content_type = request::header(headers, &header::CONTENT_TYPE)?;
     // Placed among the stream's appends in flight before the body arrives: see `arrive`.
-    let arrival = app.service.arrive(name).await;
+    let arrival = app
+        .service
+        .arrive(name, producer.as_ref().map(|claim| claim.id.as_str()))
+        .await;
     let body = request::body(headers, body, app.config.body).await?;
     if body.is_empty() && !close {
         return Err(Rejection::bad_request(

@@ -121,17 +121,19 @@ impl StreamService {
         self.append_arrived(name, request, None).await
     }
 
-    /// Takes the next place among the appends in flight on `name`, for an append whose body is
-    /// still to be received: pipelined requests are told apart by the order in which they
-    /// began, not by the order in which their bodies happened to finish. `None` when there is
-    /// no such stream (the append then says so, in its order of checks).
-    pub async fn arrive(&self, name: &str) -> Option<Arrival> {
+    /// Takes the next place among `producer`'s appends in flight on `name`, for an append whose
+    /// body is still to be received: pipelined requests are told apart by the order in which
+    /// they began, not by the order in which their bodies happened to finish. `None` for an
+    /// append without a producer, or when there is no such stream (the append then says so, in
+    /// its order of checks).
+    pub async fn arrive(&self, name: &str, producer: Option<&str>) -> Option<Arrival> {
+        let producer = producer?;
         let stream = self.find(name, false).await.ok()?;
-        Some(Arrival::take(&stream))
+        Some(Arrival::take(&stream, producer))
     }
 
-    /// [`Self::append`], placed where `arrival` (from [`Self::arrive`]) put it among the appends
-    /// in flight.
+    /// [`Self::append`], placed where `arrival` (from [`Self::arrive`]) put it among its
+    /// producer's appends in flight.
     pub async fn append_arrived(
         &self,
         name: &str,
@@ -141,10 +143,11 @@ impl StreamService {
         let stream = self.find(name, false).await?;
         Self::writable(&stream)?;
         self.engine.room()?;
-        // Not if the stream was deleted and created again since.
-        let mut arrival = match arrival {
-            Some(arrival) if arrival.is_on(&stream) => arrival,
-            _ => Arrival::take(&stream),
+        // Taken now if not before, or if the stream was deleted and created again since.
+        let mut arrival = match (arrival, &request.producer) {
+            (Some(arrival), _) if arrival.is_on(&stream) => Some(arrival),
+            (_, Some(claim)) => Some(Arrival::take(&stream, &claim.id)),
+            (_, None) => None,
         };
         let bodies = parse_bodies(&stream, &request.body).await;
         let staged = match &bodies {
@@ -152,7 +155,9 @@ impl StreamService {
             Err(_) => None,
         };
         // Before the permit: the appends waited for need permits of their own.
-        wait_for_earlier_arrivals(&stream, &arrival, &request).await;
+        if let Some(arrival) = &arrival {
+            wait_for_its_producer(&stream, arrival, &request).await;
+        }
         let _permit = self
             .commit_permits
             .acquire()
@@ -161,7 +166,9 @@ impl StreamService {
         // Either a commit to await, or an earlier append to wait for (a deduplicated retry).
         let decided = {
             let mut state = stream.lock();
-            arrival.decided(&mut state);
+            if let Some(arrival) = &mut arrival {
+                arrival.decided(&mut state);
+            }
             match decide(&stream, &mut state, &request, bodies) {
                 Ok(decision) => {
                     stream.renew_locked(&mut state);
@@ -493,13 +500,9 @@ fn decide(
     })
 }
 
-/// Waits while `request` would be refused in a way that an append which arrived before it, and
-/// is not decided yet, may still change (see `arrivals`).
-async fn wait_for_earlier_arrivals(
-    stream: &Stream,
-    arrival: &Arrival,
-    request: &AppendRequest<'_>,
-) {
+/// Waits while `request` would be refused in a way that an append of its producer which arrived
+/// before it, and is not decided yet, may still change (see `arrivals`).
+async fn wait_for_its_producer(stream: &Stream, arrival: &Arrival, request: &AppendRequest<'_>) {
     loop {
         let wait = {
             let mut state = stream.lock();
@@ -507,7 +510,7 @@ async fn wait_for_earlier_arrivals(
                 return;
             };
             match check(stream, &state, request) {
-                Err(refusal) if may_pass_later(&refusal) => wait,
+                Err(refusal) if waits_for_its_producer(&refusal) => wait,
                 _ => return,
             }
         };
@@ -515,15 +518,25 @@ async fn wait_for_earlier_arrivals(
     }
 }
 
+/// Whether an append refused with `refusal` may be accepted once its producer's earlier appends
+/// land: a later sequence number, or the rest of a new epoch, sent before the appends it follows
+/// are decided.
+fn waits_for_its_producer(refusal: &StreamError) -> bool {
+    matches!(
+        refusal,
+        StreamError::Producer(
+            ProducerError::SequenceGap { .. } | ProducerError::EpochBumpNotAtZero
+        )
+    )
+}
+
 /// Whether an append refused with `refusal` may be accepted once appends ahead of it land: a
 /// producer's later sequence number, or the rest of a new epoch, sent before the appends it
 /// follows are decided, or a record match ahead of the tail.
 fn may_pass_later(refusal: &StreamError) -> bool {
     match refusal {
-        StreamError::Producer(ProducerError::SequenceGap { .. })
-        | StreamError::Producer(ProducerError::EpochBumpNotAtZero) => true,
         StreamError::RecordMismatch { expected, next, .. } => expected > next,
-        _ => false,
+        refusal => waits_for_its_producer(refusal),
     }
 }
 
