@@ -25,28 +25,34 @@ async fn read_until(stream: &mut TcpStream, wanted: &str) -> String {
     String::from_utf8_lossy(&seen).into_owned()
 }
 
-#[tokio::test]
-async fn a_later_sequence_number_waits_for_an_earlier_append_whose_body_is_still_arriving() {
+/// A server with the empty stream `/v1/stream/p`, and on it an append of producer "w", sequence
+/// 0, whose head and the first part of a 10-byte body are sent. It returns once the server
+/// answers `100 Continue`: it starts reading that body only after it took the append's place.
+async fn server_with_an_append_under_way(first_part: &str) -> (Server, TcpStream) {
     let server = Server::start(&["--memory"]);
-    let http = client();
-    let stream = server.url("/v1/stream/p");
-    let created = http
-        .put(&stream)
+    let created = client()
+        .put(server.url("/v1/stream/p"))
         .header("content-type", "text/plain")
         .send()
         .await
         .unwrap();
     assert_eq!(created.status(), 201);
-
-    // Producer-Seq 0 sends its head and half its body. `100 Continue` comes once the server
-    // starts reading that body, which is after it took the append's place.
     let addr = server.base.trim_start_matches("http://");
-    let mut first = TcpStream::connect(addr).await.unwrap();
+    let mut under_way = TcpStream::connect(addr).await.unwrap();
     let head = "POST /v1/stream/p HTTP/1.1\r\nhost: x\r\ncontent-type: text/plain\r\n\
                 producer-id: w\r\nproducer-epoch: 0\r\nproducer-seq: 0\r\n\
-                expect: 100-continue\r\ncontent-length: 10\r\n\r\nfirst";
-    first.write_all(head.as_bytes()).await.unwrap();
-    read_until(&mut first, "100 Continue").await;
+                expect: 100-continue\r\ncontent-length: 10\r\n\r\n";
+    under_way.write_all(head.as_bytes()).await.unwrap();
+    under_way.write_all(first_part.as_bytes()).await.unwrap();
+    read_until(&mut under_way, "100 Continue").await;
+    (server, under_way)
+}
+
+#[tokio::test]
+async fn a_later_sequence_number_waits_for_an_earlier_append_whose_body_is_still_arriving() {
+    // Producer-Seq 0 sends its head and half its body.
+    let (server, mut first) = server_with_an_append_under_way("first").await;
+    let (http, stream) = (client(), server.url("/v1/stream/p"));
 
     // Producer-Seq 1, whole, on another connection: decided after 0, not refused as a gap.
     let second = tokio::spawn({
@@ -89,23 +95,8 @@ async fn a_later_sequence_number_waits_for_an_earlier_append_whose_body_is_still
 
 #[tokio::test]
 async fn another_producers_slow_body_holds_up_no_refusal() {
-    let server = Server::start(&["--memory"]);
-    let http = client();
-    let stream = server.url("/v1/stream/p");
-    let created = http
-        .put(&stream)
-        .header("content-type", "text/plain")
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(created.status(), 201);
-    let addr = server.base.trim_start_matches("http://");
-    let mut slow = TcpStream::connect(addr).await.unwrap();
-    let head = "POST /v1/stream/p HTTP/1.1\r\nhost: x\r\ncontent-type: text/plain\r\n\
-                producer-id: w\r\nproducer-epoch: 0\r\nproducer-seq: 0\r\n\
-                expect: 100-continue\r\ncontent-length: 10\r\n\r\nslow";
-    slow.write_all(head.as_bytes()).await.unwrap();
-    read_until(&mut slow, "100 Continue").await;
+    let (server, mut slow) = server_with_an_append_under_way("slow").await;
+    let (http, stream) = (client(), server.url("/v1/stream/p"));
 
     // Another producer, out of sequence: refused at once, whatever "w" is still sending.
     let gap = http
