@@ -95,7 +95,8 @@ pub(super) struct State {
     /// [`Durable::meta_version`] counts those committed. Readers of that metadata wait for the
     /// two to meet, so they never see what a crash could still undo.
     pub meta_submitted: u64,
-    /// The appends in flight, in the order they arrived, once the stream had one.
+    /// The producer appends in flight, in the order they arrived, while there are any (see
+    /// `arrivals`).
     pub arrivals: Option<Box<Arrivals>>,
 }
 
