@@ -97,8 +97,10 @@ enum Cmd {
     Catchup {
         #[arg(long, default_value_t = 1024)]
         size_mb: usize,
-        #[arg(long, default_value_t = 1024)]
-        chunk_kb: usize,
+        /// Bytes per append while filling: 1 MiB appends are staged in files of their own,
+        /// smaller ones are stored in the engine's records.
+        #[arg(long, default_value_t = 1 << 20)]
+        append_bytes: usize,
         #[arg(long, default_value_t = 3)]
         reads: usize,
     },
@@ -231,12 +233,15 @@ async fn run(cli: Cli, threads: usize) -> Result<()> {
         }
         Cmd::Catchup {
             size_mb,
-            chunk_kb,
+            append_bytes,
             reads,
         } => {
-            params =
-                serde_json::json!({ "size_mb": size_mb, "chunk_kb": chunk_kb, "reads": reads });
-            scenarios::catchup(ctx, opts, size_mb, chunk_kb, reads).await?
+            params = serde_json::json!({
+                "size_mb": size_mb,
+                "append_bytes": append_bytes,
+                "reads": reads,
+            });
+            scenarios::catchup(ctx, opts, size_mb, append_bytes, reads).await?
         }
         Cmd::Noop { .. } | Cmd::Drain { .. } => unreachable!(),
     };

@@ -757,13 +757,13 @@ pub async fn idle(ctx: Arc<Ctx>, o: Opts, conns: usize) -> Result<Vec<Row>> {
     )])
 }
 
-/// Fill one stream with `size_mb` MiB in `chunk_kb` KiB appends, then read it from the start
+/// Fill one stream with `size_mb` MiB in appends of `append_bytes`, then read it from the start
 /// `reads` times with one client, following `Stream-Next-Offset`; reports MB/s of the reads.
 pub async fn catchup(
     ctx: Arc<Ctx>,
     o: Opts,
     size_mb: usize,
-    chunk_kb: usize,
+    append_bytes: usize,
     reads: usize,
 ) -> Result<Vec<Row>> {
     if ctx.api == Api::S2 {
@@ -776,8 +776,9 @@ pub async fn catchup(
         "application/octet-stream",
     )
     .await?;
-    let chunk = Bytes::from(payload(chunk_kb * 1024, 0));
-    let appends = (size_mb * 1024).div_ceil(chunk_kb);
+    let append_bytes = append_bytes.max(1);
+    let chunk = Bytes::from(payload(append_bytes, 0));
+    let appends = (size_mb << 20).div_ceil(append_bytes);
     let fill_start = Instant::now();
     // Fill with a few writers in parallel (order does not matter for a read benchmark).
     let next = Arc::new(AtomicUsize::new(0));
