@@ -119,17 +119,44 @@ fn terminal(error: S2Error) -> Bytes {
     .encode()
 }
 
+/// The largest frame S2 clients accept: its flag byte and payload, without the length prefix.
+const MAX_FRAME_BYTES: usize = 2 << 20;
+
 /// A regular frame, or (should a message not fit a frame) the terminal frame saying so.
 fn frame(compression: CompressionAlgorithm, message: &impl prost::Message) -> Result<Bytes, Bytes> {
+    let unframable = |e: &dyn std::fmt::Display| {
+        terminal(S2Error::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "storage",
+            format!("cannot frame a message: {e}"),
+        ))
+    };
+    if compression == CompressionAlgorithm::None {
+        return uncompressed_frame(message).map_err(|size| {
+            unframable(&format!(
+                "{size} bytes exceed the {MAX_FRAME_BYTES}-byte frame limit"
+            ))
+        });
+    }
     SessionMessage::regular(compression, message)
         .map(|m| m.encode())
-        .map_err(|e| {
-            terminal(S2Error::new(
-                StatusCode::INTERNAL_SERVER_ERROR,
-                "storage",
-                format!("cannot frame a message: {e}"),
-            ))
-        })
+        .map_err(|e| unframable(&e))
+}
+
+/// An uncompressed regular frame, the message encoded straight into it: the 3-byte length of
+/// what follows, a flag byte of 0, the message. The library's encoder encodes the message first
+/// and then copies it into the frame, which in a read session copied every record body once
+/// more. Refuses (with the frame's size) a message that does not fit a frame.
+fn uncompressed_frame(message: &impl prost::Message) -> Result<Bytes, usize> {
+    let size = 1 + message.encoded_len();
+    if size > MAX_FRAME_BYTES {
+        return Err(size);
+    }
+    let mut frame = bytes::BytesMut::with_capacity(3 + size);
+    frame.extend_from_slice(&(size as u32).to_be_bytes()[1..]);
+    frame.extend_from_slice(&[0]);
+    message.encode_raw(&mut frame);
+    Ok(frame.freeze())
 }
 
 /// A read session over S2S.
@@ -237,4 +264,56 @@ pub(super) fn append_session(
         }
     };
     session::streaming_response(Body::from_stream(frames), CONTENT_TYPE)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio_util::codec::Decoder as _;
+
+    fn read_batch(bodies: &[usize]) -> proto::ReadBatch {
+        let records = bodies
+            .iter()
+            .enumerate()
+            .map(|(i, len)| proto::SequencedRecord {
+                seq_num: i as u64,
+                timestamp: 1_700_000_000_000 + i as u64,
+                headers: vec![proto::Header {
+                    name: Bytes::from_static(b"name"),
+                    value: Bytes::from(format!("value {i}")),
+                }],
+                body: Bytes::from(vec![b'b'; *len]),
+            })
+            .collect();
+        proto::ReadBatch {
+            records,
+            tail: Some(proto::StreamPosition {
+                seq_num: 9,
+                timestamp: 10,
+            }),
+        }
+    }
+
+    #[test]
+    fn an_uncompressed_frame_is_byte_for_byte_the_librarys() {
+        for bodies in [vec![], vec![0], vec![10, 1000, 5], vec![100_000; 10]] {
+            let message = read_batch(&bodies);
+            let library = SessionMessage::regular(CompressionAlgorithm::None, &message)
+                .unwrap()
+                .encode();
+            assert_eq!(frame(CompressionAlgorithm::None, &message), Ok(library));
+        }
+    }
+
+    #[test]
+    fn a_message_larger_than_a_frame_becomes_a_terminal_frame() {
+        let message = read_batch(&[MAX_FRAME_BYTES]);
+        let Err(last) = frame(CompressionAlgorithm::None, &message) else {
+            panic!("a frame over the limit was framed");
+        };
+        let decoded = FrameDecoder
+            .decode(&mut bytes::BytesMut::from(&last[..]))
+            .unwrap();
+        assert!(matches!(decoded, Some(SessionMessage::Terminal(t)) if t.status == 500));
+    }
 }
