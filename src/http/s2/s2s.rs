@@ -153,11 +153,19 @@ fn uncompressed_frame(message: &impl prost::Message) -> Result<Bytes, usize> {
     if size > MAX_FRAME_BYTES {
         return Err(size);
     }
-    let mut frame = bytes::BytesMut::with_capacity(3 + size);
-    frame.extend_from_slice(&(size as u32).to_be_bytes()[1..]);
-    frame.extend_from_slice(&[0]);
+    let mut frame = frame_head(size, size);
     message.encode_raw(&mut frame);
     Ok(frame.freeze())
+}
+
+/// A buffer holding the start of an uncompressed regular frame of `size` bytes (flag byte and
+/// payload), with room for `room` more bytes after its 3-byte length: the length, then a flag
+/// byte of 0.
+fn frame_head(size: usize, room: usize) -> bytes::BytesMut {
+    let mut head = bytes::BytesMut::with_capacity(3 + room);
+    head.extend_from_slice(&(size as u32).to_be_bytes()[1..]);
+    head.extend_from_slice(&[0]);
+    head
 }
 
 /// A read session over S2S.
@@ -220,9 +228,7 @@ fn batch_frame(
         .map(|r| r.body.len())
         .filter(|len| *len >= SHARE_BODIES_FROM)
         .sum();
-    let mut copied = bytes::BytesMut::with_capacity(3 + size - shared);
-    copied.extend_from_slice(&(size as u32).to_be_bytes()[1..]);
-    copied.extend_from_slice(&[0]);
+    let mut copied = frame_head(size, size - shared);
     let mut pieces = Vec::new();
     // Prost writes a message's fields in tag order, so a record's body (tag 4) comes last, after
     // the fields encoded without it.
