@@ -215,11 +215,9 @@ fn batch_frame(
     compression: CompressionAlgorithm,
     message: proto::ReadBatch,
 ) -> Result<Vec<Bytes>, Bytes> {
-    if compression != CompressionAlgorithm::None {
-        return frame(compression, &message).map(|frame| vec![frame]);
-    }
     let size = 1 + message.encoded_len();
-    if size > MAX_FRAME_BYTES {
+    // Compressed, or too large to frame (`frame` then gives the terminal frame): one piece.
+    if compression != CompressionAlgorithm::None || size > MAX_FRAME_BYTES {
         return frame(compression, &message).map(|frame| vec![frame]);
     }
     let shared: usize = message
