@@ -414,12 +414,18 @@ mod tests {
     #[test]
     fn a_message_larger_than_a_frame_becomes_a_terminal_frame() {
         let message = read_batch(&[MAX_FRAME_BYTES]);
-        let Err(last) = frame(CompressionAlgorithm::None, &message) else {
-            panic!("a frame over the limit was framed");
-        };
-        let decoded = FrameDecoder
-            .decode(&mut bytes::BytesMut::from(&last[..]))
-            .unwrap();
-        assert!(matches!(decoded, Some(SessionMessage::Terminal(t)) if t.status == 500));
+        let framed = [
+            frame(CompressionAlgorithm::None, &message),
+            batch_frame(CompressionAlgorithm::None, message).map(|pieces| pieces.concat().into()),
+        ];
+        for framed in framed {
+            let Err(last) = framed else {
+                panic!("a frame over the limit was framed");
+            };
+            let decoded = FrameDecoder
+                .decode(&mut bytes::BytesMut::from(&last[..]))
+                .unwrap();
+            assert!(matches!(decoded, Some(SessionMessage::Terminal(t)) if t.status == 500));
+        }
     }
 }
