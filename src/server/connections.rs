@@ -158,6 +158,7 @@ pub async fn serve(
             };
             // Dropping the connection closes it, and ends whatever response it was sending.
             tokio::select! {
+                biased;
                 served = serving => {
                     if let Err(error) = served {
                         tracing::debug!(%peer, %error, "connection ended with an error");

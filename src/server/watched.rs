@@ -14,35 +14,58 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
+use futures::task::AtomicWaker;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
-use tokio::sync::{Notify, OwnedSemaphorePermit};
+use tokio::sync::OwnedSemaphorePermit;
 
 /// Whether a connection's writes are getting through.
 #[derive(Default)]
 pub struct Stall {
-    /// Writes that went through (any bytes at all).
+    /// How often a write went through after the socket was full: a stalled reader's socket
+    /// stays full, so writes while it is not full need not count. Only the connection's own
+    /// task writes it.
     progress: AtomicU64,
     /// The last write found the socket full.
     blocked: AtomicBool,
-    /// Told when the socket fills up, so an idle connection needs no timer.
-    filled: Notify,
+    /// Woken when the socket fills up, so an idle connection needs no timer. The watch is polled
+    /// every time its connection's task wakes (once per event to a live reader), so it is
+    /// an atomic waker rather than a `Notify`, whose every poll takes a lock.
+    filled: AtomicWaker,
     /// The TCP socket: a full socket whose client reads slowly only becomes writable again
     /// once much of its buffer has drained, so what the kernel still holds is watched too.
     socket: Option<RawFd>,
 }
 
 impl Stall {
-    fn wrote(&self) {
-        self.progress.fetch_add(1, Ordering::Relaxed);
-        if self.blocked.load(Ordering::Relaxed) {
-            self.blocked.store(false, Ordering::Relaxed);
-        }
+    /// A write went through after the socket was full.
+    fn unblocked(&self) {
+        // One writer (the connection's task): no read-modify-write needed.
+        let progress = self.progress.load(Ordering::Relaxed);
+        self.progress
+            .store(progress.wrapping_add(1), Ordering::Relaxed);
+        self.blocked.store(false, Ordering::Relaxed);
     }
 
     fn full(&self) {
-        if !self.blocked.swap(true, Ordering::Relaxed) {
-            self.filled.notify_one();
-        }
+        self.blocked.store(true, Ordering::Relaxed);
+        self.filled.wake();
+    }
+
+    /// Completes once a write finds the socket full.
+    async fn filled(&self) {
+        std::future::poll_fn(|cx| {
+            if self.blocked.load(Ordering::Relaxed) {
+                return Poll::Ready(());
+            }
+            self.filled.register(cx.waker());
+            // Filled between the first look and the registration: that wake may be lost.
+            if self.blocked.load(Ordering::Relaxed) {
+                Poll::Ready(())
+            } else {
+                Poll::Pending
+            }
+        })
+        .await;
     }
 
     /// Completes once a write has waited `timeout` while the client took nothing at all: no
@@ -50,10 +73,7 @@ impl Stall {
     /// reset rather than closed, so the kernel does not keep its unsent data either.
     pub async fn stalled(&self, timeout: Duration) {
         loop {
-            if !self.blocked.load(Ordering::Relaxed) {
-                self.filled.notified().await;
-                continue;
-            }
+            self.filled().await;
             let seen = self.progress.load(Ordering::Relaxed);
             let queued = self.socket.and_then(unsent);
             tokio::time::sleep(timeout).await;
@@ -110,6 +130,9 @@ fn reset_on_close(socket: RawFd) {
 pub struct Watched<IO> {
     io: IO,
     stall: Arc<Stall>,
+    /// The last write found the socket full: [`Stall`]'s flag, kept here too so that a write
+    /// to a socket that is not full touches nothing else.
+    blocked: bool,
     _slot: OwnedSemaphorePermit,
 }
 
@@ -123,15 +146,21 @@ impl<IO> Watched<IO> {
         let watched = Watched {
             io,
             stall: stall.clone(),
+            blocked: false,
             _slot: slot,
         };
         (watched, stall)
     }
 
-    fn observe<T>(&self, poll: Poll<io::Result<T>>) -> Poll<io::Result<T>> {
-        match &poll {
-            Poll::Pending => self.stall.full(),
-            Poll::Ready(_) => self.stall.wrote(),
+    fn observe<T>(&mut self, poll: Poll<io::Result<T>>) -> Poll<io::Result<T>> {
+        let blocked = poll.is_pending();
+        if blocked != self.blocked {
+            self.blocked = blocked;
+            if blocked {
+                self.stall.full();
+            } else {
+                self.stall.unblocked();
+            }
         }
         poll
     }

@@ -1,9 +1,11 @@
 //! Reads: resolving where a read starts, gathering records across a fork chain, and waiting for
 //! the durable tail to move.
 
+use std::future::Future as _;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::task::{Poll, Waker};
 use std::time::Duration;
 
 use tokio::sync::watch;
@@ -291,14 +293,15 @@ impl StreamService {
         deadline: Option<Instant>,
     ) -> TailWatch {
         let last_sent = Instant::now();
+        let timer_at = wake_at(last_sent, idle_after, deadline);
         TailWatch {
             _reader: stream.attach_reader(),
             tail: stream.subscribe(),
             shutdown: Box::pin(self.shutdown.clone().cancelled_owned()),
             stopping: self.stopping.clone(),
-            timer: Box::pin(tokio::time::sleep_until(wake_at(
-                last_sent, idle_after, deadline,
-            ))),
+            timer: Box::pin(tokio::time::sleep_until(timer_at)),
+            timer_at,
+            armed_for: None,
             idle_after,
             last_sent,
             deadline,
@@ -328,9 +331,24 @@ pub struct TailWatch {
     shutdown: Pin<Box<WaitForCancellationFutureOwned>>,
     stopping: Arc<AtomicBool>,
     timer: Pin<Box<Sleep>>,
+    /// When `timer` fires.
+    timer_at: Instant,
+    /// The task the shutdown future and the timer were last polled for. Both keep that task's
+    /// waker and wake it when they fire, so while the same task waits again they need no
+    /// polling: the stopping flag and the clock say whether they fired. Polled on every event,
+    /// they took a lock each, and looking at the timer's own state a cache miss, a few percent
+    /// of a fan-out's CPU in all.
+    armed_for: Option<Waker>,
     idle_after: Duration,
     last_sent: Instant,
     deadline: Option<Instant>,
+}
+
+/// What woke a [`TailWatch`] inside one wait.
+enum Woke {
+    Tail(Result<Durable, watch::error::RecvError>),
+    Stopping,
+    Timer,
 }
 
 /// Why a [`TailWatch`] woke.
@@ -360,21 +378,13 @@ impl TailWatch {
     pub async fn next(&mut self, offset: Offset) -> Wake {
         let moved = |d: &Durable| d.tail.seq > offset.seq || d.closed || d.deleted();
         loop {
-            // The tail first: a woken reader of a busy stream then returns without touching the
-            // shutdown future or the timer. A reader whose tail keeps moving would never poll
-            // them, so it checks the stopping flag instead.
-            tokio::select! {
-                biased;
-                seen = self.tail.wait_for(moved) => {
-                    return match seen {
-                        Ok(_) if self.stopping.load(Ordering::Relaxed) => Wake::Ended,
-                        Ok(durable) => Wake::Moved(*durable),
-                        // The stream's sender outlives every reader holding the stream.
-                        Err(_) => Wake::Ended,
-                    };
-                }
-                () = &mut self.shutdown => return Wake::Ended,
-                () = self.timer.as_mut() => {}
+            match self.wait(moved).await {
+                // The stream's sender outlives every reader holding the stream.
+                Woke::Stopping | Woke::Tail(Err(_)) => return Wake::Ended,
+                // A reader whose tail keeps moving never gets to the shutdown future.
+                Woke::Tail(Ok(_)) if self.stopping.load(Ordering::Relaxed) => return Wake::Ended,
+                Woke::Tail(Ok(durable)) => return Wake::Moved(durable),
+                Woke::Timer => {}
             }
             let now = Instant::now();
             if self.deadline.is_some_and(|deadline| now >= deadline) {
@@ -384,12 +394,59 @@ impl TailWatch {
             if idle {
                 self.last_sent = now;
             }
-            let at = wake_at(self.last_sent, self.idle_after, self.deadline);
-            self.timer.as_mut().reset(at);
+            self.timer_at = wake_at(self.last_sent, self.idle_after, self.deadline);
+            self.timer.as_mut().reset(self.timer_at);
+            // A reset timer is registered afresh at its next poll.
+            self.armed_for = None;
             if idle {
                 return Wake::Idle;
             }
         }
+    }
+
+    /// One wait for the tail to satisfy `moved`, for shutdown or for the timer. The tail comes
+    /// first: a woken reader of a busy stream then returns without touching the others.
+    async fn wait(&mut self, moved: impl FnMut(&Durable) -> bool) -> Woke {
+        let TailWatch {
+            tail,
+            shutdown,
+            stopping,
+            timer,
+            timer_at,
+            armed_for,
+            ..
+        } = self;
+        let changed = tail.wait_for(moved);
+        tokio::pin!(changed);
+        std::future::poll_fn(|cx| {
+            if let Poll::Ready(seen) = changed.as_mut().poll(cx) {
+                return Poll::Ready(Woke::Tail(seen.map(|durable| *durable)));
+            }
+            // Set before the shutdown token is cancelled, whose waking brings the task here.
+            if stopping.load(Ordering::Relaxed) {
+                return Poll::Ready(Woke::Stopping);
+            }
+            if armed_for
+                .as_ref()
+                .is_some_and(|waker| waker.will_wake(cx.waker()))
+            {
+                // The timer fires no earlier than its deadline.
+                return if Instant::now() >= *timer_at {
+                    Poll::Ready(Woke::Timer)
+                } else {
+                    Poll::Pending
+                };
+            }
+            if shutdown.as_mut().poll(cx).is_ready() {
+                return Poll::Ready(Woke::Stopping);
+            }
+            if timer.as_mut().poll(cx).is_ready() {
+                return Poll::Ready(Woke::Timer);
+            }
+            *armed_for = Some(cx.waker().clone());
+            Poll::Pending
+        })
+        .await
     }
 }
 

@@ -1755,3 +1755,35 @@ async fn a_fork_keeps_a_copy_of_its_prefix_not_the_file_it_was_read_from() {
         "the fork's tail cache holds its 10 bytes, not the 4 MiB file"
     );
 }
+
+#[tokio::test]
+async fn a_tail_watch_already_waiting_ends_when_the_server_shuts_down() {
+    let (service, stream) = one_text_stream().await;
+    let mut watch = service.watch_tail(&stream, Duration::from_secs(60), None);
+    let tail = stream.durable().tail;
+    let waiting = tokio::spawn(async move { watch.next(tail).await });
+    // Let it start waiting (and stop looking at the shutdown signal on every poll).
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert!(!waiting.is_finished());
+    service.begin_shutdown();
+    let woke = tokio::time::timeout(Duration::from_secs(10), waiting).await;
+    assert!(matches!(woke, Ok(Ok(Wake::Ended))));
+}
+
+#[tokio::test]
+async fn a_tail_watch_woken_by_appends_still_wakes_idle_after_them() {
+    let (service, stream) = one_text_stream().await;
+    let idle = Duration::from_millis(100);
+    let mut watch = service.watch_tail(&stream, idle, None);
+    for body in ["a", "b", "c"] {
+        let at = stream.durable().tail;
+        let appended = service.append("s", text(body));
+        let (moved, _) = tokio::join!(watch.next(at), appended);
+        assert!(matches!(moved, Wake::Moved(_)));
+        watch.sent();
+    }
+    let sent = tokio::time::Instant::now();
+    let woke = tokio::time::timeout(Duration::from_secs(10), watch.next(stream.durable().tail));
+    assert!(matches!(woke.await, Ok(Wake::Idle)));
+    assert!(sent.elapsed() >= idle, "idle counts from the last send");
+}
