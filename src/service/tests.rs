@@ -8,7 +8,7 @@ use futures::FutureExt;
 use futures::future::BoxFuture;
 use tokio::sync::Semaphore;
 
-use super::s2::RetentionMove;
+use super::snapshots::RetentionMove;
 use super::*;
 use crate::model::ReadFrom;
 use crate::storage::{Engine, MemoryEngine, Recovered};
