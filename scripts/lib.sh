@@ -100,13 +100,16 @@ npm_ci_if_stale() {
 }
 
 # Creates DIR/.venv and installs DIR/requirements.txt into it, unless that
-# venv was already made from the current requirements.txt.
+# venv was already made from the current requirements.txt. A download that
+# arrives damaged (pip then reports a hash that does not match the index's) is
+# fetched once more, bypassing pip's cache; a second failure is the answer.
 venv_if_stale() {
   local dir=$1
   if ! cmp -s "$dir/requirements.txt" "$dir/.venv/.installed-requirements.txt"; then
     rm -rf "$dir/.venv"
     python3 -m venv "$dir/.venv"
-    "$dir/.venv/bin/pip" install --quiet -r "$dir/requirements.txt"
+    "$dir/.venv/bin/pip" install --quiet -r "$dir/requirements.txt" ||
+      "$dir/.venv/bin/pip" install --quiet --no-cache-dir -r "$dir/requirements.txt"
     cp "$dir/requirements.txt" "$dir/.venv/.installed-requirements.txt"
   fi
 }
