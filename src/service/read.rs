@@ -381,8 +381,6 @@ impl TailWatch {
             match self.wait(moved).await {
                 // The stream's sender outlives every reader holding the stream.
                 Woke::Stopping | Woke::Tail(Err(_)) => return Wake::Ended,
-                // A reader whose tail keeps moving never gets to the shutdown future.
-                Woke::Tail(Ok(_)) if self.stopping.load(Ordering::Relaxed) => return Wake::Ended,
                 Woke::Tail(Ok(durable)) => return Wake::Moved(durable),
                 Woke::Timer => {}
             }
@@ -404,8 +402,9 @@ impl TailWatch {
         }
     }
 
-    /// One wait for the tail to satisfy `moved`, for shutdown or for the timer. The tail comes
-    /// first: a woken reader of a busy stream then returns without touching the others.
+    /// One wait for the tail to satisfy `moved`, for shutdown or for the timer. The stopping flag
+    /// comes first (a reader whose tail keeps moving would never get to the shutdown future),
+    /// then the tail: a woken reader of a busy stream returns without touching the others.
     async fn wait(&mut self, moved: impl FnMut(&Durable) -> bool) -> Woke {
         let TailWatch {
             tail,
@@ -419,12 +418,12 @@ impl TailWatch {
         let changed = tail.wait_for(moved);
         tokio::pin!(changed);
         std::future::poll_fn(|cx| {
-            if let Poll::Ready(seen) = changed.as_mut().poll(cx) {
-                return Poll::Ready(Woke::Tail(seen.map(|durable| *durable)));
-            }
             // Set before the shutdown token is cancelled, whose waking brings the task here.
             if stopping.load(Ordering::Relaxed) {
                 return Poll::Ready(Woke::Stopping);
+            }
+            if let Poll::Ready(seen) = changed.as_mut().poll(cx) {
+                return Poll::Ready(Woke::Tail(seen.map(|durable| *durable)));
             }
             if armed_for
                 .as_ref()
