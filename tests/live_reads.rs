@@ -130,6 +130,124 @@ async fn an_sse_tail_sees_each_append_then_the_close_and_ends() {
     assert!(cursors[cursors.len() - 1] - cursors[0] <= 1, "{cursors:?}");
 }
 
+/// The data and the cursors of an SSE body, read until its `want`-th byte of data.
+struct SseSeen {
+    data: String,
+    cursors: Vec<u64>,
+}
+
+async fn read_sse_until(response: reqwest::Response, want: usize) -> SseSeen {
+    let mut body = response.bytes_stream();
+    let mut text = String::new();
+    let mut seen = SseSeen {
+        data: String::new(),
+        cursors: Vec::new(),
+    };
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    while seen.data.len() < want {
+        let chunk = tokio::time::timeout_at(deadline, body.next())
+            .await
+            .expect("every record in time")
+            .expect("the body goes on");
+        text.push_str(std::str::from_utf8(&chunk.unwrap()).unwrap());
+        while let Some(end) = text.find("\n\n") {
+            let event: String = text.drain(..end + 2).collect();
+            if let Some(data) = event.strip_prefix("event: data\n") {
+                for line in data.lines().filter(|line| !line.is_empty()) {
+                    seen.data.push_str(line.strip_prefix("data:").unwrap());
+                }
+            } else if let Some((_, rest)) = event.split_once("\"streamCursor\":\"") {
+                seen.cursors
+                    .push(rest.split('"').next().unwrap().parse().unwrap());
+            }
+        }
+    }
+    seen
+}
+
+#[tokio::test]
+async fn sse_readers_woken_together_each_get_every_record_once_with_their_own_cursor() {
+    let server = Server::start(&["--memory"]);
+    let http = client();
+    let url = server.url("/v1/stream/shared");
+    create_text(&http, &url).await;
+    // Records of fixed width, so the data read shows each exactly once and in order; one large
+    // enough that a reader with another cursor sends the shared part of its frame as it is.
+    let records: Vec<String> = (0..200)
+        .map(|i| match i {
+            100 => format!("{i:05}{}", "x".repeat(20_000)),
+            _ => format!("{i:05};"),
+        })
+        .collect();
+    let all: String = records.concat();
+
+    // Half the readers carry a cursor far ahead of the clock: each of their events carries a
+    // cursor past it, while the others' carry the current interval.
+    let ahead: u64 = 1 << 40;
+    let mut readers = Vec::new();
+    for i in 0..8 {
+        let query = if i % 2 == 0 {
+            "offset=now&live=sse".to_string()
+        } else {
+            format!("offset=now&live=sse&cursor={ahead}")
+        };
+        let response = http.get(format!("{url}?{query}")).send().await.unwrap();
+        assert_eq!(response.status(), 200);
+        let want = all.len();
+        readers.push((i % 2 == 1, tokio::spawn(read_sse_until(response, want))));
+    }
+    // Every reader waits on the tail before the first append.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    loop {
+        let metrics = http.get(server.url("/metrics")).send().await.unwrap();
+        let text = metrics.text().await.unwrap();
+        if text
+            .lines()
+            .any(|l| l.starts_with("runnel_live_readers ") && l.ends_with(" 8"))
+        {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "readers did not attach: {text}"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    for record in &records {
+        let response = http
+            .post(&url)
+            .header("content-type", "text/plain")
+            .body(record.clone())
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status(), 204);
+    }
+    for (with_cursor, reader) in readers {
+        let seen = reader.await.unwrap();
+        assert!(
+            seen.data == all,
+            "a reader saw {} bytes, not the {} appended",
+            seen.data.len(),
+            all.len()
+        );
+        assert!(!seen.cursors.is_empty());
+        if with_cursor {
+            assert!(
+                seen.cursors.iter().all(|c| *c > ahead),
+                "{:?}",
+                seen.cursors
+            );
+        } else {
+            assert!(
+                seen.cursors.iter().all(|c| *c < ahead),
+                "{:?}",
+                seen.cursors
+            );
+        }
+    }
+}
+
 #[tokio::test]
 async fn routes_answer_over_http2_with_prior_knowledge() {
     let server = Server::start(&["--memory"]);

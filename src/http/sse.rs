@@ -11,10 +11,11 @@ use tokio::time::Instant;
 
 use super::AppState;
 use super::ds::{Read, View, canonical_body, next_cursor, visible};
+use crate::model::Offset;
 use crate::model::content_type::sse_needs_base64;
 use crate::model::records::{self, RecordView};
 use crate::model::sse::write_data_event;
-use crate::service::{ReadChunk, Wake};
+use crate::service::{LiveFrame, ReadChunk, Wake};
 
 /// How often an idle connection gets a control event, so proxies and clients see it is alive.
 const KEEPALIVE: Duration = Duration::from_secs(15);
@@ -33,6 +34,10 @@ pub fn respond(app: &AppState, read: Read) -> Response {
     let service = app.service.clone();
     let (keepalive, deadline) = live_timing(app);
 
+    // Readers of the canonical view at one place render the same bytes but for their cursor,
+    // so they share one rendering (see `LiveFrame`).
+    let shares = read.view == View::Canonical;
+
     let mut tail = service.watch_tail(&read.stream, keepalive, Some(deadline));
     let events = async_stream::stream! {
         let stream = &read.stream;
@@ -42,58 +47,83 @@ pub fn respond(app: &AppState, read: Read) -> Response {
         // never goes back within the connection.
         let mut cursor = 0;
         loop {
-            let chunk = match service.read_at(stream, at, None).await {
-                Ok(chunk) => chunk,
-                Err(e) => {
-                    tracing::warn!(stream = %stream.name, error = %e, "SSE read failed");
-                    break;
-                }
-            };
             let fresh = next_cursor(read.client_cursor).max(cursor);
             cursor = fresh;
-            if !chunk.records.is_empty() {
-                let mut events = Vec::new();
-                if envelope {
-                    // One envelope object per data event, each followed by its control event.
-                    let shown: Vec<_> = visible(&chunk.records).collect();
-                    for (i, record) in shown.iter().enumerate() {
-                        let last = i + 1 == shown.len();
-                        let step = ReadChunk {
-                            start: record.offset(),
-                            records: Vec::new(),
-                            next: record.next_offset(),
-                            up_to_date: last && chunk.up_to_date,
-                            closed: last && chunk.closed,
-                            lease: Default::default(),
-                        };
-                        write_data_event(&mut events, &records::envelope(record.seq, &record.body), false);
-                        write_control_event(&mut events, &read, &step, fresh);
-                    }
-                } else {
-                    // Without the envelope, data events keep the base protocol's representation
-                    // (a JSON array on JSON streams) even on record-aware reads (§6.9).
-                    let body = canonical_body(stream.json, &chunk.records).into_bytes();
-                    events.reserve(body.len() + 160);
-                    write_data_event(&mut events, &body, base64);
-                    write_control_event(&mut events, &read, &chunk, fresh);
+            if let Some(frame) = shares.then(|| stream.shared_frame(at)).flatten() {
+                at = frame.next;
+                let closed = frame.closed;
+                let (first, rest) = for_this_reader(&read, frame, fresh);
+                yield Ok::<Bytes, std::io::Error>(first);
+                if let Some(rest) = rest {
+                    yield Ok(rest);
                 }
-                at = chunk.next;
-                yield Ok::<Bytes, std::io::Error>(Bytes::from(events));
-                if chunk.closed {
+                if closed {
                     break;
-                }
-                if !chunk.up_to_date {
-                    // Catching up reads on without waiting, so the connection's end is checked
-                    // here too: a long backlog does not keep it open past its bound.
-                    if Instant::now() >= deadline {
-                        break;
-                    }
-                    continue;
                 }
             } else {
-                yield Ok(Bytes::from(control_event(&read, &chunk, fresh)));
-                if chunk.closed {
-                    break;
+                let mut chunk = match service.read_at(stream, at, None).await {
+                    Ok(chunk) => chunk,
+                    Err(e) => {
+                        tracing::warn!(stream = %stream.name, error = %e, "SSE read failed");
+                        break;
+                    }
+                };
+                if !chunk.records.is_empty() {
+                    let mut events = Vec::new();
+                    let mut records_len = None;
+                    if envelope {
+                        // One envelope object per data event, each followed by its control event.
+                        let shown: Vec<_> = visible(&chunk.records).collect();
+                        for (i, record) in shown.iter().enumerate() {
+                            let last = i + 1 == shown.len();
+                            let step = Reached {
+                                next: record.next_offset(),
+                                up_to_date: last && chunk.up_to_date,
+                                closed: last && chunk.closed,
+                            };
+                            write_data_event(&mut events, &records::envelope(record.seq, &record.body), false);
+                            write_control_event(&mut events, &read, step, fresh);
+                        }
+                    } else {
+                        // Without the envelope, data events keep the base protocol's
+                        // representation (a JSON array on JSON streams) even on record-aware
+                        // reads (§6.9).
+                        let body = canonical_body(stream.json, &chunk.records).into_bytes();
+                        events.reserve(body.len() + 160);
+                        write_data_event(&mut events, &body, base64);
+                        records_len = Some(events.len());
+                        write_control_event(&mut events, &read, Reached::from(&chunk), fresh);
+                    }
+                    at = chunk.next;
+                    let events = Bytes::from(events);
+                    if let Some(records_len) = records_len.filter(|_| shares && chunk.up_to_date) {
+                        let frame = LiveFrame {
+                            start: chunk.start,
+                            next: chunk.next,
+                            closed: chunk.closed,
+                            bytes: events.clone(),
+                            records_len,
+                            tag: fresh,
+                        };
+                        stream.share_frame(frame, std::mem::take(&mut chunk.lease));
+                    }
+                    yield Ok(events);
+                    if chunk.closed {
+                        break;
+                    }
+                    if !chunk.up_to_date {
+                        // Catching up reads on without waiting, so the connection's end is
+                        // checked here too: a long backlog does not keep it open past its bound.
+                        if Instant::now() >= deadline {
+                            break;
+                        }
+                        continue;
+                    }
+                } else {
+                    yield Ok(Bytes::from(control_event(&read, Reached::from(&chunk), fresh)));
+                    if chunk.closed {
+                        break;
+                    }
                 }
             }
             tail.sent();
@@ -104,10 +134,10 @@ pub fn respond(app: &AppState, read: Read) -> Response {
                     Wake::Moved(_) => break,
                     Wake::Ended => return,
                     Wake::Idle => {
-                        let idle = ReadChunk { start: at, records: Vec::new(), next: at, up_to_date: true, closed: false, lease: Default::default() };
+                        let idle = Reached { next: at, up_to_date: true, closed: false };
                         let fresh = next_cursor(read.client_cursor).max(cursor);
                         cursor = fresh;
-                        yield Ok(Bytes::from(control_event(&read, &idle, fresh)));
+                        yield Ok(Bytes::from(control_event(&read, idle, fresh)));
                     }
                 }
             }
@@ -142,22 +172,68 @@ pub fn respond(app: &AppState, read: Read) -> Response {
     response
 }
 
-fn control_event(read: &Read, chunk: &ReadChunk, cursor: u64) -> Vec<u8> {
+/// Where a control event leaves its reader.
+#[derive(Clone, Copy)]
+struct Reached {
+    next: Offset,
+    up_to_date: bool,
+    closed: bool,
+}
+
+impl From<&ReadChunk> for Reached {
+    fn from(chunk: &ReadChunk) -> Self {
+        Reached {
+            next: chunk.next,
+            up_to_date: chunk.up_to_date,
+            closed: chunk.closed,
+        }
+    }
+}
+
+/// Shared frames of records this long or longer go out as they are, with this reader's control
+/// event after them; shorter ones are copied into one buffer with it (one chunk to write).
+const SEND_SHARED_AS_IS_FROM: usize = 16 * 1024;
+
+/// A frame another reader rendered, as this reader sends it: whole when it was rendered for this
+/// reader's cursor, otherwise its records with this reader's own control event.
+fn for_this_reader(read: &Read, frame: LiveFrame, cursor: u64) -> (Bytes, Option<Bytes>) {
+    if frame.tag == cursor {
+        return (frame.bytes, None);
+    }
+    let reached = Reached {
+        next: frame.next,
+        up_to_date: true,
+        closed: frame.closed,
+    };
+    let records = frame.bytes.slice(..frame.records_len);
+    if records.len() >= SEND_SHARED_AS_IS_FROM {
+        return (
+            records,
+            Some(Bytes::from(control_event(read, reached, cursor))),
+        );
+    }
+    let mut joined = Vec::with_capacity(records.len() + 160);
+    joined.extend_from_slice(&records);
+    write_control_event(&mut joined, read, reached, cursor);
+    (Bytes::from(joined), None)
+}
+
+fn control_event(read: &Read, reached: Reached, cursor: u64) -> Vec<u8> {
     let mut out = Vec::with_capacity(160);
-    write_control_event(&mut out, read, chunk, cursor);
+    write_control_event(&mut out, read, reached, cursor);
     out
 }
 
 /// The control event after a chunk, rendered by hand: every subscriber gets one per event, and
 /// building a JSON map for it showed in fan-out profiles. Every value is a number, a boolean or an
 /// offset token, none of which needs escaping.
-fn write_control_event(out: &mut Vec<u8>, read: &Read, chunk: &ReadChunk, cursor: u64) {
+fn write_control_event(out: &mut Vec<u8>, read: &Read, reached: Reached, cursor: u64) {
     use std::io::Write as _;
     out.extend_from_slice(b"event: control\ndata:{\"streamNextOffset\":\"");
-    if chunk.next.is_representable() {
-        out.extend_from_slice(chunk.next.token().as_str().as_bytes());
+    if reached.next.is_representable() {
+        out.extend_from_slice(reached.next.token().as_str().as_bytes());
     } else {
-        let _ = write!(out, "{}", chunk.next);
+        let _ = write!(out, "{}", reached.next);
     }
     out.push(b'"');
     if let View::Records(_) = read.view {
@@ -165,15 +241,15 @@ fn write_control_event(out: &mut Vec<u8>, read: &Read, chunk: &ReadChunk, cursor
         let _ = write!(
             out,
             ",\"streamFirstRecord\":{first},\"streamNextRecord\":{}",
-            chunk.next.seq
+            reached.next.seq
         );
     }
-    if chunk.closed {
+    if reached.closed {
         out.extend_from_slice(b",\"streamClosed\":true");
     } else {
         let _ = write!(out, ",\"streamCursor\":\"{cursor}\"");
     }
-    if chunk.up_to_date {
+    if reached.up_to_date {
         out.extend_from_slice(b",\"upToDate\":true");
     }
     out.extend_from_slice(b"}\n\n");

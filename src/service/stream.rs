@@ -13,6 +13,7 @@ use crate::storage::{SharedEngine, StorageError, StreamId};
 
 use super::arrivals::Arrivals;
 use super::cache::TailCache;
+use super::live_frame::SharedFrame;
 
 /// What readers may see: only data that is durable.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -74,9 +75,14 @@ pub struct LiveReader(Arc<Stream>);
 impl Drop for LiveReader {
     fn drop(&mut self) {
         self.0.renew();
-        self.0
+        let before = self
+            .0
             .live_readers
             .fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
+        if before == 1 {
+            // Nobody is left to send it.
+            self.0.lock().shared_frame = None;
+        }
     }
 }
 
@@ -98,6 +104,8 @@ pub(super) struct State {
     /// The producer appends in flight, in the order they arrived, while there are any (see
     /// `arrivals`).
     pub arrivals: Option<Box<Arrivals>>,
+    /// The frame a live reader rendered for the others (see `live_frame`).
+    pub shared_frame: Option<Box<SharedFrame>>,
 }
 
 impl State {
@@ -148,6 +156,7 @@ impl Stream {
                 removed: false,
                 meta_submitted: durable.meta_version,
                 arrivals: None,
+                shared_frame: None,
             }),
             durable: DurableCell::new(durable),
         }
@@ -175,8 +184,13 @@ impl Stream {
     /// readers has not: the base protocol keeps it while they wait, renewed as they leave.
     pub(super) fn expired(&self, state: &State, now_ms: i64) -> bool {
         self.may_expire
-            && self.live_readers.load(std::sync::atomic::Ordering::Relaxed) == 0
+            && self.live_reader_count() == 0
             && state.meta.is_expired(now_ms, state.last_access_ms)
+    }
+
+    /// Live readers waiting on this stream now.
+    pub(super) fn live_reader_count(&self) -> u32 {
+        self.live_readers.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// Marks a live reader waiting on this stream until the returned guard is dropped.

@@ -620,6 +620,90 @@ async fn one_text_stream() -> (Arc<StreamService>, Arc<Stream>) {
     (service, stream)
 }
 
+/// What a live reader rendered for the records from `start` to the tail, to share.
+async fn frame_from(
+    service: &StreamService,
+    stream: &Arc<Stream>,
+    start: Offset,
+) -> (LiveFrame, ReadLease) {
+    let mut chunk = service.read_at(stream, start, None).await.unwrap();
+    assert!(chunk.up_to_date);
+    let frame = LiveFrame {
+        start,
+        next: chunk.next,
+        closed: chunk.closed,
+        bytes: Bytes::from_static(b"rendered"),
+        records_len: 4,
+        tag: 7,
+    };
+    (frame, std::mem::take(&mut chunk.lease))
+}
+
+#[tokio::test]
+async fn a_shared_frame_serves_readers_at_its_start_only_while_it_reaches_the_tail() {
+    let (service, stream) = one_text_stream().await;
+    let _readers = [0, 1].map(|_| service.watch_tail(&stream, Duration::from_secs(60), None));
+    service.append("s", text("a")).await.unwrap();
+    let (frame, lease) = frame_from(&service, &stream, Offset::START).await;
+    let next = frame.next;
+    stream.share_frame(frame, lease);
+    let shared = stream.shared_frame(Offset::START).expect("shared");
+    assert_eq!(
+        (shared.next, shared.tag, &shared.bytes[..]),
+        (next, 7, &b"rendered"[..])
+    );
+    assert!(
+        stream.shared_frame(next).is_none(),
+        "a reader elsewhere reads for itself"
+    );
+
+    service.append("s", text("b")).await.unwrap();
+    assert!(
+        stream.shared_frame(Offset::START).is_none(),
+        "once the tail moves, the frame would leave out a record"
+    );
+    let (frame, lease) = frame_from(&service, &stream, Offset::START).await;
+    stream.share_frame(frame, lease);
+    let close = AppendRequest {
+        close: true,
+        ..Default::default()
+    };
+    service.append("s", close).await.unwrap();
+    assert!(
+        stream.shared_frame(Offset::START).is_none(),
+        "once the stream closes, the frame would not say so"
+    );
+}
+
+#[tokio::test]
+async fn a_frame_is_shared_only_while_more_than_one_live_reader_waits() {
+    let (service, stream) = one_text_stream().await;
+    service.append("s", text("a")).await.unwrap();
+    let first = service.watch_tail(&stream, Duration::from_secs(60), None);
+    let (frame, lease) = frame_from(&service, &stream, Offset::START).await;
+    stream.share_frame(frame, lease);
+    assert!(
+        stream.shared_frame(Offset::START).is_none(),
+        "a lone reader keeps nothing"
+    );
+
+    let second = service.watch_tail(&stream, Duration::from_secs(60), None);
+    let (frame, lease) = frame_from(&service, &stream, Offset::START).await;
+    stream.share_frame(frame, lease);
+    drop(first);
+    assert!(stream.shared_frame(Offset::START).is_some());
+    let held = service.read_memory_held();
+    drop(second);
+    assert!(
+        stream.shared_frame(Offset::START).is_none(),
+        "the last reader to leave takes the frame with it"
+    );
+    assert!(
+        service.read_memory_held() < held,
+        "and gives back its read memory"
+    );
+}
+
 // These use real time: paused time needs tokio's `test-util`, and a dev-only tokio feature would
 // make every build compile tokio and its dependents twice. Bounds are lower bounds (timers never
 // fire early) or generous.
