@@ -70,7 +70,7 @@ pub async fn metrics(State(app): State<AppState>) -> Response {
     gauge(
         &mut out,
         "runnel_tail_cache_bytes",
-        "Record bytes held in the hot tail caches.",
+        "Memory the hot tail caches hold: records with their bodies and headers.",
         cache_bytes,
     );
     gauge(

@@ -3,7 +3,8 @@
 //!
 //! Each stream keeps at most `per_stream_bytes` / `per_stream_records`; all streams together stay
 //! near `total_bytes`, because a stream that appends while the total is over budget evicts its
-//! own oldest records first. A stream always keeps its newest record.
+//! own oldest records first. A stream always keeps its newest record. Bytes count what a record
+//! takes in memory, itself included, not only its body.
 
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -99,14 +100,18 @@ impl TailCache {
                 bytes: 0,
             })
         });
+        let limits = held.budget.limits;
         for record in records {
-            held.bytes += record.body.len();
-            held.budget
-                .used
-                .fetch_add(record.body.len(), Ordering::Relaxed);
+            // Room first: pushing past the record limit and evicting after would double the
+            // queue's allocation for one record over.
+            if held.records.len() >= limits.per_stream_records.max(1) {
+                held.pop_oldest();
+            }
+            let size = memory_of(record);
+            held.bytes += size;
+            held.budget.used.fetch_add(size, Ordering::Relaxed);
             held.records.push_back(record.clone());
         }
-        let limits = held.budget.limits;
         while held.records.len() > 1
             && (held.bytes > limits.per_stream_bytes
                 || held.records.len() > limits.per_stream_records
@@ -120,12 +125,18 @@ impl TailCache {
 impl Held {
     fn pop_oldest(&mut self) {
         if let Some(old) = self.records.pop_front() {
-            self.bytes -= old.body.len();
-            self.budget
-                .used
-                .fetch_sub(old.body.len(), Ordering::Relaxed);
+            let size = memory_of(&old);
+            self.bytes -= size;
+            self.budget.used.fetch_sub(size, Ordering::Relaxed);
         }
     }
+}
+
+/// The memory a cached record takes: with small records the record itself weighs about as much
+/// as its body, and a budget of body bytes alone would hold twice what it says.
+fn memory_of(record: &Record) -> usize {
+    let headers: usize = record.headers.iter().map(|(n, v)| n.len() + v.len()).sum();
+    std::mem::size_of::<Record>() + record.body.len() + headers
 }
 
 impl Drop for Held {
@@ -166,16 +177,17 @@ mod tests {
 
     #[test]
     fn all_caches_together_stay_within_the_total_budget() {
+        let each = memory_of(&records(0, 1, 10)[0]);
         let budget = CacheBudget::new(CacheLimits {
-            per_stream_bytes: 100,
+            per_stream_bytes: 10 * each,
             per_stream_records: 100,
-            total_bytes: 150,
+            total_bytes: 15 * each,
         });
         let mut a = TailCache::new();
         let mut b = TailCache::new();
         a.push(&budget, &records(0, 10, 10));
         b.push(&budget, &records(0, 10, 10));
-        assert!(budget.used() <= 150);
+        assert!(budget.used() <= 15 * each);
         assert_eq!(
             b.read(9, 10, usize::MAX).unwrap().len(),
             1,
@@ -184,6 +196,38 @@ mod tests {
         drop(a);
         drop(b);
         assert_eq!(budget.used(), 0, "dropped caches return their memory");
+    }
+
+    #[test]
+    fn the_budget_counts_what_a_record_takes_not_only_its_body() {
+        let each = memory_of(&records(0, 1, 1)[0]);
+        assert!(each > 1);
+        let budget = CacheBudget::new(CacheLimits {
+            per_stream_bytes: 10 * each,
+            per_stream_records: 1000,
+            total_bytes: 1 << 20,
+        });
+        let mut cache = TailCache::new();
+        cache.push(&budget, &records(0, 20, 1));
+        assert_eq!(cache.read(10, 20, usize::MAX).unwrap().len(), 10);
+        assert!(cache.read(9, 20, usize::MAX).is_none());
+        assert_eq!(budget.used(), 10 * each);
+    }
+
+    #[test]
+    fn a_full_cache_never_allocates_room_for_more_than_its_record_limit() {
+        let budget = CacheBudget::new(CacheLimits {
+            per_stream_bytes: 1 << 20,
+            per_stream_records: 64,
+            total_bytes: 1 << 20,
+        });
+        let mut cache = TailCache::new();
+        for seq in 0..200 {
+            cache.push(&budget, &records(seq, 1, 1));
+        }
+        let held = cache.held.as_ref().unwrap();
+        assert_eq!(held.records.len(), 64);
+        assert!(held.records.capacity() < 128, "{}", held.records.capacity());
     }
 
     #[test]
