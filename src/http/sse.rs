@@ -105,7 +105,7 @@ pub fn respond(app: &AppState, read: Read) -> Response {
                             records_len,
                             tag: fresh,
                         };
-                        stream.share_frame(frame, std::mem::take(&mut chunk.lease));
+                        stream.share_frame(frame, &mut chunk.lease);
                     }
                     yield Ok(events);
                     if chunk.closed {

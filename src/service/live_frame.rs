@@ -45,15 +45,15 @@ impl Stream {
     }
 
     /// Leaves `frame`, rendered from a read that reached the durable tail, for the other live
-    /// readers, with the lease of that read. Only while more than one reader waits: a lone
-    /// reader has nobody to share with.
-    pub fn share_frame(&self, frame: LiveFrame, lease: ReadLease) {
+    /// readers, taking over `lease`, the read memory of that read. Only while more than one
+    /// reader waits: a lone reader has nobody to share with (and keeps its lease).
+    pub fn share_frame(&self, frame: LiveFrame, lease: &mut ReadLease) {
         if frame.bytes.len() > MAX_SHARED_FRAME || self.live_reader_count() < 2 {
             return;
         }
         self.lock().shared_frame = Some(Box::new(SharedFrame {
             frame,
-            _lease: lease,
+            _lease: std::mem::take(lease),
         }));
     }
 }

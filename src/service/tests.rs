@@ -626,7 +626,7 @@ async fn frame_from(
     stream: &Arc<Stream>,
     start: Offset,
 ) -> (LiveFrame, ReadLease) {
-    let mut chunk = service.read_at(stream, start, None).await.unwrap();
+    let chunk = service.read_at(stream, start, None).await.unwrap();
     assert!(chunk.up_to_date);
     let frame = LiveFrame {
         start,
@@ -636,7 +636,7 @@ async fn frame_from(
         records_len: 4,
         tag: 7,
     };
-    (frame, std::mem::take(&mut chunk.lease))
+    (frame, chunk.lease)
 }
 
 #[tokio::test]
@@ -644,9 +644,9 @@ async fn a_shared_frame_serves_readers_at_its_start_only_while_it_reaches_the_ta
     let (service, stream) = one_text_stream().await;
     let _readers = [0, 1].map(|_| service.watch_tail(&stream, Duration::from_secs(60), None));
     service.append("s", text("a")).await.unwrap();
-    let (frame, lease) = frame_from(&service, &stream, Offset::START).await;
+    let (frame, mut lease) = frame_from(&service, &stream, Offset::START).await;
     let next = frame.next;
-    stream.share_frame(frame, lease);
+    stream.share_frame(frame, &mut lease);
     let shared = stream.shared_frame(Offset::START).expect("shared");
     assert_eq!(
         (shared.next, shared.tag, &shared.bytes[..]),
@@ -662,8 +662,8 @@ async fn a_shared_frame_serves_readers_at_its_start_only_while_it_reaches_the_ta
         stream.shared_frame(Offset::START).is_none(),
         "once the tail moves, the frame would leave out a record"
     );
-    let (frame, lease) = frame_from(&service, &stream, Offset::START).await;
-    stream.share_frame(frame, lease);
+    let (frame, mut lease) = frame_from(&service, &stream, Offset::START).await;
+    stream.share_frame(frame, &mut lease);
     let close = AppendRequest {
         close: true,
         ..Default::default()
@@ -680,16 +680,18 @@ async fn a_frame_is_shared_only_while_more_than_one_live_reader_waits() {
     let (service, stream) = one_text_stream().await;
     service.append("s", text("a")).await.unwrap();
     let first = service.watch_tail(&stream, Duration::from_secs(60), None);
-    let (frame, lease) = frame_from(&service, &stream, Offset::START).await;
-    stream.share_frame(frame, lease);
+    let (frame, mut lease) = frame_from(&service, &stream, Offset::START).await;
+    stream.share_frame(frame, &mut lease);
     assert!(
         stream.shared_frame(Offset::START).is_none(),
         "a lone reader keeps nothing"
     );
+    assert_eq!(lease.bytes(), 1, "and the read keeps its lease");
 
     let second = service.watch_tail(&stream, Duration::from_secs(60), None);
-    let (frame, lease) = frame_from(&service, &stream, Offset::START).await;
-    stream.share_frame(frame, lease);
+    let (frame, mut lease) = frame_from(&service, &stream, Offset::START).await;
+    stream.share_frame(frame, &mut lease);
+    assert_eq!(lease.bytes(), 0, "the shared frame holds the lease now");
     drop(first);
     assert!(stream.shared_frame(Offset::START).is_some());
     let held = service.read_memory_held();
