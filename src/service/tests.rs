@@ -13,6 +13,75 @@ use super::*;
 use crate::model::ReadFrom;
 use crate::storage::{Engine, MemoryEngine, Recovered};
 
+/// A test engine that changes one thing about the engine it wraps and passes the rest through:
+/// it implements the hook it changes, and `Engine` comes from the impl below.
+trait Wrapping: Send + Sync + 'static {
+    fn inner(&self) -> &dyn Engine;
+
+    fn on_commit(&self, changes: Vec<Change>) -> BoxFuture<'static, Result<(), StorageError>> {
+        self.inner().commit(changes)
+    }
+
+    fn on_stage(&self, bodies: Vec<Bytes>) -> BoxFuture<'static, Result<Staged, StorageError>> {
+        self.inner().stage(bodies)
+    }
+
+    fn on_read(
+        &self,
+        id: StreamId,
+        from: u64,
+        until: u64,
+        max: usize,
+    ) -> BoxFuture<'static, Result<Vec<Record>, StorageError>> {
+        self.inner().read(id, from, until, max)
+    }
+
+    fn on_recover(&self) -> Result<Recovered, StorageError> {
+        self.inner().recover()
+    }
+}
+
+impl<W: Wrapping> Engine for W {
+    fn commit(&self, changes: Vec<Change>) -> BoxFuture<'static, Result<(), StorageError>> {
+        self.on_commit(changes)
+    }
+
+    fn stages(&self, bytes: usize) -> bool {
+        self.inner().stages(bytes)
+    }
+
+    fn stage(&self, bodies: Vec<Bytes>) -> BoxFuture<'static, Result<Staged, StorageError>> {
+        self.on_stage(bodies)
+    }
+
+    fn read(
+        &self,
+        id: StreamId,
+        from: u64,
+        until: u64,
+        max: usize,
+    ) -> BoxFuture<'static, Result<Vec<Record>, StorageError>> {
+        self.on_read(id, from, until, max)
+    }
+
+    fn read_snapshot(
+        &self,
+        id: StreamId,
+    ) -> BoxFuture<'static, Result<Option<Bytes>, StorageError>> {
+        self.inner().read_snapshot(id)
+    }
+
+    // `recover_each` stays the default, which goes through `recover`: a wrapper's recovery is
+    // the one the service sees.
+    fn recover(&self) -> Result<Recovered, StorageError> {
+        self.on_recover()
+    }
+
+    fn room(&self) -> Result<(), StorageError> {
+        self.inner().room()
+    }
+}
+
 /// A memory engine whose commits complete only when the test lets them.
 struct GatedEngine {
     inner: Arc<MemoryEngine>,
@@ -40,8 +109,12 @@ impl GatedEngine {
     }
 }
 
-impl Engine for GatedEngine {
-    fn commit(&self, changes: Vec<Change>) -> BoxFuture<'static, Result<(), StorageError>> {
+impl Wrapping for GatedEngine {
+    fn inner(&self) -> &dyn Engine {
+        self.inner.as_ref()
+    }
+
+    fn on_commit(&self, changes: Vec<Change>) -> BoxFuture<'static, Result<(), StorageError>> {
         let gate = self.gate.clone();
         // A memory engine's commit takes effect when called; a held one is called only later.
         let commit = if self.held {
@@ -58,27 +131,6 @@ impl Engine for GatedEngine {
             commit.await
         }
         .boxed()
-    }
-
-    fn read(
-        &self,
-        id: StreamId,
-        from: u64,
-        until: u64,
-        max: usize,
-    ) -> BoxFuture<'static, Result<Vec<Record>, StorageError>> {
-        self.inner.read(id, from, until, max)
-    }
-
-    fn read_snapshot(
-        &self,
-        id: StreamId,
-    ) -> BoxFuture<'static, Result<Option<Bytes>, StorageError>> {
-        self.inner.read_snapshot(id)
-    }
-
-    fn recover(&self) -> Result<Recovered, StorageError> {
-        self.inner.recover()
     }
 }
 
@@ -318,29 +370,12 @@ async fn restart_removes_soft_deleted_streams_no_fork_reads_any_more() {
 /// Recovers what its inner engine holds, streams in reverse id order.
 struct Reversed(MemoryEngine);
 
-impl Engine for Reversed {
-    fn commit(&self, changes: Vec<Change>) -> BoxFuture<'static, Result<(), StorageError>> {
-        self.0.commit(changes)
+impl Wrapping for Reversed {
+    fn inner(&self) -> &dyn Engine {
+        &self.0
     }
 
-    fn read(
-        &self,
-        id: StreamId,
-        from: u64,
-        until: u64,
-        max: usize,
-    ) -> BoxFuture<'static, Result<Vec<Record>, StorageError>> {
-        self.0.read(id, from, until, max)
-    }
-
-    fn read_snapshot(
-        &self,
-        id: StreamId,
-    ) -> BoxFuture<'static, Result<Option<Bytes>, StorageError>> {
-        self.0.read_snapshot(id)
-    }
-
-    fn recover(&self) -> Result<Recovered, StorageError> {
+    fn on_recover(&self) -> Result<Recovered, StorageError> {
         let mut recovered = self.0.recover()?;
         recovered.streams.reverse();
         Ok(recovered)
@@ -1586,12 +1621,12 @@ struct TrimmingEngine {
     trim_after_read: std::sync::Mutex<Option<(usize, u64)>>,
 }
 
-impl Engine for TrimmingEngine {
-    fn commit(&self, changes: Vec<Change>) -> BoxFuture<'static, Result<(), StorageError>> {
-        self.inner.commit(changes)
+impl Wrapping for TrimmingEngine {
+    fn inner(&self) -> &dyn Engine {
+        &self.inner
     }
 
-    fn read(
+    fn on_read(
         &self,
         id: StreamId,
         from: u64,
@@ -1616,17 +1651,6 @@ impl Engine for TrimmingEngine {
             Ok(records)
         }
         .boxed()
-    }
-
-    fn read_snapshot(
-        &self,
-        id: StreamId,
-    ) -> BoxFuture<'static, Result<Option<Bytes>, StorageError>> {
-        self.inner.read_snapshot(id)
-    }
-
-    fn recover(&self) -> Result<Recovered, StorageError> {
-        self.inner.recover()
     }
 }
 
@@ -1698,16 +1722,12 @@ struct SlowFirstStaging {
     calls: std::sync::atomic::AtomicUsize,
 }
 
-impl Engine for SlowFirstStaging {
-    fn commit(&self, changes: Vec<Change>) -> BoxFuture<'static, Result<(), StorageError>> {
-        self.inner.commit(changes)
+impl Wrapping for SlowFirstStaging {
+    fn inner(&self) -> &dyn Engine {
+        &self.inner
     }
 
-    fn stages(&self, bytes: usize) -> bool {
-        self.inner.stages(bytes)
-    }
-
-    fn stage(&self, bodies: Vec<Bytes>) -> BoxFuture<'static, Result<Staged, StorageError>> {
+    fn on_stage(&self, bodies: Vec<Bytes>) -> BoxFuture<'static, Result<Staged, StorageError>> {
         let staging = self.inner.stage(bodies);
         if self.calls.fetch_add(1, Ordering::SeqCst) > 0 {
             return staging;
@@ -1718,27 +1738,6 @@ impl Engine for SlowFirstStaging {
             staging.await
         }
         .boxed()
-    }
-
-    fn read(
-        &self,
-        id: StreamId,
-        from: u64,
-        until: u64,
-        max: usize,
-    ) -> BoxFuture<'static, Result<Vec<Record>, StorageError>> {
-        self.inner.read(id, from, until, max)
-    }
-
-    fn read_snapshot(
-        &self,
-        id: StreamId,
-    ) -> BoxFuture<'static, Result<Option<Bytes>, StorageError>> {
-        self.inner.read_snapshot(id)
-    }
-
-    fn recover(&self) -> Result<Recovered, StorageError> {
-        self.inner.recover()
     }
 }
 
