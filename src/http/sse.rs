@@ -69,31 +69,7 @@ pub fn respond(app: &AppState, read: Read) -> Response {
                     }
                 };
                 if !chunk.records.is_empty() {
-                    let mut events = Vec::new();
-                    let mut records_len = None;
-                    if envelope {
-                        // One envelope object per data event, each followed by its control event.
-                        let shown: Vec<_> = visible(&chunk.records).collect();
-                        for (i, record) in shown.iter().enumerate() {
-                            let last = i + 1 == shown.len();
-                            let step = Reached {
-                                next: record.next_offset(),
-                                up_to_date: last && chunk.up_to_date,
-                                closed: last && chunk.closed,
-                            };
-                            write_data_event(&mut events, &records::envelope(record.seq, &record.body), false);
-                            write_control_event(&mut events, &read, step, fresh);
-                        }
-                    } else {
-                        // Without the envelope, data events keep the base protocol's
-                        // representation (a JSON array on JSON streams) even on record-aware
-                        // reads (§6.9).
-                        let body = canonical_body(stream.json, &chunk.records).into_bytes();
-                        events.reserve(body.len() + 160);
-                        write_data_event(&mut events, &body, base64);
-                        records_len = Some(events.len());
-                        write_control_event(&mut events, &read, Reached::from(&chunk), fresh);
-                    }
+                    let (events, records_len) = chunk_events(&read, &chunk, envelope, base64, fresh);
                     at = chunk.next;
                     let events = Bytes::from(events);
                     if let Some(records_len) = records_len.filter(|_| shares && chunk.up_to_date) {
@@ -172,6 +148,41 @@ pub fn respond(app: &AppState, read: Read) -> Response {
     response
 }
 
+/// A chunk's events: for the envelope, a data event and its control event per record; otherwise
+/// one data event for the whole chunk (a JSON array on JSON streams, keeping the base protocol's
+/// representation even on record-aware reads, §6.9) and its control event. With the second, also
+/// where the data event ends: the part other readers can share.
+fn chunk_events(
+    read: &Read,
+    chunk: &ReadChunk,
+    envelope: bool,
+    base64: bool,
+    cursor: u64,
+) -> (Vec<u8>, Option<usize>) {
+    let mut events = Vec::new();
+    if envelope {
+        let shown: Vec<_> = visible(&chunk.records).collect();
+        for (i, record) in shown.iter().enumerate() {
+            let last = i + 1 == shown.len();
+            let step = Reached {
+                next: record.next_offset(),
+                up_to_date: last && chunk.up_to_date,
+                closed: last && chunk.closed,
+            };
+            let envelope = records::envelope(record.seq, &record.body);
+            write_data_event(&mut events, &envelope, false);
+            write_control_event(&mut events, read, step, cursor);
+        }
+        return (events, None);
+    }
+    let body = canonical_body(read.stream.json, &chunk.records).into_bytes();
+    events.reserve(body.len() + 160);
+    write_data_event(&mut events, &body, base64);
+    let records_len = events.len();
+    write_control_event(&mut events, read, Reached::from(chunk), cursor);
+    (events, Some(records_len))
+}
+
 /// Where a control event leaves its reader.
 #[derive(Clone, Copy)]
 struct Reached {
@@ -200,6 +211,7 @@ fn for_this_reader(read: &Read, frame: LiveFrame, cursor: u64) -> (Bytes, Option
     if frame.tag == cursor {
         return (frame.bytes, None);
     }
+    // A shared frame is handed out only while it ends at the durable tail.
     let reached = Reached {
         next: frame.next,
         up_to_date: true,

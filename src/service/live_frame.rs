@@ -37,6 +37,11 @@ impl Stream {
     /// The frame another live reader left for readers at `start`, while it still reaches the
     /// durable tail (so it shows what a read from `start` would show now).
     pub fn shared_frame(&self, start: Offset) -> Option<LiveFrame> {
+        // A lone reader (most streams' case) skips the lock: whatever frame is left, it would
+        // have rendered itself.
+        if self.live_reader_count() < 2 {
+            return None;
+        }
         let durable = self.durable();
         let state = self.lock();
         let frame = &state.shared_frame.as_ref()?.frame;
