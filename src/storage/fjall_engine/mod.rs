@@ -186,6 +186,7 @@ impl FjallEngine {
             stats: stats.clone(),
             trims: trims.clone(),
             files: files.clone(),
+            runtime: tokio::runtime::Handle::try_current().ok(),
         };
         std::thread::Builder::new()
             .name("runnel-writer".into())
@@ -660,6 +661,7 @@ mod tests {
             stats: Arc::default(),
             trims,
             files: Arc::new(files),
+            runtime: None,
         }
     }
 

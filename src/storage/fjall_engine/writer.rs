@@ -115,6 +115,8 @@ pub(super) struct Writer {
     pub(super) stats: Arc<CommitStats>,
     pub(super) trims: Arc<Trims>,
     pub(super) files: Arc<BodyFiles>,
+    /// The runtime the appends wait in, when the engine was opened inside one: see `acknowledge`.
+    pub(super) runtime: Option<tokio::runtime::Handle>,
 }
 
 /// What one group does to the staged body files.
@@ -161,10 +163,38 @@ impl Writer {
                 tracing::error!(error = %e, "storage write failed; refusing further writes");
                 self.failed.store(true, Ordering::Release);
             }
+            self.acknowledge(group, result);
+            self.files.delete(unreferenced);
+        }
+    }
+
+    /// Tells every submission of a group how it ended.
+    ///
+    /// A task woken from this thread goes to the runtime's shared queue, which a worker busy with
+    /// its own tasks looks at only every so often (about every 200 µs in tokio 1.x), taking one
+    /// task each time: a group's acknowledgements trickled out while requests kept arriving. Sent
+    /// from one task inside the runtime, they are woken onto a worker's own queue together. The
+    /// purger waits on a thread of its own, so it is told from here.
+    fn acknowledge(&self, group: Vec<Submission>, result: Result<(), StorageError>) {
+        let Some(runtime) = &self.runtime else {
             for submission in group {
                 let _ = submission.done.send(result.clone());
             }
-            self.files.delete(unreferenced);
+            return;
+        };
+        let mut tasks = Vec::with_capacity(group.len());
+        for submission in group {
+            match submission.purge {
+                Some(_) => drop(submission.done.send(result.clone())),
+                None => tasks.push(submission.done),
+            }
+        }
+        if !tasks.is_empty() {
+            drop(runtime.spawn(async move {
+                for done in tasks {
+                    let _ = done.send(result.clone());
+                }
+            }));
         }
     }
 
