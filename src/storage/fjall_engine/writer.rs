@@ -36,24 +36,29 @@ fn take_queued(incoming: &mpsc::Receiver<Submission>, group: &mut Vec<Submission
     }
 }
 
-/// How long a group waits for more submissions once the previous group showed concurrency.
+/// How long a group waits for more submissions once recent groups showed concurrency.
 ///
 /// Committing only what is already queued forms tiny groups when the HTTP workers and the writer
 /// share a busy core: the workers cannot queue more while the writer runs, so at 500 concurrent
 /// writers each fsync covered about 5 appends, and the fsyncs themselves ate the core. Waiting in
 /// short steps while submissions keep arriving lets a group grow to what the load offers.
 ///
-/// A quiet step does not end the wait while the group is below a quarter of the previous one.
-/// Writers acknowledged by a large group come back, but only once the HTTP workers have sent all
-/// those acknowledgements: committing the first stragglers at once cost a run of one-append
-/// fsyncs after every large group (groups of 21 on average at 500 writers, 41 with the wait).
+/// A group smaller than a quarter of the recent peak waits, and a quiet step does not end the
+/// wait until it reaches that quarter. Writers acknowledged by a large group come back, but only
+/// once the HTTP workers have sent all those acknowledgements: committing the first stragglers at
+/// once cost a run of one-append fsyncs after every large group (groups of 21 on average at 500
+/// writers, 41 with the wait). The peak decays by an eighth per group rather than being the last
+/// group only: one small group must not turn waiting off, or the stragglers after it commit one
+/// by one (a third of all groups held a single append at 100 writers).
 ///
-/// Waiting is pure delay when every writer is already in the group (a few closed-loop clients),
-/// so a wait that did not grow the group by half backs off: the next 1, 2, 4 … 64 groups commit
-/// at once, and a fruitful wait resets that.
+/// A group already as large as expected commits at once: its writers gathered while the last
+/// group was being synced. A wait that did not grow the group by half backs off (the load has
+/// fewer writers than the peak suggests): the next 1, 2, 4 … 64 groups commit at once, and a
+/// fruitful wait resets that.
 #[derive(Default)]
 struct Linger {
-    previous_group: usize,
+    /// The largest recent group, decaying by an eighth per group.
+    peak: usize,
     /// Groups still to commit without waiting.
     skip: u32,
     /// The skip after the next fruitless wait.
@@ -72,14 +77,14 @@ const LINGER_MAX_BACKOFF: u32 = 64;
 
 impl Linger {
     fn gather(&mut self, incoming: &mpsc::Receiver<Submission>, group: &mut Vec<Submission>) {
-        if self.previous_group < LINGER_MIN_GROUP {
+        let expected = (self.peak / 4).min(MAX_GROUP);
+        if self.peak < LINGER_MIN_GROUP || group.len() >= expected {
             return;
         }
         if self.skip > 0 {
             self.skip -= 1;
             return;
         }
-        let expected = (self.previous_group / 4).min(MAX_GROUP);
         let before = group.len();
         let started = std::time::Instant::now();
         while group.len() < MAX_GROUP && started.elapsed() < LINGER_MAX {
@@ -104,7 +109,7 @@ impl Linger {
     }
 
     fn committed(&mut self, group: usize) {
-        self.previous_group = group;
+        self.peak = group.max(self.peak - self.peak.div_ceil(8));
     }
 }
 
@@ -540,18 +545,18 @@ mod tests {
     fn fruitless_waits_for_a_group_back_off_and_a_fruitful_one_resets() {
         let (_queue, incoming) = mpsc::channel::<Submission>();
         let mut linger = Linger::default();
-        linger.committed(8);
+        linger.committed(400);
         // Nothing else arrives: the wait was wasted, so the next group commits at once.
-        linger.gather(&incoming, &mut group_of(8));
+        linger.gather(&incoming, &mut group_of(1));
         assert_eq!((linger.skip, linger.backoff), (1, 1));
-        linger.gather(&incoming, &mut group_of(8));
+        linger.gather(&incoming, &mut group_of(1));
         assert_eq!(linger.skip, 0);
         // Each further wasted wait doubles the groups that skip waiting, up to a bound.
         for expected in [2, 4, 8, 16, 32, 64, 64] {
-            linger.gather(&incoming, &mut group_of(8));
+            linger.gather(&incoming, &mut group_of(1));
             assert_eq!(linger.backoff, expected);
             while linger.skip > 0 {
-                linger.gather(&incoming, &mut group_of(8));
+                linger.gather(&incoming, &mut group_of(1));
             }
         }
         // A wait that grows the group by half or more turns waiting back on.
@@ -560,7 +565,43 @@ mod tests {
     }
 
     #[test]
-    fn a_wait_outlasts_quiet_steps_until_a_quarter_of_the_previous_group_arrives() {
+    fn a_group_already_as_large_as_expected_commits_without_waiting() {
+        let (_queue, incoming) = mpsc::channel::<Submission>();
+        let mut linger = Linger::default();
+        linger.committed(8);
+        let started = std::time::Instant::now();
+        linger.gather(&incoming, &mut group_of(2));
+        assert!(started.elapsed() < LINGER_STEP);
+        assert_eq!((linger.skip, linger.backoff), (0, 0));
+    }
+
+    #[test]
+    fn small_groups_after_a_large_one_still_wait_for_the_stragglers() {
+        let (_queue, incoming) = mpsc::channel::<Submission>();
+        let mut linger = Linger::default();
+        linger.committed(100);
+        linger.committed(1);
+        linger.committed(1);
+        let started = std::time::Instant::now();
+        linger.gather(&incoming, &mut group_of(1));
+        assert!(started.elapsed() >= LINGER_MAX);
+    }
+
+    #[test]
+    fn the_expectation_decays_until_a_lone_writer_stops_waiting() {
+        let mut linger = Linger::default();
+        linger.committed(100);
+        let groups = (1..)
+            .take_while(|_| {
+                linger.committed(1);
+                linger.peak >= LINGER_MIN_GROUP
+            })
+            .count();
+        assert!((20..40).contains(&groups), "{groups} groups");
+    }
+
+    #[test]
+    fn a_wait_outlasts_quiet_steps_until_a_quarter_of_the_recent_peak_arrives() {
         let (queue, incoming) = mpsc::channel::<Submission>();
         let mut linger = Linger::default();
         linger.committed(40);
