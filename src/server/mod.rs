@@ -1,9 +1,10 @@
 //! Starting and stopping a server from resolved settings.
 
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::net::TcpListener;
+use tokio::net::{TcpListener, TcpSocket};
 
 mod connections;
 mod provision;
@@ -137,8 +138,7 @@ pub async fn serve(settings: Settings) -> anyhow::Result<()> {
         service.begin_shutdown();
     });
 
-    let listener = TcpListener::bind(settings.listen)
-        .await
+    let listener = listen(settings.listen)
         .map_err(|e| anyhow::anyhow!("cannot listen on {}: {e}", settings.listen))?;
     let local = listener.local_addr()?;
     let scheme = if tls.is_some() { "https" } else { "http" };
@@ -148,6 +148,23 @@ pub async fn serve(settings: Settings) -> anyhow::Result<()> {
     connections::serve(listener, tls, Handler::new(state), limits, shutdown).await;
     tracing::info!("runnel stopped");
     Ok(())
+}
+
+/// Connections a burst may queue before the accept loop takes them (the kernel caps it at
+/// `net.core.somaxconn`). With tokio's default of 1,024, 10,000 clients connecting at once
+/// overflowed the queue, and each dropped connection retried its SYN a second or more later.
+const LISTEN_BACKLOG: u32 = 4096;
+
+fn listen(address: SocketAddr) -> std::io::Result<TcpListener> {
+    let socket = match address {
+        SocketAddr::V4(_) => TcpSocket::new_v4()?,
+        SocketAddr::V6(_) => TcpSocket::new_v6()?,
+    };
+    // As `TcpListener::bind` does: a restarted server binds while old connections linger.
+    #[cfg(unix)]
+    socket.set_reuseaddr(true)?;
+    socket.bind(address)?;
+    socket.listen(LISTEN_BACKLOG)
 }
 
 async fn shutdown_signal() {
