@@ -65,8 +65,6 @@ struct Linger {
     backoff: u32,
 }
 
-/// Groups at least this large mean enough concurrent writers to be worth waiting for.
-const LINGER_MIN_GROUP: usize = 4;
 /// One wait; a step that brings no submission ends the gathering once the group is as large as
 /// expected.
 const LINGER_STEP: std::time::Duration = std::time::Duration::from_micros(100);
@@ -77,8 +75,8 @@ const LINGER_MAX_BACKOFF: u32 = 64;
 
 impl Linger {
     fn gather(&mut self, incoming: &mpsc::Receiver<Submission>, group: &mut Vec<Submission>) {
-        let expected = (self.peak / 4).min(MAX_GROUP);
-        if self.peak < LINGER_MIN_GROUP || group.len() >= expected {
+        let expected = self.expected();
+        if group.len() >= expected {
             return;
         }
         if self.skip > 0 {
@@ -106,6 +104,12 @@ impl Linger {
             self.backoff = (self.backoff * 2).clamp(1, LINGER_MAX_BACKOFF);
             self.skip = self.backoff;
         }
+    }
+
+    /// The group size worth waiting for: a quarter of the recent peak. Below 2 (a peak under 8
+    /// writers) no group waits.
+    fn expected(&self) -> usize {
+        (self.peak / 4).min(MAX_GROUP)
     }
 
     fn committed(&mut self, group: usize) {
@@ -604,7 +608,7 @@ mod tests {
         let groups = (1..)
             .take_while(|_| {
                 linger.committed(1);
-                linger.peak >= LINGER_MIN_GROUP
+                linger.expected() > 1
             })
             .count();
         assert!((2..40).contains(&groups), "{groups} groups");
