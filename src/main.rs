@@ -19,8 +19,23 @@ fn keep_freed_memory_longer() {
     unsafe { libmimalloc_sys::mi_option_set(PURGE_DELAY, PURGE_DELAY_MS) };
 }
 
-#[tokio::main]
-async fn main() -> std::process::ExitCode {
+/// mimalloc asks for transparent huge pages on its arenas, and the thread that first touches one
+/// waits while the kernel finds 2 MiB of contiguous memory (compacting if it must) and zeroes it
+/// all. Whenever the server's memory grows (at start, in a burst, while a cache fills) that was a
+/// runtime thread stalled for milliseconds per fault: on the benchmark machine a third of the p99
+/// of 100 appending writers, and 0.2 s of a 25 MiB catch-up read on a fresh server. Base pages
+/// are zeroed 4 KiB at a time, as they are used.
+fn fault_memory_in_base_pages() {
+    // The flag is the process's and covers mappings made before it, so it is set before
+    // anything large is allocated. A kernel without it (before 3.15) keeps huge pages: slower
+    // at the first touch, never wrong.
+    #[cfg(target_os = "linux")]
+    let _ = rustix::thread::disable_transparent_huge_pages(true);
+}
+
+fn main() -> std::process::ExitCode {
+    // Both before the runtime's threads allocate anything.
+    fault_memory_in_base_pages();
     keep_freed_memory_longer();
     tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
@@ -29,11 +44,9 @@ async fn main() -> std::process::ExitCode {
         )
         .init();
     let Cli { command } = Cli::parse();
-    let result = match command {
-        Command::Serve(args) => match args.resolve() {
-            Ok(settings) => runnel::server::serve(settings).await,
-            Err(e) => Err(e.into()),
-        },
+    let result = match tokio::runtime::Runtime::new() {
+        Ok(runtime) => runtime.block_on(run(command)),
+        Err(e) => Err(anyhow::Error::new(e).context("cannot start the async runtime")),
     };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,
@@ -41,5 +54,11 @@ async fn main() -> std::process::ExitCode {
             eprintln!("runnel: {e:#}");
             std::process::ExitCode::FAILURE
         }
+    }
+}
+
+async fn run(command: Command) -> anyhow::Result<()> {
+    match command {
+        Command::Serve(args) => runnel::server::serve(args.resolve()?).await,
     }
 }

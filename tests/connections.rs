@@ -1,6 +1,7 @@
 //! Connections under hostile or broken clients, TLS, and graceful shutdown: slowloris clients are
 //! cut off, oversized heads get 431, connections beyond the limit are closed, a stalled live
-//! reader costs bounded memory and never slows writers, and SIGTERM drains cleanly.
+//! reader costs bounded memory and never slows writers, SIGTERM drains cleanly, and the process
+//! faults its memory in base pages.
 
 mod common;
 
@@ -44,6 +45,22 @@ fn rss_kib(pid: u32) -> u64 {
         .find_map(|l| l.strip_prefix("VmRSS:"))
         .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
         .expect("VmRSS")
+}
+
+/// A transparent huge page stalls the thread that first touches it while the kernel zeroes 2 MiB
+/// (see `fault_memory_in_base_pages` in `main.rs`); the server turns them off for itself, whatever
+/// the system's setting.
+#[cfg(target_os = "linux")]
+#[test]
+fn the_server_process_never_uses_transparent_huge_pages() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::on_disk(dir.path());
+    let status = std::fs::read_to_string(format!("/proc/{}/status", server.pid())).unwrap();
+    let line = status
+        .lines()
+        .find(|line| line.starts_with("THP_enabled:"))
+        .expect("the kernel reports THP_enabled (Linux 5.0 and later)");
+    assert_eq!(line.split_whitespace().nth(1), Some("0"), "{line}");
 }
 
 #[tokio::test]
