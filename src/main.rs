@@ -25,10 +25,13 @@ fn keep_freed_memory_longer() {
 /// runtime thread stalled for milliseconds per fault: on the benchmark machine a third of the p99
 /// of 100 appending writers, and 0.2 s of a 25 MiB catch-up read on a fresh server. Base pages
 /// are zeroed 4 KiB at a time, as they are used.
+///
+/// mimalloc is built not to ask for them (its `no_thp` feature, in `Cargo.toml`), which also
+/// covers what it maps before `main`; this turns them off where the system gives them to every
+/// mapping unasked.
 fn fault_memory_in_base_pages() {
-    // The flag is the process's and covers mappings made before it, so it is set before
-    // anything large is allocated. A kernel without it (before 3.15) keeps huge pages: slower
-    // at the first touch, never wrong.
+    // The flag is the process's and applies to mappings made before it too. A kernel without it
+    // (before 3.15) keeps huge pages: slower at the first touch, never wrong.
     #[cfg(target_os = "linux")]
     let _ = rustix::thread::disable_transparent_huge_pages(true);
 }

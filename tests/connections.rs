@@ -48,19 +48,31 @@ fn rss_kib(pid: u32) -> u64 {
 }
 
 /// A transparent huge page stalls the thread that first touches it while the kernel zeroes 2 MiB
-/// (see `fault_memory_in_base_pages` in `main.rs`); the server turns them off for itself, whatever
-/// the system's setting.
+/// (see `fault_memory_in_base_pages` in `main.rs`): the server turns them off for itself, and
+/// unless the system puts them under every mapping, it has none at all.
 #[cfg(target_os = "linux")]
 #[test]
-fn the_server_process_never_uses_transparent_huge_pages() {
+fn the_server_process_faults_its_memory_in_base_pages() {
     let dir = tempfile::tempdir().unwrap();
     let server = Server::on_disk(dir.path());
     let status = std::fs::read_to_string(format!("/proc/{}/status", server.pid())).unwrap();
-    let line = status
+    let flag = status
         .lines()
         .find(|line| line.starts_with("THP_enabled:"))
         .expect("the kernel reports THP_enabled (Linux 5.0 and later)");
-    assert_eq!(line.split_whitespace().nth(1), Some("0"), "{line}");
+    assert_eq!(flag.split_whitespace().nth(1), Some("0"), "{flag}");
+
+    let system =
+        std::fs::read_to_string("/sys/kernel/mm/transparent_hugepage/enabled").unwrap_or_default();
+    if !system.contains("[always]") {
+        let rollup =
+            std::fs::read_to_string(format!("/proc/{}/smaps_rollup", server.pid())).unwrap();
+        let huge = rollup
+            .lines()
+            .find(|line| line.starts_with("AnonHugePages:"))
+            .expect("smaps_rollup reports AnonHugePages");
+        assert_eq!(huge.split_whitespace().nth(1), Some("0"), "{huge}");
+    }
 }
 
 #[tokio::test]
