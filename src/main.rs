@@ -8,9 +8,10 @@ use tracing_subscriber::EnvFilter;
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 /// mimalloc hands an emptied page's memory back to the OS after a purge delay (1 s by default),
-/// and the next allocation there faults in a fresh, zeroed huge page. Under append load that was
-/// about 500 page faults a second and 6% of the server's CPU in the kernel's `clear_page`. Ten
-/// seconds keeps memory that a steady load reuses, and still returns it after a burst.
+/// and the next allocation there faults it in again, zeroed. Under append load that was about
+/// 500 page faults a second and 6% of the server's CPU in the kernel's `clear_page` (in huge
+/// pages then; see `fault_memory_in_base_pages`). Ten seconds keeps memory that a steady load
+/// reuses, and still returns it after a burst.
 fn keep_freed_memory_longer() {
     /// `mi_option_purge_delay` in mimalloc's `mi_option_e` (the Rust bindings do not name it).
     const PURGE_DELAY: libmimalloc_sys::mi_option_t = 15;
