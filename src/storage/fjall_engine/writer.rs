@@ -545,13 +545,17 @@ mod tests {
             .collect()
     }
 
-    /// A queue with `size` submissions already waiting in it (and its sender, kept open).
-    fn queue_holding(size: usize) -> (mpsc::Receiver<Submission>, mpsc::Sender<Submission>) {
+    /// How large a group of `size` is once `linger` has gathered for it from a queue where five
+    /// more submissions already wait: what it took shows whether it waited, however slowly the
+    /// test thread runs.
+    fn gathered(linger: &mut Linger, size: usize) -> usize {
         let (queue, incoming) = mpsc::channel();
-        for submission in group_of(size) {
+        for submission in group_of(5) {
             queue.send(submission).unwrap();
         }
-        (incoming, queue)
+        let mut group = group_of(size);
+        linger.gather(&incoming, &mut group);
+        group.len()
     }
 
     #[test]
@@ -579,26 +583,20 @@ mod tests {
 
     #[test]
     fn a_group_already_as_large_as_expected_commits_without_waiting() {
-        let (incoming, _queue) = queue_holding(5);
         let mut linger = Linger::default();
         linger.committed(8);
-        let mut group = group_of(2);
-        linger.gather(&incoming, &mut group);
         // A wait would have taken the submissions queued meanwhile.
-        assert_eq!(group.len(), 2);
+        assert_eq!(gathered(&mut linger, 2), 2);
         assert_eq!((linger.skip, linger.backoff), (0, 0));
     }
 
     #[test]
     fn small_groups_after_a_large_one_still_wait_for_the_stragglers() {
-        let (incoming, _queue) = queue_holding(5);
         let mut linger = Linger::default();
         linger.committed(100);
         linger.committed(1);
         linger.committed(1);
-        let mut group = group_of(1);
-        linger.gather(&incoming, &mut group);
-        assert_eq!(group.len(), 6);
+        assert_eq!(gathered(&mut linger, 1), 6);
     }
 
     #[test]
@@ -652,12 +650,9 @@ mod tests {
 
     #[test]
     fn a_lone_writer_never_waits() {
-        let (incoming, _queue) = queue_holding(5);
         let mut linger = Linger::default();
         linger.committed(1);
-        let mut group = group_of(1);
-        linger.gather(&incoming, &mut group);
-        assert_eq!(group.len(), 1);
+        assert_eq!(gathered(&mut linger, 1), 1);
         assert_eq!((linger.skip, linger.backoff), (0, 0));
     }
 }
