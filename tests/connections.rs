@@ -1,13 +1,14 @@
 //! Connections under hostile or broken clients, TLS, and graceful shutdown: slowloris clients are
 //! cut off, oversized heads get 431, connections beyond the limit are closed, a stalled live
-//! reader costs bounded memory and never slows writers, SIGTERM drains cleanly, and the process
-//! faults its memory in base pages.
+//! reader costs bounded memory, never slows writers and frees its slot (over HTTP/2 too),
+//! SIGTERM drains cleanly, and the process faults its memory in base pages.
 
 mod common;
 
 use std::time::{Duration, Instant};
 
 use common::{Server, TlsServer, client};
+use futures::StreamExt as _;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
@@ -281,6 +282,97 @@ async fn a_slow_reader_that_keeps_reading_is_not_cut_off_by_the_send_timeout() {
     // What it reads may be what the kernel had buffered before a cut: the server must still be
     // serving it.
     assert_eq!(live_readers(&server).await, 1, "the server still serves it");
+}
+
+/// Waits until `runnel_live_readers` is `count`, for at most `within`.
+async fn live_readers_reach(server: &Server, count: u64, within: Duration) -> bool {
+    let deadline = Instant::now() + within;
+    while live_readers(server).await != count {
+        if Instant::now() > deadline {
+            return false;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    true
+}
+
+#[tokio::test]
+async fn an_http2_reader_that_takes_nothing_frees_its_live_reader_slot_after_the_send_timeout() {
+    let args = [
+        "--memory",
+        "--send-timeout-secs",
+        "1",
+        "--max-live-readers",
+        "1",
+    ];
+    let server = Server::start(&args);
+    create(&server, "/v1/stream/h2-stall").await;
+    // Its streams open with no window: the server can send them headers but no data, while the
+    // connection itself stays healthy (settings and pings go on), so it never looks stalled.
+    let tcp = TcpStream::connect(addr(&server)).await.unwrap();
+    let (h2, connection) = h2::client::Builder::new()
+        .initial_window_size(0)
+        .handshake::<_, bytes::Bytes>(tcp)
+        .await
+        .unwrap();
+    let connection = tokio::spawn(connection);
+    let mut h2 = h2.ready().await.unwrap();
+    let url = server.url("/v1/stream/h2-stall?offset=-1&live=sse");
+    let request = axum::http::Request::get(url).body(()).unwrap();
+    let (response, _) = h2.send_request(request, true).unwrap();
+    let response = response.await.unwrap();
+    assert_eq!(response.status(), 200);
+    assert_eq!(live_readers(&server).await, 1);
+    assert!(
+        live_readers_reach(&server, 0, Duration::from_secs(10)).await,
+        "the reader that takes nothing still holds the only live-reader slot"
+    );
+    let next = client()
+        .get(server.url("/v1/stream/h2-stall?offset=-1&live=long-poll"))
+        .send()
+        .await
+        .unwrap();
+    assert_ne!(next.status(), 503, "a new live reader is served");
+    assert!(
+        !connection.is_finished(),
+        "the connection itself is left open"
+    );
+    drop(response);
+}
+
+#[tokio::test]
+async fn an_http2_reader_waiting_for_events_keeps_its_slot_past_the_send_timeout() {
+    // A keep-alive event every 2.5 s: between two, the body waits for data longer than twice
+    // the send timeout, and the connection waits on it, which is no stall.
+    let args = [
+        "--memory",
+        "--send-timeout-secs",
+        "1",
+        "--long-poll-timeout-ms",
+        "2500",
+    ];
+    let server = Server::start(&args);
+    create(&server, "/v1/stream/h2-live").await;
+    let h2 = reqwest::Client::builder()
+        .http2_prior_knowledge()
+        .build()
+        .unwrap();
+    let url = server.url("/v1/stream/h2-live?offset=-1&live=sse");
+    let response = h2.get(url).send().await.unwrap();
+    assert_eq!(response.version(), reqwest::Version::HTTP_2);
+    let mut events = response.bytes_stream();
+    let started = Instant::now();
+    while started.elapsed() < Duration::from_secs(6) {
+        let event = tokio::time::timeout(Duration::from_secs(4), events.next())
+            .await
+            .expect("events keep coming");
+        assert!(
+            event.is_some_and(|e| e.is_ok()),
+            "ended after {:?}",
+            started.elapsed()
+        );
+    }
+    assert_eq!(live_readers(&server).await, 1, "it still holds its slot");
 }
 
 #[tokio::test]

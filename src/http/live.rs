@@ -1,17 +1,21 @@
 //! Live reads: long-polls, SSE and S2S read sessions. They are counted against
 //! `--max-live-readers` (beyond it, 503 with `Retry-After`), and their bodies end cleanly,
-//! between two events, when the server starts shutting down or when the access token that
-//! opened them expires; clients then reconnect from where they were.
+//! between two events, when the server starts shutting down, when the access token that opened
+//! them expires, or (over HTTP/2) when their client has taken nothing for the send timeout;
+//! clients then reconnect from where they were.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::task::Poll;
+use std::time::Duration;
 
 use axum::body::Body;
 use axum::extract::Request;
-use axum::http::{HeaderValue, Method, StatusCode, header};
+use axum::http::{HeaderValue, Method, StatusCode, Version, header};
 use axum::middleware::Next;
 use axum::response::Response;
-use futures::StreamExt as _;
 use futures::stream::{AbortHandle, Abortable};
+use futures::{Stream, StreamExt as _};
 
 use super::task::OwnedTask;
 use super::{AppState, token_expiry};
@@ -69,7 +73,8 @@ fn is_append_session(request: &Request) -> bool {
 
 /// Runs the request, counting it against the live-reader limit if it is a live read, and ending a
 /// streaming body (a live read or an append session) when the token that opened it expires or is
-/// revoked, and a live read's also at shutdown.
+/// revoked, and a live read's also at shutdown or, over HTTP/2, once its client has taken nothing
+/// for the send timeout.
 pub async fn serve(app: &AppState, request: Request, next: Next) -> Response {
     let live = is_live(&request);
     if !live && !is_append_session(&request) {
@@ -84,6 +89,7 @@ pub async fn serve(app: &AppState, request: Request, next: Next) -> Response {
         None
     };
     let principal = request.extensions().get::<Arc<Principal>>().cloned();
+    let version = request.version();
     let response = next.run(request).await;
     if !is_streaming(&response) {
         // A long-poll: it held its permit while it waited.
@@ -113,21 +119,82 @@ pub async fn serve(app: &AppState, request: Request, next: Next) -> Response {
             () = revoked.cancelled() => {}
         }
     };
+    // Over HTTP/2 a client that takes nothing does not stall the connection (its other streams
+    // and pings go on), so the connection's send timeout never fires: the body itself is watched.
+    let watch_taking = live && version == Version::HTTP_2;
+    let send_timeout = app.config.send_timeout;
+    let taking = Arc::new(Taking::default());
+    let stall = {
+        let taking = taking.clone();
+        async move {
+            if watch_taking {
+                taking.stalled(send_timeout).await;
+            } else {
+                std::future::pending::<()>().await;
+            }
+        }
+    };
     let (parts, body) = response.into_parts();
     // The ways the body ends are watched by a task of their own, which lives as long as the
     // body: a frame then costs one atomic load. Polled with every frame instead, they locked two
     // cancellation tokens per frame, a few percent of a fan-out's CPU.
     let (abort, registration) = AbortHandle::new_pair();
     let watcher = OwnedTask::spawn(async move {
-        end.await;
+        // The permit goes when the body does, or once its client has stopped taking it.
+        let _permit = permit;
+        tokio::select! {
+            () = end => {}
+            () = stall => {
+                tracing::debug!("an HTTP/2 live reader took nothing for the send timeout; ending it");
+            }
+        }
         abort.abort();
     });
-    // The permit lives as long as the body does.
-    let body = Abortable::new(body.into_data_stream(), registration).map(move |chunk| {
-        let _held = (&permit, &watcher);
+    let body = taking.track(Abortable::new(body.into_data_stream(), registration));
+    let body = body.map(move |chunk| {
+        let _held = &watcher;
         chunk
     });
     Response::from_parts(parts, Body::from_stream(body))
+}
+
+/// How a streaming body's frames are being taken: how many the connection has had, and whether
+/// it has not asked for another since the last. A client that takes nothing leaves it so: the
+/// connection holds that frame until the client opens its window, and asks for no more.
+#[derive(Default)]
+struct Taking {
+    frames: AtomicU64,
+    holding: AtomicBool,
+}
+
+impl Taking {
+    /// Passes `body`'s frames on, noting each.
+    fn track<S: Stream + Unpin>(self: Arc<Self>, mut body: S) -> impl Stream<Item = S::Item> {
+        futures::stream::poll_fn(move |cx| {
+            let next = body.poll_next_unpin(cx);
+            let handed = matches!(next, Poll::Ready(Some(_)));
+            if handed {
+                self.frames.fetch_add(1, Ordering::Relaxed);
+            }
+            self.holding.store(handed, Ordering::Relaxed);
+            next
+        })
+    }
+
+    /// Resolves once the connection has held the body's last frame, asking for no other, for
+    /// longer than `timeout` (at most twice as long: it looks once per `timeout`). A body that
+    /// waits for data is not held: the connection asked, and waits on it.
+    async fn stalled(&self, timeout: Duration) {
+        let mut seen = None;
+        loop {
+            tokio::time::sleep(timeout).await;
+            let frames = self.frames.load(Ordering::Relaxed);
+            if seen == Some(frames) && self.holding.load(Ordering::Relaxed) {
+                return;
+            }
+            seen = Some(frames);
+        }
+    }
 }
 
 fn too_many_live_readers(request: &Request) -> Response {

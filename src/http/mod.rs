@@ -51,6 +51,9 @@ pub struct HttpConfig {
     pub auth: Option<Arc<AuthConfig>>,
     /// Live readers served at once; more get 503 with `Retry-After`.
     pub max_live_readers: usize,
+    /// How long a live reader over HTTP/2 may leave an event untaken before its body ends and
+    /// its slot is freed (over HTTP/1.1 the connection's own send timeout does it).
+    pub send_timeout: Duration,
 }
 
 /// What every handler shares. One `Arc`, because axum clones the state into each layer of every

@@ -115,6 +115,7 @@ pub async fn serve(settings: Settings) -> anyhow::Result<()> {
                 .as_ref()
                 .map(|auth| Arc::new(AuthConfig::new(&auth.operator_token, auth.rate_limit))),
             max_live_readers: settings.max_live_readers,
+            send_timeout: settings.send_timeout,
         },
         crate::http::install_metrics_recorder(),
     );
