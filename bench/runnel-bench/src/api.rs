@@ -17,6 +17,9 @@ pub enum Api {
     Bucket,
     /// S2 records API, `/v1/streams/{name}/records` with `s2-basin`.
     S2,
+    /// The bucketed surface, read live through its StreamLD SSE binding
+    /// (`/{bucket}/{name}/streamld`).
+    Streamld,
 }
 
 impl Api {
@@ -25,6 +28,7 @@ impl Api {
             Api::Ds => "ds",
             Api::Bucket => "bucket",
             Api::S2 => "s2",
+            Api::Streamld => "streamld",
         }
     }
 }
@@ -46,7 +50,7 @@ impl Ctx {
     pub fn stream_path(&self, name: &str) -> String {
         match self.api {
             Api::Ds => self.target.path(&format!("/v1/stream/{name}")),
-            Api::Bucket => self.target.path(&format!("/{}/{name}", self.bucket)),
+            Api::Bucket | Api::Streamld => self.target.path(&format!("/{}/{name}", self.bucket)),
             Api::S2 => self.target.path(&format!("/v1/streams/{name}/records")),
         }
     }
@@ -55,7 +59,7 @@ impl Ctx {
     pub async fn setup(&self, conn: &mut Conn) -> Result<()> {
         match self.api {
             Api::Ds => Ok(()),
-            Api::Bucket => {
+            Api::Bucket | Api::Streamld => {
                 let path = self.target.path(&format!("/{}", self.bucket));
                 let r = conn.call(Method::PUT, &path, &[], Bytes::new()).await?;
                 if !create_ok(r.status.as_u16()) {
@@ -113,7 +117,7 @@ impl Ctx {
         content_type: &str,
     ) -> Result<()> {
         let r = match self.api {
-            Api::Ds | Api::Bucket => {
+            Api::Ds | Api::Bucket | Api::Streamld => {
                 conn.call(
                     Method::PUT,
                     &self.stream_path(name),
@@ -157,7 +161,7 @@ impl Ctx {
         producer: Option<(&str, u64)>,
     ) -> Request<Full<Bytes>> {
         match self.api {
-            Api::Ds | Api::Bucket => {
+            Api::Ds | Api::Bucket | Api::Streamld => {
                 let seq;
                 let mut headers: Vec<(&str, &str)> = vec![("content-type", content_type)];
                 if let Some((id, s)) = producer {
@@ -188,9 +192,18 @@ impl Ctx {
         }
     }
 
-    /// A live SSE read from the tail (`offset` = None) or from a DS offset.
+    /// A live SSE read from the tail (`offset` = None) or from a DS offset (for StreamLD: from
+    /// the start, or after the last event id seen).
     pub fn sse_req(&self, conn: &Conn, name: &str, offset: Option<&str>) -> Request<Full<Bytes>> {
         match self.api {
+            Api::Streamld => {
+                let path = format!("{}/streamld", self.stream_path(name));
+                let mut headers = vec![("accept", "text/event-stream")];
+                if let Some(id) = offset {
+                    headers.push(("last-event-id", id));
+                }
+                conn.request(Method::GET, &path, &headers, Bytes::new())
+            }
             Api::Ds | Api::Bucket => {
                 let path = format!(
                     "{}?offset={}&live=sse",

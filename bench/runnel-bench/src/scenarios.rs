@@ -121,7 +121,7 @@ pub async fn batch(ctx: Arc<Ctx>, o: Opts, frames: usize) -> Result<Vec<Row>> {
         let one = payload(o.payload, i);
         // The whole batch body, built once.
         let (path, ct, body): (String, &str, Bytes) = match ctx.api {
-            Api::Bucket => {
+            Api::Bucket | Api::Streamld => {
                 let mut b = Vec::with_capacity(frames * (o.payload + 4));
                 for _ in 0..frames {
                     b.extend_from_slice(&(one.len() as u32).to_be_bytes());
@@ -169,7 +169,7 @@ pub async fn batch(ctx: Arc<Ctx>, o: Opts, frames: usize) -> Result<Vec<Row>> {
                 let req = conn.request(Method::POST, &path, &headers, body.clone());
                 match conn.send(req).await {
                     Ok(r) if r.status.is_success() => {
-                        if ctx.api == Api::Bucket {
+                        if matches!(ctx.api, Api::Bucket | Api::Streamld) {
                             let ok = count(&r.body, br#""status":204"#);
                             if ok != frames {
                                 rec.error(format!("{} of {frames} frames acknowledged", ok));
@@ -224,7 +224,7 @@ struct S2SeqOnly {
 }
 
 pub async fn replay(ctx: Arc<Ctx>, o: Opts, r: ReplayOpts) -> Result<Vec<Row>> {
-    if r.bootstrap && ctx.api != Api::Bucket {
+    if r.bootstrap && !matches!(ctx.api, Api::Bucket | Api::Streamld) {
         bail!("--bootstrap needs --api bucket");
     }
     let names: Vec<String> = (0..r.streams.max(1))
@@ -485,6 +485,17 @@ async fn subscribe(ctx: Arc<Ctx>, name: String, live: Arc<Live>) -> Recorder {
                         }
                     }
                     (Api::S2, _) => {}
+                    (Api::Streamld, b"event") => {
+                        for line in ev.data() {
+                            if let Some(body) = json_str_field(line, b"\"payload\":\"") {
+                                note(&mut rec, &live, body.as_bytes(), now);
+                            }
+                            if let Some(sequence) = json_number_field(line, b"\"sequence\":") {
+                                offset = Some(sequence);
+                            }
+                        }
+                    }
+                    (Api::Streamld, _) => {}
                     (_, b"control") => {
                         if let Some(o) = ev
                             .data()
@@ -522,6 +533,12 @@ fn json_str_field(line: &[u8], key: &[u8]) -> Option<String> {
     let at = line.windows(key.len()).position(|w| w == key)? + key.len();
     let end = line[at..].iter().position(|&b| b == b'"')?;
     Some(String::from_utf8_lossy(&line[at..at + end]).into_owned())
+}
+
+fn json_number_field(line: &[u8], key: &[u8]) -> Option<String> {
+    let at = line.windows(key.len()).position(|w| w == key)? + key.len();
+    let digits = line[at..].iter().take_while(|b| b.is_ascii_digit()).count();
+    (digits > 0).then(|| String::from_utf8_lossy(&line[at..at + digits]).into_owned())
 }
 
 async fn wait_ready(live: &Live, want: usize) -> usize {
