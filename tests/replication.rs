@@ -1063,6 +1063,57 @@ async fn a_single_stream_mirror_follows_its_stream_deleted_and_recreated_and_dro
     wait_for_status(&http, &mirror.url(&format!("/{BUCKET}/single")), 404).await;
 }
 
+/// The first event a StreamLD SSE reader of `sse` gets, asking with `host` as its `Host`, and
+/// its response, still open.
+async fn first_sse_event(
+    http: &reqwest::Client,
+    sse: &str,
+    host: &str,
+) -> (String, impl futures::Stream + use<>) {
+    let response = http.get(sse).header("host", host).send().await.unwrap();
+    assert_eq!(response.status(), 200);
+    let mut body = response.bytes_stream();
+    let mut seen = String::new();
+    while !seen.contains("\n\n") {
+        let next = futures::StreamExt::next(&mut body);
+        let chunk = tokio::time::timeout(Duration::from_secs(5), next)
+            .await
+            .expect("an event within 5 s")
+            .expect("the body goes on")
+            .unwrap();
+        seen.push_str(std::str::from_utf8(&chunk).unwrap());
+    }
+    (seen, body)
+}
+
+#[tokio::test]
+async fn sse_binding_readers_at_one_place_each_get_the_stream_named_under_their_own_origin() {
+    let server = Server::start(&["--memory"]);
+    let http = client();
+    create_bucket(&http, &server).await;
+    let stream = server.url(&format!("/{BUCKET}/shared"));
+    assert_eq!(put(&http, &stream, "text/plain", "").await.status(), 201);
+    let sse = format!("{stream}/streamld");
+    // Two readers at the same place: whichever renders the event while the other is there
+    // leaves it for the other (and for later readers at that place).
+    let readers = [0, 1].map(|_| {
+        let (http, sse) = (http.clone(), sse.clone());
+        tokio::spawn(async move { first_sse_event(&http, &sse, "here.example:1").await })
+    });
+    append(&http, &stream, "text/plain", "hello").await;
+    let here = format!("\"streamId\":\"http://here.example:1/{BUCKET}/shared\"");
+    let mut open = Vec::new();
+    for reader in readers {
+        let (event, body) = reader.await.unwrap();
+        assert!(event.contains(&here) && event.contains("hello"), "{event}");
+        open.push(body);
+    }
+    // A reader at the same place under another origin, while the two are still there.
+    let (there, _body) = first_sse_event(&http, &sse, "there.example:2").await;
+    let named = format!("\"streamId\":\"http://there.example:2/{BUCKET}/shared\"");
+    assert!(there.contains(&named), "{there}");
+}
+
 #[tokio::test]
 async fn a_malformed_sse_cursor_is_refused_with_400_not_replayed_from_the_start() {
     let server = Server::start(&["--memory"]);

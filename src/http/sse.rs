@@ -15,7 +15,7 @@ use crate::model::Offset;
 use crate::model::content_type::sse_needs_base64;
 use crate::model::records::{self, RecordView};
 use crate::model::sse::write_data_event;
-use crate::service::{LiveFrame, ReadChunk, Wake};
+use crate::service::{FrameView, LiveFrame, ReadChunk, Wake};
 
 /// How often an idle connection gets a control event, so proxies and clients see it is alive.
 const KEEPALIVE: Duration = Duration::from_secs(15);
@@ -49,7 +49,8 @@ pub fn respond(app: &AppState, read: Read) -> Response {
         loop {
             let fresh = next_cursor(read.client_cursor).max(cursor);
             cursor = fresh;
-            if let Some(frame) = shares.then(|| stream.shared_frame(at)).flatten() {
+            let shared = shares.then(|| stream.shared_frame(&FrameView::DurableStreams, at.seq));
+            if let Some(frame) = shared.flatten() {
                 at = frame.next;
                 let closed = frame.closed;
                 let (first, rest) = for_this_reader(&read, frame, fresh);
@@ -74,6 +75,7 @@ pub fn respond(app: &AppState, read: Read) -> Response {
                     let events = Bytes::from(events);
                     if let Some(records_len) = records_len.filter(|_| shares && chunk.up_to_date) {
                         let frame = LiveFrame {
+                            view: FrameView::DurableStreams,
                             start: chunk.start,
                             next: chunk.next,
                             closed: chunk.closed,

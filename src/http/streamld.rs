@@ -31,7 +31,7 @@ use crate::model::Offset;
 use crate::model::access::Operation;
 use crate::model::names;
 use crate::model::streamld::{self, GapSignal, Message, SnapshotRef, StreamDeleted, StreamState};
-use crate::service::{Principal, ReplicatedState, Stream, StreamError, Wake};
+use crate::service::{FrameView, LiveFrame, Principal, ReplicatedState, Stream, StreamError, Wake};
 
 /// Messages queued per session before its pumps wait for the replica.
 const SESSION_QUEUE: usize = 256;
@@ -726,6 +726,8 @@ pub async fn sse(
     let service = app.service.clone();
     let (keepalive, deadline) = super::sse::live_timing(app);
     let mut tail = service.watch_tail(&stream, keepalive, Some(deadline));
+    // Readers at one place render the same events: they share one rendering (see `LiveFrame`).
+    let view = FrameView::StreamLd(origin.into());
     let events = async_stream::stream! {
         let mut next = after;
         loop {
@@ -739,8 +741,14 @@ pub async fn sse(
                 if next < durable.first.seq {
                     return;
                 }
+                if let Some(frame) = stream.shared_frame(&view, next) {
+                    next = frame.next.seq;
+                    yield Ok::<Bytes, std::io::Error>(frame.bytes);
+                    tail.sent();
+                    continue;
+                }
                 let Ok(at) = service.record_offset(&stream, next, durable.tail).await else { return };
-                let Ok(chunk) = service.read_at(&stream, at, Some(READ_BATCH)).await else { return };
+                let Ok(mut chunk) = service.read_at(&stream, at, Some(READ_BATCH)).await else { return };
                 if !streamld::continues(next, chunk.records.first().map(|r| r.seq)) {
                     return;
                 }
@@ -755,7 +763,20 @@ pub async fn sse(
                     out.push_str(&format!("id: {}\nevent: event\ndata: {json}\n\n", event.sequence));
                 }
                 next = chunk.next.seq;
-                yield Ok::<Bytes, std::io::Error>(Bytes::from(out));
+                let events = Bytes::from(out);
+                if chunk.up_to_date {
+                    let frame = LiveFrame {
+                        view: view.clone(),
+                        start: chunk.start,
+                        next: chunk.next,
+                        closed: chunk.closed,
+                        bytes: events.clone(),
+                        records_len: events.len(),
+                        tag: 0,
+                    };
+                    stream.share_frame(frame, &mut chunk.lease);
+                }
+                yield Ok(events);
                 tail.sent();
                 continue;
             }

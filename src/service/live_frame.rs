@@ -1,6 +1,10 @@
 //! Frames the live readers of a stream share. The readers an append wakes are mostly at the same
 //! place, and each would read the same records and render the same bytes: the first one renders
-//! and leaves its frame on the stream, and the others send that frame as it is.
+//! and leaves its frame on the stream, and the others send that frame as it is. Each way of
+//! rendering (a [`FrameView`]) has a frame of its own, so readers of one stream through two
+//! faces do not take turns replacing each other's.
+
+use std::sync::Arc;
 
 use bytes::Bytes;
 
@@ -12,19 +16,46 @@ use crate::model::Offset;
 /// live reader leaves, so frames are small enough that every stream may keep one.
 const MAX_SHARED_FRAME: usize = 64 << 10;
 
+/// How a frame was rendered: a reader takes only a frame rendered as it would render it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum FrameView {
+    /// Durable Streams SSE of the canonical view.
+    DurableStreams,
+    /// The StreamLD SSE binding, whose events name the stream by a URL under this origin.
+    StreamLd(Arc<str>),
+}
+
 /// What a live reader rendered for the records from `start` up to the durable tail `next`.
 #[derive(Clone, Debug)]
 pub struct LiveFrame {
+    pub view: FrameView,
     pub start: Offset,
     pub next: Offset,
     /// The stream is closed and `next` is its final offset.
     pub closed: bool,
     /// The rendered records, then what the face renders after them for `tag` alone (for
-    /// Durable Streams SSE: the control event, which carries the reader's cursor).
+    /// Durable Streams SSE: the control event, which carries the reader's cursor; StreamLD
+    /// renders nothing after them).
     pub bytes: Bytes,
     /// Where the records end in `bytes`: a reader with another tag renders its own rest.
     pub records_len: usize,
     pub tag: u64,
+}
+
+/// The frames left on a stream, one per view.
+#[derive(Default)]
+pub(super) struct SharedFrames {
+    durable_streams: Option<Box<SharedFrame>>,
+    streamld: Option<Box<SharedFrame>>,
+}
+
+impl SharedFrames {
+    fn of(&mut self, view: &FrameView) -> &mut Option<Box<SharedFrame>> {
+        match view {
+            FrameView::DurableStreams => &mut self.durable_streams,
+            FrameView::StreamLd(_) => &mut self.streamld,
+        }
+    }
 }
 
 /// A frame left on a stream, holding the read memory of the records it was rendered from.
@@ -34,19 +65,21 @@ pub(super) struct SharedFrame {
 }
 
 impl Stream {
-    /// The frame another live reader left for readers at `start`, while it still reaches the
-    /// durable tail (so it shows what a read from `start` would show now).
-    pub fn shared_frame(&self, start: Offset) -> Option<LiveFrame> {
+    /// The frame another live reader of `view` left for readers at record `start`, while it
+    /// still reaches the durable tail (so it shows what a read from `start` would show now).
+    pub fn shared_frame(&self, view: &FrameView, start: u64) -> Option<LiveFrame> {
         // A lone reader (most streams' case) skips the lock: whatever frame is left, it would
         // have rendered itself.
         if self.live_reader_count() < 2 {
             return None;
         }
         let durable = self.durable();
-        let state = self.lock();
-        let frame = &state.shared_frame.as_ref()?.frame;
-        (frame.start == start && frame.next == durable.tail && frame.closed == durable.closed)
-            .then(|| frame.clone())
+        let mut state = self.lock();
+        let frame = &state.shared_frames.of(view).as_ref()?.frame;
+        let current = frame.start.seq == start
+            && frame.next == durable.tail
+            && frame.closed == durable.closed;
+        (current && frame.view == *view).then(|| frame.clone())
     }
 
     /// Leaves `frame`, rendered from a read that reached the durable tail, for the other live
@@ -56,7 +89,9 @@ impl Stream {
         if frame.bytes.len() > MAX_SHARED_FRAME || self.live_reader_count() < 2 {
             return;
         }
-        self.lock().shared_frame = Some(Box::new(SharedFrame {
+        let mut state = self.lock();
+        let slot = state.shared_frames.of(&frame.view);
+        *slot = Some(Box::new(SharedFrame {
             frame,
             _lease: std::mem::take(lease),
         }));

@@ -47,7 +47,7 @@ pub use buckets::{BucketInfo, Listing, StreamSummary};
 pub use cache::CacheLimits;
 pub use error::{StreamError, StreamResult};
 pub use fork::ForkRequest;
-pub use live_frame::LiveFrame;
+pub use live_frame::{FrameView, LiveFrame};
 pub use read::{ReadChunk, TailWatch, Wake};
 pub use read_memory::ReadLease;
 pub use replication::{Appeared, AppearingIn, MirrorStart, ReplicatedState};

@@ -13,7 +13,7 @@ use crate::storage::{SharedEngine, StorageError, StreamId};
 
 use super::arrivals::Arrivals;
 use super::cache::TailCache;
-use super::live_frame::SharedFrame;
+use super::live_frame::SharedFrames;
 
 /// What readers may see: only data that is durable.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -81,7 +81,7 @@ impl Drop for LiveReader {
             .fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
         if before == 1 {
             // Nobody is left to send it.
-            self.0.lock().shared_frame = None;
+            self.0.lock().shared_frames = SharedFrames::default();
         }
     }
 }
@@ -104,8 +104,8 @@ pub(super) struct State {
     /// The producer appends in flight, in the order they arrived, while there are any (see
     /// `arrivals`).
     pub arrivals: Option<Box<Arrivals>>,
-    /// The frame a live reader rendered for the others (see `live_frame`).
-    pub shared_frame: Option<Box<SharedFrame>>,
+    /// The frames live readers rendered for the others (see `live_frame`).
+    pub shared_frames: SharedFrames,
 }
 
 impl State {
@@ -156,7 +156,7 @@ impl Stream {
                 removed: false,
                 meta_submitted: durable.meta_version,
                 arrivals: None,
-                shared_frame: None,
+                shared_frames: SharedFrames::default(),
             }),
             durable: DurableCell::new(durable),
         }

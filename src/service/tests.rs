@@ -655,8 +655,18 @@ async fn one_text_stream() -> (Arc<StreamService>, Arc<Stream>) {
     (service, stream)
 }
 
-/// What a live reader rendered for the records from `start` to the tail, to share.
+/// What a live reader of the Durable Streams view rendered for the records from `start` to the
+/// tail, to share.
 async fn frame_from(
+    service: &StreamService,
+    stream: &Arc<Stream>,
+    start: Offset,
+) -> (LiveFrame, ReadLease) {
+    frame_of(FrameView::DurableStreams, service, stream, start).await
+}
+
+async fn frame_of(
+    view: FrameView,
     service: &StreamService,
     stream: &Arc<Stream>,
     start: Offset,
@@ -664,6 +674,7 @@ async fn frame_from(
     let chunk = service.read_at(stream, start, None).await.unwrap();
     assert!(chunk.up_to_date);
     let frame = LiveFrame {
+        view,
         start,
         next: chunk.next,
         closed: chunk.closed,
@@ -674,6 +685,8 @@ async fn frame_from(
     (frame, chunk.lease)
 }
 
+const DS: FrameView = FrameView::DurableStreams;
+
 #[tokio::test]
 async fn a_shared_frame_serves_readers_at_its_start_only_while_it_reaches_the_tail() {
     let (service, stream) = one_text_stream().await;
@@ -682,19 +695,19 @@ async fn a_shared_frame_serves_readers_at_its_start_only_while_it_reaches_the_ta
     let (frame, mut lease) = frame_from(&service, &stream, Offset::START).await;
     let next = frame.next;
     stream.share_frame(frame, &mut lease);
-    let shared = stream.shared_frame(Offset::START).expect("shared");
+    let shared = stream.shared_frame(&DS, 0).expect("shared");
     assert_eq!(
         (shared.next, shared.tag, &shared.bytes[..]),
         (next, 7, &b"rendered"[..])
     );
     assert!(
-        stream.shared_frame(next).is_none(),
+        stream.shared_frame(&DS, next.seq).is_none(),
         "a reader elsewhere reads for itself"
     );
 
     service.append("s", text("b")).await.unwrap();
     assert!(
-        stream.shared_frame(Offset::START).is_none(),
+        stream.shared_frame(&DS, 0).is_none(),
         "once the tail moves, the frame would leave out a record"
     );
     let (frame, mut lease) = frame_from(&service, &stream, Offset::START).await;
@@ -705,8 +718,34 @@ async fn a_shared_frame_serves_readers_at_its_start_only_while_it_reaches_the_ta
     };
     service.append("s", close).await.unwrap();
     assert!(
-        stream.shared_frame(Offset::START).is_none(),
+        stream.shared_frame(&DS, 0).is_none(),
         "once the stream closes, the frame would not say so"
+    );
+}
+
+#[tokio::test]
+async fn a_shared_frame_serves_only_readers_rendering_the_same_view() {
+    let (service, stream) = one_text_stream().await;
+    let _readers = [0, 1].map(|_| service.watch_tail(&stream, Duration::from_secs(60), None));
+    service.append("s", text("a")).await.unwrap();
+    let here = FrameView::StreamLd("http://here".into());
+    let (frame, mut lease) = frame_of(here.clone(), &service, &stream, Offset::START).await;
+    stream.share_frame(frame, &mut lease);
+    assert!(stream.shared_frame(&here, 0).is_some());
+    assert!(
+        stream.shared_frame(&DS, 0).is_none(),
+        "Durable Streams readers render otherwise"
+    );
+    let there = FrameView::StreamLd("http://there".into());
+    assert!(
+        stream.shared_frame(&there, 0).is_none(),
+        "its events name the stream under another origin"
+    );
+    let (frame, mut lease) = frame_from(&service, &stream, Offset::START).await;
+    stream.share_frame(frame, &mut lease);
+    assert!(
+        stream.shared_frame(&here, 0).is_some() && stream.shared_frame(&DS, 0).is_some(),
+        "each view keeps its own frame"
     );
 }
 
@@ -718,7 +757,7 @@ async fn a_frame_is_shared_only_while_more_than_one_live_reader_waits() {
     let (frame, mut lease) = frame_from(&service, &stream, Offset::START).await;
     stream.share_frame(frame, &mut lease);
     assert!(
-        stream.shared_frame(Offset::START).is_none(),
+        stream.shared_frame(&DS, 0).is_none(),
         "a lone reader keeps nothing"
     );
     assert_eq!(lease.bytes(), 1, "and the read keeps its lease");
@@ -727,7 +766,7 @@ async fn a_frame_is_shared_only_while_more_than_one_live_reader_waits() {
     let (frame, mut lease) = frame_from(&service, &stream, Offset::START).await;
     stream.share_frame(frame, &mut lease);
     assert_eq!(lease.bytes(), 0, "the shared frame holds the lease now");
-    assert!(stream.shared_frame(Offset::START).is_some());
+    assert!(stream.shared_frame(&DS, 0).is_some());
     drop(first);
     let held = service.read_memory_held();
     drop(second);
