@@ -12,8 +12,8 @@ use super::Stream;
 use super::read_memory::ReadLease;
 use crate::model::Offset;
 
-/// The most a shared frame holds. It stays on its stream until another replaces it or the last
-/// live reader leaves, so frames are small enough that every stream may keep one.
+/// The most a shared frame holds. It stays on its stream until another of its view replaces it
+/// or the last live reader leaves, so frames are small enough that every stream may keep some.
 const MAX_SHARED_FRAME: usize = 64 << 10;
 
 /// How a frame was rendered: a reader takes only a frame rendered as it would render it.
@@ -42,18 +42,31 @@ pub struct LiveFrame {
     pub tag: u64,
 }
 
-/// The frames left on a stream, one per view.
+/// The frames left on a stream, one per view; one pointer while there are none, as on most
+/// streams.
 #[derive(Default)]
-pub(super) struct SharedFrames {
-    durable_streams: Option<Box<SharedFrame>>,
-    streamld: Option<Box<SharedFrame>>,
+pub(super) struct SharedFrames(Option<Box<PerView>>);
+
+#[derive(Default)]
+struct PerView {
+    durable_streams: Option<SharedFrame>,
+    streamld: Option<SharedFrame>,
 }
 
 impl SharedFrames {
-    fn of(&mut self, view: &FrameView) -> &mut Option<Box<SharedFrame>> {
+    fn get(&self, view: &FrameView) -> Option<&SharedFrame> {
+        let frames = self.0.as_deref()?;
         match view {
-            FrameView::DurableStreams => &mut self.durable_streams,
-            FrameView::StreamLd(_) => &mut self.streamld,
+            FrameView::DurableStreams => frames.durable_streams.as_ref(),
+            FrameView::StreamLd(_) => frames.streamld.as_ref(),
+        }
+    }
+
+    fn put(&mut self, shared: SharedFrame) {
+        let frames = self.0.get_or_insert_with(Box::default);
+        match shared.frame.view {
+            FrameView::DurableStreams => frames.durable_streams = Some(shared),
+            FrameView::StreamLd(_) => frames.streamld = Some(shared),
         }
     }
 }
@@ -74,8 +87,8 @@ impl Stream {
             return None;
         }
         let durable = self.durable();
-        let mut state = self.lock();
-        let frame = &state.shared_frames.of(view).as_ref()?.frame;
+        let state = self.lock();
+        let frame = &state.shared_frames.get(view)?.frame;
         let current = frame.start.seq == start
             && frame.next == durable.tail
             && frame.closed == durable.closed;
@@ -89,11 +102,9 @@ impl Stream {
         if frame.bytes.len() > MAX_SHARED_FRAME || self.live_reader_count() < 2 {
             return;
         }
-        let mut state = self.lock();
-        let slot = state.shared_frames.of(&frame.view);
-        *slot = Some(Box::new(SharedFrame {
+        self.lock().shared_frames.put(SharedFrame {
             frame,
             _lease: std::mem::take(lease),
-        }));
+        });
     }
 }
