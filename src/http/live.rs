@@ -150,12 +150,8 @@ pub async fn serve(app: &AppState, request: Request, next: Next) -> Response {
         }
         abort.abort();
     });
-    let body = taking.track(Abortable::new(body.into_data_stream(), registration));
-    let body = body.map(move |chunk| {
-        let _held = &watcher;
-        chunk
-    });
-    Response::from_parts(parts, Body::from_stream(body))
+    let body = Abortable::new(body.into_data_stream(), registration);
+    Response::from_parts(parts, Body::from_stream(taking.track(body, watcher)))
 }
 
 /// How a streaming body's frames are being taken: how many the connection has had, and whether
@@ -168,9 +164,14 @@ struct Taking {
 }
 
 impl Taking {
-    /// Passes `body`'s frames on, noting each.
-    fn track<S: Stream + Unpin>(self: Arc<Self>, mut body: S) -> impl Stream<Item = S::Item> {
+    /// Passes `body`'s frames on, noting each; `watcher` lives as long as the body does.
+    fn track<S: Stream + Unpin>(
+        self: Arc<Self>,
+        mut body: S,
+        watcher: OwnedTask,
+    ) -> impl Stream<Item = S::Item> {
         futures::stream::poll_fn(move |cx| {
+            let _held = &watcher;
             let next = body.poll_next_unpin(cx);
             let handed = matches!(next, Poll::Ready(Some(_)));
             if handed {

@@ -45,29 +45,28 @@ pub struct LiveFrame {
 /// The frames left on a stream, one per view; one pointer while there are none, as on most
 /// streams.
 #[derive(Default)]
-pub(super) struct SharedFrames(Option<Box<PerView>>);
+pub(super) struct SharedFrames(Option<Box<[Option<SharedFrame>; FrameView::COUNT]>>);
 
-#[derive(Default)]
-struct PerView {
-    durable_streams: Option<SharedFrame>,
-    streamld: Option<SharedFrame>,
+impl FrameView {
+    const COUNT: usize = 2;
+
+    /// Where a frame of this view is kept among a stream's frames.
+    fn slot(&self) -> usize {
+        match self {
+            FrameView::DurableStreams => 0,
+            FrameView::StreamLd(_) => 1,
+        }
+    }
 }
 
 impl SharedFrames {
     fn get(&self, view: &FrameView) -> Option<&SharedFrame> {
-        let frames = self.0.as_deref()?;
-        match view {
-            FrameView::DurableStreams => frames.durable_streams.as_ref(),
-            FrameView::StreamLd(_) => frames.streamld.as_ref(),
-        }
+        self.0.as_deref()?[view.slot()].as_ref()
     }
 
     fn put(&mut self, shared: SharedFrame) {
-        let frames = self.0.get_or_insert_with(Box::default);
-        match shared.frame.view {
-            FrameView::DurableStreams => frames.durable_streams = Some(shared),
-            FrameView::StreamLd(_) => frames.streamld = Some(shared),
-        }
+        let slot = shared.frame.view.slot();
+        self.0.get_or_insert_with(Box::default)[slot] = Some(shared);
     }
 }
 
