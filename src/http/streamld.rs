@@ -20,7 +20,6 @@ use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
 use futures::{SinkExt, StreamExt};
-use serde_json::Value;
 use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 
@@ -752,15 +751,10 @@ pub async fn sse(
                 if !streamld::continues(next, chunk.records.first().map(|r| r.seq)) {
                     return;
                 }
-                let mut out = String::new();
+                let mut out = Vec::new();
                 for record in &chunk.records {
                     let event = streamld::envelope(&url, &stream.content_type, record);
-                    let mut json = serde_json::to_value(&event).unwrap_or(Value::Null);
-                    if let Value::Object(object) = &mut json {
-                        object.insert("@type".into(), Value::String("EventEnvelope".into()));
-                        object.insert("@context".into(), streamld::context());
-                    }
-                    out.push_str(&format!("id: {}\nevent: event\ndata: {json}\n\n", event.sequence));
+                    streamld::write_sse_event(&mut out, &event);
                 }
                 next = chunk.next.seq;
                 let events = Bytes::from(out);

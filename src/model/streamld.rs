@@ -10,7 +10,7 @@
 use base64::Engine as _;
 use bytes::Bytes;
 use serde::{Deserialize, Serialize};
-use serde_json::{Map, Value, json};
+use serde_json::{Map, Value};
 
 use super::{Offset, Record};
 
@@ -21,9 +21,65 @@ pub const REL_WEBSOCKET: &str = "https://openfaster.org/streamld#websocket-repli
 /// `Link` relation of the SSE binding endpoint.
 pub const REL_SSE: &str = "https://openfaster.org/streamld#sse";
 
-/// The `@context` every message Runnel sends carries.
-pub fn context() -> Value {
-    json!({ "@vocab": NAMESPACE, "streamld": NAMESPACE, "runnel": RUNNEL_NAMESPACE })
+/// The `@context` every message Runnel sends carries: it maps the short names Runnel writes.
+struct Context;
+
+impl Serialize for Context {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeMap as _;
+        let mut map = serializer.serialize_map(Some(3))?;
+        map.serialize_entry("@vocab", NAMESPACE)?;
+        map.serialize_entry("streamld", NAMESPACE)?;
+        map.serialize_entry("runnel", RUNNEL_NAMESPACE)?;
+        map.end()
+    }
+}
+
+/// A StreamLD object as Runnel sends it: `body`'s members under its `@type`, and, at the top of
+/// a message, the `@context`. Written straight out, with no JSON tree built in between.
+#[derive(Serialize)]
+struct Typed<'a, T> {
+    #[serde(rename = "@context", skip_serializing_if = "Option::is_none")]
+    context: Option<Context>,
+    #[serde(rename = "@type")]
+    kind: &'static str,
+    #[serde(flatten)]
+    body: &'a T,
+}
+
+impl<'a, T: Serialize> Typed<'a, T> {
+    fn message(kind: &'static str, body: &'a T) -> Self {
+        Typed {
+            context: Some(Context),
+            kind,
+            body,
+        }
+    }
+}
+
+/// An event inside a frame: typed, under the frame's `@context`.
+fn typed_event<S: serde::Serializer>(
+    event: &EventEnvelope,
+    serializer: S,
+) -> Result<S::Ok, S::Error> {
+    Typed {
+        context: None,
+        kind: EVENT_ENVELOPE,
+        body: event,
+    }
+    .serialize(serializer)
+}
+
+const EVENT_ENVELOPE: &str = "EventEnvelope";
+
+/// One event of the SSE binding: its cursor as the `id`, and as the `data` its envelope as a
+/// message of its own, on one line (the JSON is compact).
+pub fn write_sse_event(out: &mut Vec<u8>, event: &EventEnvelope) {
+    use std::io::Write as _;
+    write!(out, "id: {}\nevent: event\ndata: ", event.sequence).expect("written to memory");
+    serde_json::to_writer(&mut *out, &Typed::message(EVENT_ENVELOPE, event))
+        .expect("StreamLD objects are JSON objects with text keys");
+    out.extend_from_slice(b"\n\n");
 }
 
 /// A subscriber asks for every event after `after` (absent or 0: from the beginning).
@@ -127,6 +183,7 @@ pub enum PayloadEncoding {
 #[serde(rename_all = "camelCase")]
 pub struct ReplicationFrame {
     pub cursor: u64,
+    #[serde(serialize_with = "typed_event")]
     pub event: EventEnvelope,
     /// Runnel: the upstream's next sequence when the frame was sent, so a replica knows its lag.
     #[serde(
@@ -414,25 +471,17 @@ impl Message {
     }
 
     pub fn to_json(&self) -> String {
-        let (kind, body) = match self {
-            Message::Subscribe(m) => ("SubscriptionRequest", serde_json::to_value(m)),
-            Message::Frame(m) => ("ReplicationFrame", serde_json::to_value(m)),
-            Message::Gap(m) => ("GapSignal", serde_json::to_value(m)),
-            Message::State(m) => ("runnel:StreamState", serde_json::to_value(m)),
-            Message::Deleted(m) => ("runnel:StreamDeleted", serde_json::to_value(m)),
-        };
-        let mut object = match body {
-            Ok(Value::Object(object)) => object,
-            _ => Map::new(),
-        };
-        if let Message::Frame(_) = self
-            && let Some(Value::Object(event)) = object.get_mut("event")
-        {
-            event.insert("@type".into(), json!("EventEnvelope"));
+        fn typed<T: Serialize>(kind: &'static str, body: &T) -> String {
+            serde_json::to_string(&Typed::message(kind, body))
+                .expect("StreamLD objects are JSON objects with text keys")
         }
-        object.insert("@type".into(), json!(kind));
-        object.insert("@context".into(), context());
-        Value::Object(object).to_string()
+        match self {
+            Message::Subscribe(m) => typed("SubscriptionRequest", m),
+            Message::Frame(m) => typed("ReplicationFrame", m),
+            Message::Gap(m) => typed("GapSignal", m),
+            Message::State(m) => typed("runnel:StreamState", m),
+            Message::Deleted(m) => typed("runnel:StreamDeleted", m),
+        }
     }
 }
 
@@ -563,6 +612,7 @@ pub fn frame(
 mod tests {
     use super::*;
     use proptest::prelude::*;
+    use serde_json::json;
 
     #[test]
     fn cursors_are_canonical_non_negative_integers() {
@@ -709,6 +759,36 @@ mod tests {
         let text = frame.to_json();
         assert!(text.contains(r#""@type":"EventEnvelope""#) && text.contains("@context"));
         assert_eq!(Message::parse(&text).unwrap(), frame);
+    }
+
+    #[test]
+    fn an_sse_event_is_its_envelope_on_one_line_under_its_cursor() {
+        let event = EventEnvelope {
+            sequence: 7,
+            stream_id: "http://up/b/s".into(),
+            is_snapshot: false,
+            payload: json!({"text": "two\nlines"}),
+            encoding: Some(PayloadEncoding::Json),
+            offset: Some("0000000000000006_0000000000000090".into()),
+            timestamp: Some(5),
+            headers: vec![],
+            command: false,
+            starts_unit: true,
+        };
+        let mut out = b"earlier".to_vec();
+        write_sse_event(&mut out, &event);
+        let text = std::str::from_utf8(&out).unwrap();
+        let rest = text.strip_prefix("earlier").unwrap();
+        let lines: Vec<&str> = rest.split('\n').collect();
+        assert_eq!(lines.len(), 5, "{rest:?}");
+        assert_eq!(lines[..2], ["id: 7", "event: event"]);
+        assert_eq!(lines[3..], ["", ""]);
+        let data: Value = serde_json::from_str(lines[2].strip_prefix("data: ").unwrap()).unwrap();
+        assert_eq!(data["@type"], "EventEnvelope");
+        assert_eq!(data["@context"]["@vocab"], NAMESPACE);
+        assert_eq!(data["@context"]["runnel"], RUNNEL_NAMESPACE);
+        let back: EventEnvelope = serde_json::from_value(data).unwrap();
+        assert_eq!(back, event);
     }
 
     #[test]
