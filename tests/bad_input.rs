@@ -366,3 +366,67 @@ async fn appends_decode_the_stream_path_as_every_other_request_does() {
         expect_status(no_name, 404, &format!("{method} with no stream name")).await;
     }
 }
+
+#[tokio::test]
+async fn an_append_batch_over_the_servers_body_limit_gets_413_and_writes_nothing() {
+    // The batch route's own bound (32 MiB) is higher than this server's limit: the lower holds.
+    let server = Server::start(&["--memory", "--max-body-bytes", "1024"]);
+    let http = client();
+    let bucket = http.put(server.url("/docs")).send().await.unwrap();
+    assert_eq!(bucket.status(), 201);
+    let stream = server.url("/docs/s");
+    let created = http
+        .put(&stream)
+        .header("content-type", "text/plain")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(created.status(), 201);
+    let frame = vec![b'x'; 2048];
+    let mut batch = (frame.len() as u32).to_be_bytes().to_vec();
+    batch.extend_from_slice(&frame);
+    expect_status(
+        http.post(format!("{stream}/append-batch"))
+            .header("content-type", "text/plain")
+            .body(batch),
+        413,
+        "a 2 KiB batch on a server that takes 1 KiB bodies",
+    )
+    .await;
+    let (tail, content) = snapshot(&http, &stream).await;
+    assert_eq!(
+        (tail.as_str(), content.as_str()),
+        ("0000000000000000_0000000000000000", "")
+    );
+}
+
+#[tokio::test]
+async fn a_read_refused_for_its_headers_does_not_renew_the_streams_ttl() {
+    let server = Server::start(&["--memory"]);
+    let http = client();
+    let stream = server.url("/v1/stream/short-lived");
+    let created = http
+        .put(&stream)
+        .header("content-type", "text/plain")
+        .header("stream-ttl", "1")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(created.status(), 201);
+    tokio::time::sleep(std::time::Duration::from_millis(600)).await;
+    expect_status(
+        http.get(format!("{stream}?offset=-1"))
+            .header("if-none-match", "\"a\"")
+            .header("if-none-match", "\"b\""),
+        400,
+        "If-None-Match sent twice",
+    )
+    .await;
+    tokio::time::sleep(std::time::Duration::from_millis(600)).await;
+    let gone = http.head(&stream).send().await.unwrap();
+    assert_eq!(
+        gone.status(),
+        404,
+        "expired: the refused read renewed nothing"
+    );
+}

@@ -438,6 +438,11 @@ async fn read(app: &AppState, name: &str, query: Option<&str>, headers: &HeaderM
         return Err(Rejection::bad_request("live reads need an offset").into());
     }
     let client_cursor = query.get("cursor")?.and_then(|c| c.parse::<u64>().ok());
+    // Read before the stream is renewed: a refused request renews nothing.
+    let if_none_match = match live {
+        Live::No => request::header(headers, "if-none-match")?,
+        Live::Sse | Live::LongPoll => None,
+    };
     let stream = app.service.find(name, false).await?;
     let (start, view, max_records) = match record_read {
         Some(read) => {
@@ -467,12 +472,7 @@ async fn read(app: &AppState, name: &str, query: Option<&str>, headers: &HeaderM
                 .read_history_at(&read.stream, start, max_records)
                 .await?;
             let at_now = from == ReadFrom::Now && view == View::Canonical;
-            Ok(catch_up(
-                &read,
-                chunk,
-                at_now,
-                request::header(headers, "if-none-match")?,
-            ))
+            Ok(catch_up(&read, chunk, at_now, if_none_match))
         }
     }
 }

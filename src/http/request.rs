@@ -120,9 +120,13 @@ pub struct BodyLimits {
 }
 
 impl BodyLimits {
-    /// The same idle timeout with another size limit.
+    /// The same limits, with the size limit lowered to `max_bytes` if it is higher: a route's
+    /// own bound never lifts the server's.
     pub fn at_most(self, max_bytes: usize) -> BodyLimits {
-        BodyLimits { max_bytes, ..self }
+        BodyLimits {
+            max_bytes: self.max_bytes.min(max_bytes),
+            ..self
+        }
     }
 }
 

@@ -42,9 +42,30 @@ pub fn check_value_count(body: &[u8]) -> Result<(), JsonError> {
 
 /// Whether `body` could hold more than `max` JSON values: counts the separators and openings
 /// outside strings, each of which starts at most one value, without parsing.
-fn more_values_than(body: &[u8], max: usize) -> bool {
-    let (mut count, mut in_string, mut escaped) = (0usize, false, false);
-    for &byte in body {
+pub fn more_values_than(body: &[u8], max: usize) -> bool {
+    outside_strings(body)
+        .filter(|byte| matches!(byte, b',' | b'[' | b'{' | b':'))
+        .nth(max)
+        .is_some()
+}
+
+/// Whether the JSON text `body` nests arrays and objects more than `max` deep, without parsing.
+pub fn nests_deeper_than(body: &[u8], max: usize) -> bool {
+    let mut depth = 0usize;
+    outside_strings(body).any(|byte| {
+        match byte {
+            b'[' | b'{' => depth += 1,
+            b']' | b'}' => depth = depth.saturating_sub(1),
+            _ => {}
+        }
+        depth > max
+    })
+}
+
+/// The bytes of JSON text outside its strings (each string's opening quote included).
+fn outside_strings(body: &[u8]) -> impl Iterator<Item = u8> + '_ {
+    let (mut in_string, mut escaped) = (false, false);
+    body.iter().copied().filter(move |&byte| {
         if in_string {
             match byte {
                 _ if escaped => escaped = false,
@@ -52,20 +73,11 @@ fn more_values_than(body: &[u8], max: usize) -> bool {
                 b'"' => in_string = false,
                 _ => {}
             }
-            continue;
+            return false;
         }
-        match byte {
-            b'"' => in_string = true,
-            b',' | b'[' | b'{' | b':' => {
-                count += 1;
-                if count > max {
-                    return true;
-                }
-            }
-            _ => {}
-        }
-    }
-    false
+        in_string = byte == b'"';
+        true
+    })
 }
 
 /// Whether an empty top-level array is acceptable: it is on create, not on append.
@@ -150,6 +162,17 @@ fn canonical(value: &Value) -> Bytes {
 mod tests {
     use super::*;
     use proptest::prelude::*;
+
+    #[test]
+    fn nesting_is_counted_outside_strings_only() {
+        assert!(!nests_deeper_than(br#"[[1],{"a":[2]}]"#, 3));
+        assert!(nests_deeper_than(b"[[[[1]]]]", 3));
+        assert!(!nests_deeper_than(br#"["[[[[", "\"[[[[{{"]"#, 1));
+        assert!(
+            nests_deeper_than(br#"{"a\\":[[1]]}"#, 2),
+            "an escaped backslash ends no string"
+        );
+    }
 
     fn texts(body: &str) -> Vec<String> {
         messages(body.as_bytes(), EmptyArray::Rejected)

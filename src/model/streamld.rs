@@ -284,7 +284,16 @@ pub enum MessageError {
         super::json::MAX_VALUES
     )]
     TooLarge,
+    #[error(
+        "an upstream's message holds at most {} JSON values",
+        MAX_UPSTREAM_VALUES
+    )]
+    TooManyValues,
 }
+
+/// The most JSON values a message from an upstream may hold: one record (an append's body,
+/// whose values the upstream bounded when it took it) and what comes with it, with room to spare.
+const MAX_UPSTREAM_VALUES: usize = 2 * super::json::MAX_VALUES;
 
 /// The most per-stream cursors (or last timestamps) a replica's join may list.
 pub const MAX_CURSORS: usize = 1_000_000;
@@ -446,6 +455,15 @@ impl Message {
         }
     }
 
+    /// A message from an upstream. Its values are counted before it is parsed: a message of
+    /// any size must not make the mirror build a JSON tree of that size.
+    pub fn parse_from_upstream(text: &str) -> Result<Message, MessageError> {
+        if super::json::more_values_than(text.as_bytes(), MAX_UPSTREAM_VALUES) {
+            return Err(MessageError::TooManyValues);
+        }
+        Message::parse(text)
+    }
+
     /// A message from a replica: its join. Runnel's own spelling is parsed directly; any other
     /// takes [`Self::parse`], after a cheap count of the values it could hold.
     pub fn parse_from_replica(text: &str) -> Result<Message, MessageError> {
@@ -522,23 +540,37 @@ pub fn sequence_of(seq: u64) -> u64 {
     seq + 1
 }
 
+/// How deep a JSON record may nest to travel as JSON: a frame puts it two levels further down,
+/// and every receiver must still parse the frame within serde_json's limit of 128 levels.
+const MAX_PAYLOAD_DEPTH: usize = 100;
+
 /// The envelope of one record: the JSON value on JSON streams, text on `text/*`, base64
-/// otherwise (and for S2 command records), with Runnel's exact coordinates beside it.
+/// otherwise (and for S2 command records), with Runnel's exact coordinates beside it. A record
+/// that would not travel well as JSON or text goes as base64 too: JSON nested too deep for a
+/// receiver to parse its frame, and text with control characters (other than tab and line
+/// breaks), which JSON would write six bytes each: either would make a frame every receiver
+/// refuses, and a mirror stop at that record for good.
 pub fn envelope(url: &str, content_type: &str, record: &Record) -> EventEnvelope {
     let json = super::content_type::is_json(content_type);
+    let is_text = super::content_type::media_type(content_type).starts_with("text/");
     let b64 = |bytes: &[u8]| base64::engine::general_purpose::STANDARD.encode(bytes);
+    let as_json = || {
+        if super::json::nests_deeper_than(&record.body, MAX_PAYLOAD_DEPTH) {
+            return None;
+        }
+        serde_json::from_slice(&record.body).ok()
+    };
+    let as_text = || {
+        let text = std::str::from_utf8(&record.body).ok()?;
+        let plain = |c: char| !c.is_ascii_control() || matches!(c, '\t' | '\n' | '\r');
+        text.chars().all(plain).then(|| text.to_string())
+    };
     let (encoding, payload) = if record.command {
         (PayloadEncoding::Base64, Value::String(b64(&record.body)))
-    } else if json {
-        match serde_json::from_slice(&record.body) {
-            Ok(value) => (PayloadEncoding::Json, value),
-            Err(_) => (PayloadEncoding::Base64, Value::String(b64(&record.body))),
-        }
-    } else if super::content_type::media_type(content_type).starts_with("text/") {
-        match std::str::from_utf8(&record.body) {
-            Ok(text) => (PayloadEncoding::Text, Value::String(text.to_string())),
-            Err(_) => (PayloadEncoding::Base64, Value::String(b64(&record.body))),
-        }
+    } else if let Some(value) = json.then(as_json).flatten() {
+        (PayloadEncoding::Json, value)
+    } else if let Some(text) = (!json && is_text).then(as_text).flatten() {
+        (PayloadEncoding::Text, Value::String(text))
     } else {
         (PayloadEncoding::Base64, Value::String(b64(&record.body)))
     };
@@ -789,6 +821,49 @@ mod tests {
         assert_eq!(data["@context"]["runnel"], RUNNEL_NAMESPACE);
         let back: EventEnvelope = serde_json::from_value(data).unwrap();
         assert_eq!(back, event);
+    }
+
+    #[test]
+    fn records_that_would_not_travel_as_json_or_text_go_as_base64_and_come_back_exact() {
+        // 126 levels parse on their own; inside a frame they would be 128, past serde_json's
+        // limit, and no receiver could read the frame.
+        let deep = format!("{}1{}", "[".repeat(126), "]".repeat(126));
+        for (content_type, body, encoding) in [
+            ("application/json", deep.as_str(), PayloadEncoding::Base64),
+            ("application/json", "[[1]]", PayloadEncoding::Json),
+            ("text/plain", "a\u{1}b", PayloadEncoding::Base64),
+            ("text/plain", "tab\tand\nlines\r\n", PayloadEncoding::Text),
+        ] {
+            let record = crate::model::record::lay_out(
+                Offset::START,
+                1,
+                vec![Bytes::copy_from_slice(body.as_bytes())],
+            )
+            .remove(0);
+            let event = envelope("http://up/b/s", content_type, &record);
+            assert_eq!(event.encoding, Some(encoding), "{content_type} {body:?}");
+            let frame = Message::Frame(Box::new(ReplicationFrame {
+                cursor: event.sequence,
+                event,
+                upstream_next: None,
+            }));
+            let Message::Frame(back) = Message::parse(&frame.to_json()).unwrap() else {
+                panic!("not a frame")
+            };
+            assert_eq!(record_of(&back.event).unwrap().body, record.body);
+        }
+    }
+
+    #[test]
+    fn an_upstream_message_is_refused_before_it_is_parsed_when_it_holds_too_many_values() {
+        let values = vec!["0"; MAX_UPSTREAM_VALUES + 1].join(",");
+        let text = format!(r#"{{"@type":"GapSignal","j":[{values}]}}"#);
+        assert_eq!(
+            Message::parse_from_upstream(&text),
+            Err(MessageError::TooManyValues)
+        );
+        let gap = Message::Gap(GapSignal::default());
+        assert_eq!(Message::parse_from_upstream(&gap.to_json()), Ok(gap));
     }
 
     #[test]

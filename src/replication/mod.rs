@@ -189,7 +189,10 @@ pub async fn follow(service: Arc<StreamService>, url: String, credentials: Crede
         default_headers.insert(reqwest::header::AUTHORIZATION, value.clone());
     }
     let http = match reqwest::Client::builder()
-        .timeout(Duration::from_secs(30))
+        // Bounds on connecting and on each read, not on a whole response: a large snapshot
+        // over a slow link takes as long as it takes, so long as its bytes keep coming.
+        .connect_timeout(Duration::from_secs(30))
+        .read_timeout(Duration::from_secs(30))
         .default_headers(default_headers)
         .use_preconfigured_tls((*credentials.tls).clone())
         .build()
@@ -416,7 +419,7 @@ async fn follow_once(
 /// A message from the upstream; `None` for a type this mirror does not know, which a newer
 /// upstream may send and which is skipped rather than ending the session.
 fn known_message(text: &str) -> Result<Option<Message>, MirrorError> {
-    match Message::parse(text) {
+    match Message::parse_from_upstream(text) {
         Ok(message) => Ok(Some(message)),
         Err(streamld::MessageError::UnknownType(kind)) => {
             tracing::debug!(kind = %kind, "skipping a replication message of an unknown type");
@@ -468,7 +471,8 @@ type Sink = futures::stream::SplitSink<Socket, WsMessage>;
 type Source = futures::stream::SplitStream<Socket>;
 
 impl Mirror<'_> {
-    /// The local key of an upstream stream URL, which must be in the mirrored bucket.
+    /// The local key of an upstream stream URL, which must be in the mirrored bucket, and be
+    /// the stream followed when only one is: an upstream speaks for nothing else here.
     /// The upstream percent-encodes the name in the IRI; any name a bucket can hold (S2's rule,
     /// which allows `/`) maps to the same name here.
     fn key_of(&self, url: &str) -> Result<String, MirrorError> {
@@ -479,6 +483,16 @@ impl Mirror<'_> {
             .ok_or_else(|| {
                 MirrorError::BadMessage(format!("stream {url} is outside the mirrored bucket"))
             })?;
+        if self
+            .upstream
+            .stream
+            .as_deref()
+            .is_some_and(|followed| followed != stream)
+        {
+            return Err(MirrorError::BadMessage(format!(
+                "stream {url} is not the stream followed"
+            )));
+        }
         stream_key(&self.upstream.bucket, stream)
     }
 
@@ -577,7 +591,23 @@ impl Mirror<'_> {
         if response.status() == reqwest::StatusCode::NOT_FOUND {
             return Err(MirrorError::SnapshotGone(url.to_string()));
         }
-        Ok(Some(response.error_for_status()?.bytes().await?))
+        let blob = response.error_for_status()?.bytes().await?;
+        // Checked as it arrived: a blob that is not the snapshot described is never stored.
+        let (blob, digest) = crate::service::heavy::by_size(blob.len(), {
+            let content_type = snapshot.content_type.clone();
+            move || {
+                let digest = crate::service::snapshot_digest(&content_type, &blob);
+                (blob, digest)
+            }
+        })
+        .await;
+        if digest != snapshot.digest {
+            return Err(MirrorError::BadMessage(format!(
+                "the snapshot of {url} at {} does not match its digest",
+                snapshot.offset
+            )));
+        }
+        Ok(Some(blob))
     }
 
     async fn apply_records(&mut self, records: Vec<(String, Record)>) -> Result<(), MirrorError> {

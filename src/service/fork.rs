@@ -13,6 +13,10 @@ use crate::model::stream::SnapshotInfo;
 use crate::model::{Offset, Record};
 use crate::service::Stream;
 
+/// How much of a source one step of reading a unit for a sub-offset fork reads (its first record
+/// is read whole, however large).
+const UNIT_STEP_BYTES: usize = 1 << 20;
+
 /// The most streams a fork chain holds, the root included. Reads, deletions and cascades walk
 /// the chain; the bound keeps each walk short and its nesting far from the stack's limit.
 pub const MAX_FORK_CHAIN: usize = 128;
@@ -139,25 +143,13 @@ impl StreamService {
         let too_far = || {
             StreamError::BadRequest("Stream-Fork-Sub-Offset is past the next append unit".into())
         };
-        let tail = source.durable().tail;
-        let wanted = usize::try_from(sub_offset).map_err(|_| too_far())?;
-        let (until, max_bytes) = if source.json {
-            (
-                anchor.seq.saturating_add(sub_offset).min(tail.seq),
-                usize::MAX,
-            )
-        } else {
-            (tail.seq, wanted)
-        };
-        let mut unit = self.collect(source, anchor.seq, until, max_bytes).await?;
-        if let Some(end) = unit.iter().skip(1).position(|r| r.starts_unit) {
-            unit.truncate(end + 1);
-        }
-        if source.json {
+        let unit = self.unit_up_to(source, anchor, sub_offset).await?;
+        let mut unit = if source.json {
+            let wanted = usize::try_from(sub_offset).map_err(|_| too_far())?;
             if unit.len() < wanted {
                 return Err(too_far());
             }
-            unit.truncate(wanted);
+            unit
         } else {
             let mut remaining = sub_offset;
             let mut kept = Vec::with_capacity(unit.len());
@@ -165,20 +157,20 @@ impl StreamService {
                 if remaining == 0 {
                     break;
                 }
-                let len = record.body.len() as u64;
+                let len = record.byte_len();
                 if len > remaining {
                     record.body = record
                         .body
                         .slice(..usize::try_from(remaining).map_err(|_| too_far())?);
                 }
-                remaining -= record.body.len() as u64;
+                remaining -= record.byte_len();
                 kept.push(record);
             }
             if remaining > 0 {
                 return Err(too_far());
             }
-            unit = kept;
-        }
+            kept
+        };
         if let Some(first) = unit.first_mut() {
             first.starts_unit = true;
         }
@@ -187,6 +179,50 @@ impl StreamService {
         // mapped file) for that long.
         for record in &mut unit {
             record.body = Bytes::copy_from_slice(&record.body);
+        }
+        Ok(unit)
+    }
+
+    /// The records of the unit at `anchor`, from its first on, until the unit ends or they hold
+    /// `enough` messages (JSON) or bytes (otherwise), whichever comes first. Read a step at a
+    /// time: a sub-offset far past its unit reads no further than the unit.
+    async fn unit_up_to(
+        &self,
+        source: &Arc<Stream>,
+        anchor: Offset,
+        enough: u64,
+    ) -> StreamResult<Vec<Record>> {
+        let tail = source.durable().tail.seq;
+        let mut unit: Vec<Record> = Vec::new();
+        let mut held = 0u64;
+        let mut next = anchor.seq;
+        while next < tail && held < enough {
+            let wanted = enough - held;
+            let (until, max_bytes) = if source.json {
+                (tail.min(next.saturating_add(wanted)), UNIT_STEP_BYTES)
+            } else {
+                let wanted = usize::try_from(wanted).unwrap_or(usize::MAX);
+                (tail, UNIT_STEP_BYTES.min(wanted))
+            };
+            let step = self.collect(source, next, until, max_bytes).await?;
+            // Empty, or trimmed under the read: the unit held is all there is.
+            let (Some(first), Some(last)) = (step.first(), step.last()) else {
+                break;
+            };
+            if first.seq != next {
+                break;
+            }
+            next = last.seq + 1;
+            for record in step {
+                if !unit.is_empty() && record.starts_unit {
+                    return Ok(unit);
+                }
+                held += if source.json { 1 } else { record.byte_len() };
+                unit.push(record);
+                if held >= enough {
+                    break;
+                }
+            }
         }
         Ok(unit)
     }

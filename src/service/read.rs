@@ -263,7 +263,9 @@ impl StreamService {
             seq = last.seq + 1;
             let bytes: usize = records.iter().map(|r| r.body.len()).sum();
             out.extend(records);
-            if bytes >= budget {
+            // A read that stopped short of its part's end ran out of budget (or into a trim):
+            // reading on would only fetch a record that does not fit, and throw it away.
+            if bytes >= budget || seq < owner_until {
                 break;
             }
             budget -= bytes;

@@ -237,6 +237,14 @@ impl StreamService {
         let Some(last) = records.last() else {
             return Ok(());
         };
+        if records
+            .windows(2)
+            .any(|w| w[1].offset() != w[0].next_offset())
+        {
+            return Err(StreamError::Conflict(
+                "replicated records do not follow one another",
+            ));
+        }
         let (tail, timestamp) = (last.next_offset(), last.timestamp_ms);
         let staged = self.stage(records.iter().map(|r| &r.body)).await?;
         let commit = {

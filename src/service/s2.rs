@@ -516,36 +516,44 @@ impl StreamService {
         self.engine.room()?;
         let mut prepared = append.records;
         canonical_json_bodies(stream, &mut prepared)?;
-        if stream.encrypted {
+        let fingerprint = if stream.encrypted {
             let key = key.ok_or(StreamError::KeyRequired)?;
-            self.check_key(stream, key).await?;
             for p in prepared.iter_mut().filter(|p| p.command.is_none()) {
                 p.record.body = key.seal(&p.record.body);
             }
-        }
+            Some(key.fingerprint())
+        } else {
+            None
+        };
         let permit = Arc::clone(&self.commit_permits)
             .acquire_owned()
             .await
             .map_err(|_| crate::storage::StorageError::Failed)?;
         let sequenced = {
             let mut state = stream.lock();
-            match sequence(
-                &mut state,
-                prepared,
-                &append.fencing_token,
-                append.match_seq_num,
-            ) {
-                Ok((ack, records, trim)) => {
+            let conditions = Conditions {
+                fencing_token: &append.fencing_token,
+                match_seq_num: append.match_seq_num,
+                fingerprint: fingerprint.as_deref(),
+            };
+            match sequence(&mut state, prepared, conditions) {
+                Ok(Sequenced {
+                    ack,
+                    records,
+                    trim,
+                    keyed,
+                }) => {
                     stream.renew_locked(&mut state);
                     if let Some(point) = trim {
                         let pending = &mut state.meta.extra_mut().pending_trim;
                         *pending = Some(pending.map_or(point, |p| p.max(point)));
                     }
-                    // A command's effect (the fencing token, the pending trim) is stored with it.
-                    let commanded = records.iter().any(|r| r.command);
+                    // A command's effect (the fencing token, the pending trim) and the stream's
+                    // key, fixed by its first records, are stored with them.
+                    let meta_changed = keyed || records.iter().any(|r| r.command);
                     // An S2 batch is at most 1 MiB: too small to be worth staging.
                     let none = std::iter::empty();
-                    let commit = self.submit(stream, &mut state, records, none, commanded, None);
+                    let commit = self.submit(stream, &mut state, records, none, meta_changed, None);
                     Ok((ack, trim, commit))
                 }
                 Err(error) => Err((error, Awaited::seen(&state))),
@@ -569,28 +577,6 @@ impl StreamService {
                 .await
                 .map_err(|_| StreamError::from(crate::storage::StorageError::Failed))?
         })
-    }
-
-    /// Refuses a key other than the one the stream's records are sealed with; the first key used
-    /// becomes the stream's key.
-    pub(super) async fn check_key(&self, stream: &Stream, key: &RecordKey) -> StreamResult<()> {
-        let fingerprint = key.fingerprint();
-        let commit = {
-            let mut state = stream.lock_present()?;
-            match &state.meta.extra().key_fingerprint {
-                Some(known) if *known == fingerprint => return Ok(()),
-                Some(_) => return Err(CipherError::DecryptionFailed.into()),
-                None => {
-                    state.meta.extra_mut().key_fingerprint = Some(fingerprint);
-                    self.engine.commit(vec![Change::PutStream(
-                        stream.id,
-                        Box::new(state.meta.clone()),
-                    )])
-                }
-            }
-        };
-        commit.await?;
-        Ok(())
     }
 
     /// Opens the sealed bodies of records read from an encrypted stream.
@@ -938,19 +924,51 @@ fn canonical_json_bodies(stream: &Stream, records: &mut [CheckedRecord]) -> Stre
         .map_err(|e| StreamError::Invalid(format!("{e}, with its JSON values in canonical form")))
 }
 
-/// Checks the append's conditions against the stream and sequences its records.
+/// What an S2 append requires of its stream.
+struct Conditions<'a> {
+    fencing_token: &'a Option<String>,
+    match_seq_num: Option<u64>,
+    /// The fingerprint of the key the records are sealed under, on an encrypted stream.
+    fingerprint: Option<&'a str>,
+}
+
+/// An S2 append, sequenced.
+struct Sequenced {
+    ack: S2Ack,
+    records: Vec<Record>,
+    /// The trim point its trim commands ask for.
+    trim: Option<u64>,
+    /// Its key became the stream's key.
+    keyed: bool,
+}
+
+/// Checks the append's conditions against the stream and sequences its records. A refused
+/// append changes nothing.
 fn sequence(
     state: &mut State,
     prepared: Vec<CheckedRecord>,
-    fencing_token: &Option<String>,
-    match_seq_num: Option<u64>,
-) -> StreamResult<(S2Ack, Vec<Record>, Option<u64>)> {
+    conditions: Conditions<'_>,
+) -> StreamResult<Sequenced> {
+    let Conditions {
+        fencing_token,
+        match_seq_num,
+        fingerprint,
+    } = conditions;
     if state.removed {
         return Err(StreamError::NotFound);
     }
     if state.meta.soft_deleted {
         return Err(StreamError::Gone);
     }
+    // The first key a stream is written with becomes its key; records under any other would
+    // not open with it.
+    let keyed = match (fingerprint, &state.meta.extra().key_fingerprint) {
+        (Some(_), None) => true,
+        (Some(used), Some(known)) if used != known => {
+            return Err(CipherError::DecryptionFailed.into());
+        }
+        _ => false,
+    };
     if state.meta.closed {
         return Err(StreamError::Invalid(
             "the stream is closed to appends".into(),
@@ -1008,6 +1026,9 @@ fn sequence(
     if let Some(token) = fence {
         state.meta.extra_mut().fencing_token = token;
     }
+    if keyed {
+        state.meta.extra_mut().key_fingerprint = fingerprint.map(str::to_string);
+    }
     let end = S2Position {
         seq_num: at.seq,
         timestamp: floor,
@@ -1020,5 +1041,10 @@ fn sequence(
         end,
         tail: end,
     };
-    Ok((ack, records, trim))
+    Ok(Sequenced {
+        ack,
+        records,
+        trim,
+        keyed,
+    })
 }

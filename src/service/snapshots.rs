@@ -57,7 +57,7 @@ pub enum Position {
 }
 
 /// The digest of a snapshot covers its content type and its bytes.
-fn digest(content_type: &str, blob: &[u8]) -> String {
+pub fn digest(content_type: &str, blob: &[u8]) -> String {
     let mut hasher = Sha256::new();
     hasher.update(content_type.as_bytes());
     hasher.update([0u8]);
@@ -120,8 +120,7 @@ impl StreamService {
         let staged = self.stage(std::iter::once(&blob)).await?;
         let write = {
             let mut state = stream.lock_present()?;
-            stream.renew_locked(&mut state);
-            match state
+            let write = match state
                 .meta
                 .extra()
                 .snapshot
@@ -151,7 +150,10 @@ impl StreamService {
                     )?;
                     MetaWrite::Commit(commit)
                 }
-            }
+            };
+            // Only a publish that is not refused renews the stream.
+            stream.renew_locked(&mut state);
+            write
         };
         write.finish(&stream).await?;
         Ok((at, digest))

@@ -1122,10 +1122,8 @@ async fn a_change_to_a_stream_deleted_since_it_was_found_does_not_bring_it_back(
     let found = service.find("doomed", false).await.unwrap();
     service.delete("doomed").await.unwrap();
 
-    let key =
-        crate::model::cipher::RecordKey::from_base64(&format!("{}=", "A".repeat(43))).unwrap();
     assert!(matches!(
-        service.check_key(&found, &key).await,
+        service.s2_append(&found, plain_records(1), None).await,
         Err(StreamError::NotFound)
     ));
     assert!(matches!(
@@ -1315,6 +1313,17 @@ async fn only_accepted_reads_and_appends_renew_a_ttl() {
     };
     service.create(with_ttl("rejected")).await.unwrap();
     service.create(with_ttl("accepted")).await.unwrap();
+    service.create(with_ttl("snapshot-refused")).await.unwrap();
+    let publish = |blob: &'static [u8]| {
+        service.publish_snapshot(
+            "snapshot-refused",
+            Position::Offset(Offset::START),
+            "text/plain".into(),
+            Bytes::from_static(blob),
+            None,
+        )
+    };
+    publish(b"first").await.unwrap();
     tokio::time::sleep(Duration::from_millis(600)).await;
     let wrong_type = AppendRequest {
         content_type: Some("application/json"),
@@ -1324,6 +1333,10 @@ async fn only_accepted_reads_and_appends_renew_a_ttl() {
         service.append("rejected", wrong_type).await,
         Err(StreamError::ContentTypeMismatch)
     ));
+    assert!(matches!(
+        publish(b"another").await,
+        Err(StreamError::Conflict(_))
+    ));
     service.append("accepted", text("kept")).await.unwrap();
     tokio::time::sleep(Duration::from_millis(600)).await;
     assert!(
@@ -1332,6 +1345,13 @@ async fn only_accepted_reads_and_appends_renew_a_ttl() {
             Err(StreamError::NotFound)
         ),
         "a refused append does not keep the stream alive"
+    );
+    assert!(
+        matches!(
+            service.find("snapshot-refused", false).await,
+            Err(StreamError::NotFound)
+        ),
+        "nor does a refused snapshot"
     );
     service.find("accepted", false).await.unwrap();
 }
@@ -1906,4 +1926,140 @@ async fn a_tail_watch_woken_by_appends_still_wakes_idle_after_them() {
     let woke = tokio::time::timeout(Duration::from_secs(10), watch.next(stream.durable().tail));
     assert!(matches!(woke.await, Ok(Wake::Idle)));
     assert!(sent.elapsed() >= idle, "idle counts from the last send");
+}
+
+/// Counts the record bytes the engine it wraps reads.
+#[derive(Default)]
+struct CountingReads {
+    inner: MemoryEngine,
+    bytes: Arc<std::sync::atomic::AtomicUsize>,
+}
+
+impl Wrapping for CountingReads {
+    fn inner(&self) -> &dyn Engine {
+        &self.inner
+    }
+
+    fn on_read(
+        &self,
+        id: StreamId,
+        from: u64,
+        until: u64,
+        max: usize,
+    ) -> BoxFuture<'static, Result<Vec<Record>, StorageError>> {
+        let read = self.inner.read(id, from, until, max);
+        let bytes = self.bytes.clone();
+        async move {
+            let records = read.await?;
+            let len: usize = records.iter().map(|r| r.body.len()).sum();
+            bytes.fetch_add(len, std::sync::atomic::Ordering::Relaxed);
+            Ok(records)
+        }
+        .boxed()
+    }
+}
+
+fn sub_offset_fork(name: &str, source: &str, sub_offset: u64) -> CreateRequest {
+    CreateRequest {
+        fork: Some(ForkRequest {
+            source: source.into(),
+            offset: Some(Offset::START),
+            sub_offset,
+        }),
+        ..create_text(name)
+    }
+}
+
+#[tokio::test]
+async fn a_sub_offset_far_past_its_unit_reads_no_further_than_the_unit() {
+    let engine = Arc::new(CountingReads::default());
+    let read = engine.bytes.clone();
+    let service = StreamService::open(engine, ServiceConfig::default()).unwrap();
+    service.create(create_text("src")).await.unwrap();
+    service.append("src", text("abc")).await.unwrap();
+    let megabyte = "m".repeat(1 << 20);
+    for _ in 0..8 {
+        service.append("src", text(&megabyte)).await.unwrap();
+    }
+    read.store(0, std::sync::atomic::Ordering::Relaxed);
+
+    let refused = service
+        .create(sub_offset_fork("fork", "src", 1 << 40))
+        .await;
+    assert!(
+        matches!(&refused, Err(StreamError::BadRequest(reason)) if reason.contains("past the next append unit")),
+        "{refused:?}"
+    );
+    let read = read.load(std::sync::atomic::Ordering::Relaxed);
+    assert!(
+        read < (1 << 20) + 1024,
+        "{read} bytes read for a unit of 3 bytes and the 1 MiB record after it, of 8 MiB"
+    );
+}
+
+#[tokio::test]
+async fn a_sub_offset_inside_a_later_record_of_a_unit_forks_that_far() {
+    let service =
+        StreamService::open(Arc::new(MemoryEngine::new()), ServiceConfig::default()).unwrap();
+    service.create(create_text("src")).await.unwrap();
+    let source = service.find("src", false).await.unwrap();
+    let unit = S2Append {
+        records: [b"0123456789", b"abcdefghij", b"ABCDEFGHIJ"]
+            .iter()
+            .map(|body| S2Record {
+                timestamp: None,
+                headers: Vec::new(),
+                body: Bytes::from_static(*body),
+            })
+            .collect(),
+        match_seq_num: None,
+        fencing_token: None,
+    }
+    .check()
+    .unwrap();
+    service.s2_append(&source, unit, None).await.unwrap();
+    service.append("src", text("next unit")).await.unwrap();
+
+    service
+        .create(sub_offset_fork("fork", "src", 25))
+        .await
+        .unwrap();
+    let fork = service.find("fork", false).await.unwrap();
+    let chunk = service.read_at(&fork, Offset::START, None).await.unwrap();
+    let bodies: Vec<&[u8]> = chunk.records.iter().map(|r| &r.body[..]).collect();
+    assert_eq!(bodies, [&b"0123456789"[..], b"abcdefghij", b"ABCDE"]);
+
+    let past = service.create(sub_offset_fork("too-far", "src", 31)).await;
+    assert!(matches!(past, Err(StreamError::BadRequest(_))), "{past:?}");
+}
+
+#[tokio::test]
+async fn replicated_records_that_do_not_follow_one_another_are_refused_whole() {
+    let service =
+        StreamService::open(Arc::new(MemoryEngine::new()), ServiceConfig::default()).unwrap();
+    let state = mirrored_state(Offset::START, Offset::START, false);
+    let mirror = service
+        .mirror_stream("m", "http://upstream:1", &state, None)
+        .await
+        .unwrap();
+    let laid = |bodies: &[&'static str]| {
+        let bodies = bodies.iter().map(|b| Bytes::from_static(b.as_bytes()));
+        crate::model::record::lay_out(Offset::START, 1, bodies.collect())
+    };
+    let mut repeated = laid(&["ab", "cd"]);
+    repeated[1] = repeated[0].clone();
+    let mut skipping = laid(&["ab", "cd", "ef"]);
+    skipping.remove(1);
+    for broken in [repeated, skipping] {
+        assert!(matches!(
+            service.mirror_records(&mirror, broken).await,
+            Err(StreamError::Conflict(_))
+        ));
+        assert_eq!(mirror.durable().tail, Offset::START, "nothing applied");
+    }
+    service
+        .mirror_records(&mirror, laid(&["ab", "cd"]))
+        .await
+        .unwrap();
+    assert_eq!(mirror.durable().tail, Offset::new(2, 4));
 }

@@ -24,6 +24,14 @@ def test_create_basin_is_201_with_basin_info(c):
     assert info.get("state") == "active"
 
 
+def test_a_basin_config_over_64_kib_is_413_and_creates_nothing(c):
+    # A basin's config is kept as sent and read on every request to its streams.
+    name = unique_basin()
+    r = c.post("/v1/basins", json={"basin": name, "config": {"padding": "x" * (64 << 10)}})
+    expect_error(r, 413, "invalid")
+    assert c.get(basin_path(name)).status_code == 404
+
+
 def test_create_basin_with_config_round_trips_through_get(c):
     name = unique_basin()
     config = {"create_stream_on_append": True, "create_stream_on_read": False,

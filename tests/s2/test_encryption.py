@@ -102,6 +102,26 @@ def test_appends_under_another_key_are_refused_and_write_nothing(cbasin, estream
     assert cbasin.tail(estream) == tail_before
 
 
+def test_a_refused_first_append_does_not_make_its_key_the_streams(cbasin):
+    # A stream takes the key of the first records written to it; an append refused before
+    # writing anything (here on its match_seq_num) leaves it without one.
+    name = cbasin.create_stream()
+    refused, real = new_key(), new_key()
+    r = cbasin.append(name, ["never"], status=412, headers=with_key(refused), match_seq_num=7)
+    assert json_of(r, 412) == {"seq_num_mismatch": 0}
+    cbasin.ack(name, ["written"], headers=with_key(real))
+    assert s2.bodies(cbasin.records(name, headers=with_key(real), seq_num=0)) == ["written"]
+    r = cbasin.read(name, status=400, headers=with_key(refused), seq_num=0)
+    expect_error(r, 400, "decryption_failed")
+
+
+def test_a_malformed_key_on_an_auto_creating_append_creates_no_stream(c):
+    b = Basin.create(c, config={"stream_cipher": CIPHER, "create_stream_on_append": True})
+    expect_error(b.append("auto", ["x"], status=400, headers=with_key("not base64!")), 400,
+                 "bad_header")
+    assert c.get(s2.stream_path("auto"), headers=b.headers()).status_code == 404
+
+
 @pytest.mark.parametrize("bad", ["not base64!", b64(os.urandom(16)), b64(os.urandom(33)), ""])
 def test_malformed_key_is_400_bad_header(cbasin, estream, bad):
     expect_error(cbasin.append(estream, ["x"], status=400, headers=with_key(bad)), 400,

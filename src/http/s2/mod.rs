@@ -395,13 +395,19 @@ fn stream_key(basin: &str, stream: &str) -> Result<String, S2Error> {
 const MAX_S2_BODY_BYTES: usize = 16 << 20;
 
 fn body_limits(app: &AppState) -> request::BodyLimits {
-    app.config
-        .body
-        .at_most(app.config.body.max_bytes.min(MAX_S2_BODY_BYTES))
+    app.config.body.at_most(MAX_S2_BODY_BYTES)
 }
 
-async fn json_bytes(app: &AppState, headers: &HeaderMap, body: Body) -> Result<Bytes, S2Error> {
-    let bytes = request::body(headers, body, body_limits(app)).await?;
+/// The largest body of a request that manages basins, streams or tokens. Their configurations
+/// are a handful of fields; a basin's is kept as sent and read on every request to its streams.
+const MAX_CONTROL_BODY_BYTES: usize = 64 << 10;
+
+async fn json_bytes(
+    headers: &HeaderMap,
+    body: Body,
+    limits: request::BodyLimits,
+) -> Result<Bytes, S2Error> {
+    let bytes = request::body(headers, body, limits).await?;
     crate::model::json::check_value_count(&bytes).map_err(|e| bad("bad_json", e))?;
     let is_json = headers
         .get(header::CONTENT_TYPE)
@@ -419,7 +425,8 @@ async fn json_body<T: serde::de::DeserializeOwned>(
     headers: &HeaderMap,
     body: Body,
 ) -> Result<Option<T>, S2Error> {
-    let bytes = json_bytes(app, headers, body).await?;
+    let limits = body_limits(app).at_most(MAX_CONTROL_BODY_BYTES);
+    let bytes = json_bytes(headers, body, limits).await?;
     if bytes.is_empty() {
         return Ok(None);
     }

@@ -252,11 +252,10 @@ async fn append(
         json_append(app, headers, body).await?
     };
     let append = guard.admit(append)?;
+    // A header fault is refused before the lookup, which may create the stream.
+    let key = key_of(headers)?;
     let stream = records_stream(app, headers, name, Opening::Append).await?;
-    let ack = app
-        .service
-        .s2_append(&stream, append, key_of(headers)?.as_ref())
-        .await?;
+    let ack = app.service.s2_append(&stream, append, key.as_ref()).await?;
     if wants_protobuf(headers) {
         return Ok(s2s::protobuf_response(&s2s::ack_message(&ack)));
     }
@@ -266,7 +265,7 @@ async fn append(
 /// A JSON `AppendInput`, its bytes decoded per `s2-format`.
 async fn json_append(app: &AppState, headers: &HeaderMap, body: Body) -> Result<S2Append, S2Error> {
     let format = format_of(headers)?;
-    let bytes = json_bytes(app, headers, body).await?;
+    let bytes = json_bytes(headers, body, body_limits(app)).await?;
     if bytes.is_empty() {
         return Err(bad("bad_json", "a body is required"));
     }
