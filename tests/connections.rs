@@ -100,6 +100,21 @@ async fn slowloris_clients_are_cut_off_and_others_are_still_served() {
 }
 
 #[tokio::test]
+async fn a_connection_that_sends_no_request_is_closed_after_the_header_timeout() {
+    let server = Server::start(&["--memory", "--header-read-timeout-secs", "1"]);
+    let mut silent = TcpStream::connect(addr(&server)).await.unwrap();
+    // The start of the HTTP/2 preface, while the server still tells the versions apart.
+    let mut half_preface = TcpStream::connect(addr(&server)).await.unwrap();
+    half_preface.write_all(b"PRI * HTTP/2.0\r\n").await.unwrap();
+    for stream in [&mut silent, &mut half_preface] {
+        assert!(
+            closed_within(stream, Duration::from_secs(5)).await,
+            "a connection that never begins a request gives its slot back"
+        );
+    }
+}
+
+#[tokio::test]
 async fn an_idle_keep_alive_connection_is_closed_after_the_header_timeout() {
     let server = Server::start(&["--memory", "--header-read-timeout-secs", "1"]);
     let mut stream = TcpStream::connect(addr(&server)).await.unwrap();

@@ -37,20 +37,23 @@ fn is_live(request: &Request) -> bool {
             .find(|(key, _)| key == name)
             .map(|(_, value)| value)
     };
-    let first_media_type_is = |name: header::HeaderName, wanted: &str| {
-        request
-            .headers()
-            .get(name)
-            .and_then(|v| v.as_bytes().split(|b| *b == b',').next())
-            .map(<[u8]>::trim_ascii)
-            .and_then(|v| v.get(..wanted.len()))
-            .is_some_and(|v| v.eq_ignore_ascii_case(wanted.as_bytes()))
-    };
     param("live").is_some()
         || path.ends_with("/streamld")
-        || first_media_type_is(header::ACCEPT, "text/event-stream")
-        || first_media_type_is(header::CONTENT_TYPE, "s2s/proto")
+        || first_media_type_is(request, header::ACCEPT, "text/event-stream")
+        || first_media_type_is(request, header::CONTENT_TYPE, "s2s/proto")
         || (path.ends_with("/records") && param("wait").is_some_and(|w| w != "0"))
+}
+
+/// Whether the first media type a header lists begins with `wanted`, in any case (as the
+/// handlers compare them).
+fn first_media_type_is(request: &Request, name: header::HeaderName, wanted: &str) -> bool {
+    request
+        .headers()
+        .get(name)
+        .and_then(|v| v.as_bytes().split(|b| *b == b',').next())
+        .map(<[u8]>::trim_ascii)
+        .and_then(|v| v.get(..wanted.len()))
+        .is_some_and(|v| v.eq_ignore_ascii_case(wanted.as_bytes()))
 }
 
 fn is_streaming(response: &Response) -> bool {
@@ -65,10 +68,7 @@ fn is_streaming(response: &Response) -> bool {
 /// reads nothing.
 fn is_append_session(request: &Request) -> bool {
     request.method() == Method::POST
-        && request
-            .headers()
-            .get(header::CONTENT_TYPE)
-            .is_some_and(|v| v.as_bytes().starts_with(b"s2s/proto"))
+        && first_media_type_is(request, header::CONTENT_TYPE, "s2s/proto")
 }
 
 /// Runs the request, counting it against the live-reader limit if it is a live read, and ending a
@@ -241,6 +241,21 @@ mod tests {
             &[("content-type", "S2S/PROTO")]
         )));
         assert!(is_live(&get("/v1/streams/s/records?wait=5", &[])));
+    }
+
+    #[test]
+    fn append_sessions_are_recognised_in_any_case() {
+        let post = |content_type: &str| {
+            Request::builder()
+                .method(Method::POST)
+                .uri("/v1/streams/s/records")
+                .header("content-type", content_type)
+                .body(Body::empty())
+                .unwrap()
+        };
+        assert!(is_append_session(&post("s2s/proto")));
+        assert!(is_append_session(&post("S2S/Proto; charset=x")));
+        assert!(!is_append_session(&post("application/json")));
     }
 
     #[test]

@@ -4,6 +4,7 @@
 
 use std::path::Path;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
@@ -119,11 +120,23 @@ pub async fn serve(
         let _ = tcp.set_nodelay(true);
         let socket = std::os::fd::AsRawFd::as_raw_fd(&tcp);
         let (tcp, stall) = Watched::new(tcp, Some(socket), slot);
-        let service = TowerToHyperService::new(if tls.is_some() {
-            app.over_tls()
-        } else {
-            app.clone()
-        });
+        let begun = Arc::new(AtomicBool::new(false));
+        let service = NotingFirst {
+            inner: TowerToHyperService::new(if tls.is_some() {
+                app.over_tls()
+            } else {
+                app.clone()
+            }),
+            begun: begun.clone(),
+        };
+        // hyper's header timeout starts once it knows the connection's HTTP version, which a
+        // client that sends nothing (or half the HTTP/2 preface) never lets it learn.
+        let first_request_by = limits.header_read_timeout
+            + if tls.is_some() {
+                TLS_HANDSHAKE_TIMEOUT
+            } else {
+                Duration::ZERO
+            };
         let builder = builder.clone();
         let watcher = graceful.watcher();
         let tls = tls.clone();
@@ -167,6 +180,9 @@ pub async fn serve(
                 () = stall.stalled(send_timeout) => {
                     tracing::debug!(%peer, "the client read nothing for the send timeout; closing");
                 }
+                () = no_request_by(first_request_by, &begun) => {
+                    tracing::debug!(%peer, "no request began within the header timeout; closing");
+                }
             }
         });
     }
@@ -179,6 +195,32 @@ pub async fn serve(
             timeout = ?limits.shutdown_timeout,
             "requests still in flight at the shutdown timeout; closing their connections"
         );
+    }
+}
+
+/// Resolves once `timeout` has passed without the connection beginning a request.
+async fn no_request_by(timeout: Duration, begun: &AtomicBool) {
+    tokio::time::sleep(timeout).await;
+    if begun.load(Ordering::Relaxed) {
+        std::future::pending::<()>().await;
+    }
+}
+
+/// A connection's service, noting that the connection has begun a request.
+#[derive(Clone)]
+struct NotingFirst<S> {
+    inner: S,
+    begun: Arc<AtomicBool>,
+}
+
+impl<S: hyper::service::Service<R>, R> hyper::service::Service<R> for NotingFirst<S> {
+    type Response = S::Response;
+    type Error = S::Error;
+    type Future = S::Future;
+
+    fn call(&self, request: R) -> Self::Future {
+        self.begun.store(true, Ordering::Relaxed);
+        self.inner.call(request)
     }
 }
 

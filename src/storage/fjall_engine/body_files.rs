@@ -62,7 +62,13 @@ impl BodyFiles {
         unsynced: Option<Database>,
     ) -> Result<BodyFiles, StorageError> {
         let dir = data.join(DIRECTORY);
-        std::fs::create_dir_all(&dir).map_err(io)?;
+        if !dir.is_dir() {
+            std::fs::create_dir_all(&dir).map_err(io)?;
+            // The new directory's entry is synced before any commit can name a file in it.
+            std::fs::File::open(data)
+                .and_then(|parent| parent.sync_all())
+                .map_err(io)?;
+        }
         let mut referred = HashSet::new();
         for guard in record_files.iter() {
             let (_, value) = guard.into_inner().map_err(io)?;
