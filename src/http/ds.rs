@@ -14,11 +14,11 @@ use super::origin::Origin;
 use super::request::{self, Query, Rejection};
 use super::{AppState, sse, text_error};
 use crate::model::headers as hv;
-use crate::model::records::{self, ReadParams, RecordView};
+use crate::model::records::{self, ReadParams, ReadView, RecordView};
 use crate::model::{Offset, ReadFrom, Record, attrs, cursor, names};
 use crate::service::{
-    AppendAck, AppendRequest, CreateRequest, ForkRequest, ReadChunk, Stream, StreamError,
-    StreamInfo,
+    AppendAck, AppendRequest, CreateRequest, ForkRequest, ReadChunk, SharedBody, SharedRead,
+    Stream, StreamError, StreamInfo,
 };
 
 pub const EXPOSED_HEADERS: &str = "Stream-Next-Offset, Stream-Cursor, Stream-Up-To-Date, Stream-Closed, \
@@ -403,13 +403,6 @@ enum Live {
     Sse,
 }
 
-/// How a read shows its records: the base protocol's canonical bytes, or record-aligned lines.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(super) enum View {
-    Canonical,
-    Records(RecordView),
-}
-
 async fn read(app: &AppState, name: &str, query: Option<&str>, headers: &HeaderMap) -> Handled {
     let query = Query::parse(query);
     let offset = query.get("offset")?;
@@ -447,11 +440,11 @@ async fn read(app: &AppState, name: &str, query: Option<&str>, headers: &HeaderM
     let (start, view, max_records) = match record_read {
         Some(read) => {
             let start = app.service.resolve_record(&stream, read.start).await?;
-            (start, View::Records(read.view), read.max_records)
+            (start, ReadView::Records(read.view), read.max_records)
         }
         None => (
             app.service.resolve(&stream, from).await?,
-            View::Canonical,
+            ReadView::Canonical,
             None,
         ),
     };
@@ -467,12 +460,17 @@ async fn read(app: &AppState, name: &str, query: Option<&str>, headers: &HeaderM
         Live::Sse => Ok(sse::respond(app, read)),
         Live::LongPoll => long_poll(app, &read).await,
         Live::No => {
+            if max_records.is_none()
+                && let Some(shared) = app.service.shared_body(&read.stream, start, view)
+            {
+                return Ok(catch_up_shared(&read, &shared, if_none_match));
+            }
             let chunk = app
                 .service
                 .read_history_at(&read.stream, start, max_records)
                 .await?;
-            let at_now = from == ReadFrom::Now && view == View::Canonical;
-            Ok(catch_up(&read, chunk, at_now, if_none_match))
+            let at_now = from == ReadFrom::Now && view == ReadView::Canonical;
+            Ok(catch_up(app, &read, chunk, at_now, if_none_match))
         }
     }
 }
@@ -481,24 +479,109 @@ async fn read(app: &AppState, name: &str, query: Option<&str>, headers: &HeaderM
 pub(super) struct Read {
     pub stream: Arc<Stream>,
     pub start: Offset,
-    pub view: View,
+    pub view: ReadView,
     pub max_records: Option<u64>,
     pub client_cursor: Option<u64>,
 }
 
+/// Where a read's answer starts and ends, and how it stands against the stream.
+struct ChunkHead {
+    start: Offset,
+    next: Offset,
+    up_to_date: bool,
+    closed: bool,
+    /// The first record the body shows: command records written through S2 before JSON
+    /// streams refused them are left out.
+    first_shown: u64,
+}
+
+impl ChunkHead {
+    fn of(chunk: &ReadChunk) -> ChunkHead {
+        ChunkHead {
+            start: chunk.start,
+            next: chunk.next,
+            up_to_date: chunk.up_to_date,
+            closed: chunk.closed,
+            first_shown: visible(&chunk.records)
+                .next()
+                .map_or(chunk.start.seq, |r| r.seq),
+        }
+    }
+
+    fn of_shared(shared: &SharedRead) -> ChunkHead {
+        ChunkHead {
+            start: shared.body.start,
+            next: shared.body.next,
+            up_to_date: shared.up_to_date,
+            closed: shared.closed,
+            first_shown: shared.body.first_shown,
+        }
+    }
+}
+
+/// Catch-up bodies of at least this many bytes are left for other readers of the same range.
+/// Below it, the in-memory file that holds one costs more than reading and rendering it again.
+const SHARE_FROM: u64 = 64 << 10;
+
+/// A catch-up read's answer from the records just read; a large body is left for the next
+/// readers of the same range.
 fn catch_up(
+    app: &AppState,
     read: &Read,
-    mut chunk: ReadChunk,
+    chunk: ReadChunk,
     at_now: bool,
     if_none_match: Option<&str>,
 ) -> Response {
-    let etag = etag_of(read, &chunk);
+    let head = ChunkHead::of(&chunk);
+    answer(read, &head, at_now, if_none_match, || {
+        let (content_type, body) = render(read, &chunk.records);
+        if body.byte_len() < SHARE_FROM || read.max_records.is_some() {
+            return (content_type, body.holding(chunk.lease));
+        }
+        let shared = Arc::new(SharedBody {
+            start: head.start,
+            next: head.next,
+            short_of_tail: !head.up_to_date,
+            first_shown: head.first_shown,
+            pieces: body.into_shareable(),
+            lease: chunk.lease,
+        });
+        app.service
+            .share_body(&read.stream, read.view, shared.clone());
+        let body = Pieces::shared(shared);
+        (content_type, body)
+    })
+}
+
+/// A catch-up read's answer from a body another read left.
+fn catch_up_shared(read: &Read, shared: &SharedRead, if_none_match: Option<&str>) -> Response {
+    answer(
+        read,
+        &ChunkHead::of_shared(shared),
+        false,
+        if_none_match,
+        || (content_type(read), Pieces::shared(shared.body.clone())),
+    )
+}
+
+/// A catch-up read's answer: the body `render` makes, or 304 when the client holds it already.
+fn answer<'a>(
+    read: &'a Read,
+    head: &ChunkHead,
+    at_now: bool,
+    if_none_match: Option<&str>,
+    render: impl FnOnce() -> (&'a str, Pieces),
+) -> Response {
+    let etag = etag_of(read, head);
     let mut response = if !at_now && if_none_match.is_some_and(|tags| matches_etag(tags, &etag)) {
         empty(StatusCode::NOT_MODIFIED)
     } else {
-        with_body(StatusCode::OK, read, &mut chunk)
+        let (content_type, body) = render();
+        let mut response = (StatusCode::OK, Body::new(body)).into_response();
+        set(&mut response, "content-type", content_type);
+        response
     };
-    describe_chunk(&mut response, read, &chunk);
+    describe_chunk(&mut response, read, head);
     if at_now {
         set(&mut response, "cache-control", "no-store");
     } else {
@@ -506,7 +589,7 @@ fn catch_up(
         set(
             &mut response,
             "cache-control",
-            if chunk.up_to_date {
+            if head.up_to_date {
                 "no-cache"
             } else {
                 CACHE_HISTORIC
@@ -517,18 +600,18 @@ fn catch_up(
 }
 
 /// The entity tag of a read's answer: the stream, the range, whether it closed, and the view.
-fn etag_of(read: &Read, chunk: &ReadChunk) -> String {
+fn etag_of(read: &Read, head: &ChunkHead) -> String {
     let view_tag = match read.view {
-        View::Canonical => "",
-        View::Records(RecordView::Values) => ":ndjson",
-        View::Records(RecordView::Envelope) => ":envelope",
+        ReadView::Canonical => "",
+        ReadView::Records(RecordView::Values) => ":ndjson",
+        ReadView::Records(RecordView::Envelope) => ":envelope",
     };
     format!(
         "\"{}:{}:{}{}{}\"",
         read.stream.id,
-        chunk.start,
-        chunk.next,
-        if chunk.closed { ":c" } else { "" },
+        head.start,
+        head.next,
+        if head.closed { ":c" } else { "" },
         view_tag
     )
 }
@@ -552,52 +635,55 @@ fn with_body(status: StatusCode, read: &Read, chunk: &mut ReadChunk) -> Response
 }
 
 /// The headers that say where a chunk ends, for the read's view.
-fn describe_chunk(response: &mut Response, read: &Read, chunk: &ReadChunk) {
-    set_tail(response, chunk.next, chunk.closed);
-    if chunk.up_to_date {
+fn describe_chunk(response: &mut Response, read: &Read, head: &ChunkHead) {
+    set_tail(response, head.next, head.closed);
+    if head.up_to_date {
         set(response, "stream-up-to-date", "true");
     }
     if read.stream.json {
         advertise_records(response);
     }
-    if let View::Records(_) = read.view {
+    if let ReadView::Records(_) = read.view {
         set(
             response,
             "stream-record-first",
             &read.stream.durable().first.seq.to_string(),
         );
-        // Command records written through S2 before JSON streams refused them are skipped.
-        let start = visible(&chunk.records)
-            .next()
-            .map_or(chunk.start.seq, |r| r.seq);
-        set_record_range(response, (start, chunk.next.seq));
+        set_record_range(response, (head.first_shown, head.next.seq));
+    }
+}
+
+/// The content type of a read's body.
+fn content_type(read: &Read) -> &str {
+    match read.view {
+        ReadView::Canonical => &read.stream.content_type,
+        ReadView::Records(RecordView::Values) => records::NDJSON,
+        ReadView::Records(RecordView::Envelope) => records::ENVELOPE_NDJSON,
     }
 }
 
 /// The content type and body of records in a read's view.
 pub(super) fn render<'a>(read: &'a Read, records: &[Record]) -> (&'a str, Pieces) {
-    match read.view {
-        View::Canonical => (
-            &read.stream.content_type,
-            canonical_body(read.stream.json, records),
-        ),
-        View::Records(RecordView::Values) => {
+    let body = match read.view {
+        ReadView::Canonical => canonical_body(read.stream.json, records),
+        ReadView::Records(RecordView::Values) => {
             let mut body = Gather::default();
             for record in visible(records) {
                 body.push(&record.body);
                 body.push_slice(b"\n");
             }
-            (records::NDJSON, body.finish())
+            body.finish()
         }
-        View::Records(RecordView::Envelope) => {
+        ReadView::Records(RecordView::Envelope) => {
             let mut body = Gather::default();
             for record in visible(records) {
                 body.push_slice(&records::envelope(record.seq, &record.body));
                 body.push_slice(b"\n");
             }
-            (records::ENVELOPE_NDJSON, body.finish())
+            body.finish()
         }
-    }
+    };
+    (content_type(read), body)
 }
 
 /// The base protocol's body of a read: the records' bytes, or for JSON one array of them.
@@ -656,19 +742,20 @@ async fn long_poll(app: &AppState, read: &Read) -> Handled {
             .read_at(stream, read.start, read.max_records)
             .await?;
     }
+    let head = ChunkHead::of(&chunk);
     let mut response = if chunk.records.is_empty() {
         let mut response = empty(StatusCode::NO_CONTENT);
         set(&mut response, "cache-control", "no-store");
         response
     } else {
-        let etag = etag_of(read, &chunk);
+        let etag = etag_of(read, &head);
         let mut response = with_body(StatusCode::OK, read, &mut chunk);
         set(&mut response, "cache-control", CACHE_HISTORIC);
         // As on catch-up reads (base protocol §10.1): a cache may revalidate it.
         set(&mut response, "etag", &etag);
         response
     };
-    describe_chunk(&mut response, read, &chunk);
+    describe_chunk(&mut response, read, &head);
     if !chunk.closed {
         set(
             &mut response,

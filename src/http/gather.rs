@@ -4,9 +4,11 @@
 use std::collections::VecDeque;
 use std::convert::Infallible;
 use std::pin::Pin;
+use std::sync::Arc;
 use std::task::{Context, Poll};
 
-use crate::service::ReadLease;
+use crate::service::{ReadLease, SharedBody};
+use crate::storage::file_bytes;
 use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
 
@@ -69,7 +71,7 @@ impl Gather {
         Pieces {
             pieces: self.pieces,
             remaining: self.len,
-            _lease: ReadLease::default(),
+            ..Pieces::default()
         }
     }
 
@@ -90,6 +92,8 @@ pub struct Pieces {
     remaining: u64,
     /// The read memory its records count against, given back once the body is gone.
     _lease: ReadLease,
+    /// The shared body it sends, whose read memory is given back once nobody holds it.
+    _shared: Option<Arc<SharedBody>>,
 }
 
 impl Pieces {
@@ -99,6 +103,38 @@ impl Pieces {
             _lease: lease,
             ..self
         }
+    }
+
+    /// A body kept for every reader of its range, held while this is sent.
+    pub fn shared(body: Arc<SharedBody>) -> Pieces {
+        Pieces {
+            pieces: body.pieces.iter().cloned().collect(),
+            remaining: body.pieces.iter().map(|p| p.len() as u64).sum(),
+            _shared: Some(body),
+            ..Pieces::default()
+        }
+    }
+
+    pub fn byte_len(&self) -> u64 {
+        self.remaining
+    }
+
+    /// The pieces, for a body many responses will send: those a socket would be given a copy
+    /// of are moved into an in-memory file, which each socket can send from instead (see
+    /// `storage::file_bytes`), consecutive ones into the same file.
+    pub fn into_shareable(self) -> Vec<Bytes> {
+        let mut shareable = Vec::with_capacity(self.pieces.len());
+        let mut run: Vec<Bytes> = Vec::new();
+        for piece in self.pieces {
+            if file_bytes::is_file_backed(&piece) {
+                move_into_file(&mut run, &mut shareable);
+                shareable.push(piece);
+            } else {
+                run.push(piece);
+            }
+        }
+        move_into_file(&mut run, &mut shareable);
+        shareable
     }
 
     /// The whole body in one buffer; free when it is a single piece.
@@ -114,6 +150,20 @@ impl Pieces {
                 Bytes::from(joined)
             }
         }
+    }
+}
+
+/// Moves `run` into `out` as one in-memory file, or as it is where that is not worth it (a few
+/// bytes in all) or not possible.
+fn move_into_file(run: &mut Vec<Bytes>, out: &mut Vec<Bytes>) {
+    let len: usize = run.iter().map(Bytes::len).sum();
+    if len >= SEND_AS_IS_FROM
+        && let Some(file) = file_bytes::in_memory_file(run.iter().map(|piece| &piece[..]))
+    {
+        out.push(file);
+        run.clear();
+    } else {
+        out.append(run);
     }
 }
 

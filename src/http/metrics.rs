@@ -81,6 +81,12 @@ pub async fn metrics(State(app): State<AppState>) -> Response {
     );
     gauge(
         &mut out,
+        "runnel_shared_body_bytes",
+        "Catch-up bodies kept for the next readers of the same range.",
+        app.service.shared_body_bytes(),
+    );
+    gauge(
+        &mut out,
         "runnel_tasks",
         "Tasks alive in the server's async runtime: one per connection, live reader and \
          replication pump, among others. One that only grows is a leak.",

@@ -10,10 +10,10 @@ use bytes::Bytes;
 use tokio::time::Instant;
 
 use super::AppState;
-use super::ds::{Read, View, canonical_body, next_cursor, visible};
+use super::ds::{Read, canonical_body, next_cursor, visible};
 use crate::model::Offset;
 use crate::model::content_type::sse_needs_base64;
-use crate::model::records::{self, RecordView};
+use crate::model::records::{self, ReadView, RecordView};
 use crate::model::sse::write_data_event;
 use crate::service::{FrameView, LiveFrame, ReadChunk, Wake};
 
@@ -28,15 +28,15 @@ pub(super) fn live_timing(app: &AppState) -> (Duration, Instant) {
 }
 
 pub fn respond(app: &AppState, read: Read) -> Response {
-    let base64 = read.view == View::Canonical && sse_needs_base64(&read.stream.content_type);
-    let envelope = read.view == View::Records(RecordView::Envelope);
+    let base64 = read.view == ReadView::Canonical && sse_needs_base64(&read.stream.content_type);
+    let envelope = read.view == ReadView::Records(RecordView::Envelope);
     let json = read.stream.json;
     let service = app.service.clone();
     let (keepalive, deadline) = live_timing(app);
 
     // Readers of the canonical view at one place render the same bytes but for their cursor,
     // so they share one rendering (see `LiveFrame`).
-    let shares = read.view == View::Canonical;
+    let shares = read.view == ReadView::Canonical;
 
     let mut tail = service.watch_tail(&read.stream, keepalive, Some(deadline));
     let events = async_stream::stream! {
@@ -250,7 +250,7 @@ fn write_control_event(out: &mut Vec<u8>, read: &Read, reached: Reached, cursor:
         let _ = write!(out, "{}", reached.next);
     }
     out.push(b'"');
-    if let View::Records(_) = read.view {
+    if let ReadView::Records(_) = read.view {
         let first = read.stream.durable().first.seq;
         let _ = write!(
             out,

@@ -20,7 +20,14 @@ pub enum RecordStart {
     Last(u64),
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// How a read shows its records: the base protocol's canonical bytes, or record-aligned lines.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ReadView {
+    Canonical,
+    Records(RecordView),
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum RecordView {
     /// One normalised JSON value per line.
     Values,

@@ -19,6 +19,7 @@ use tokio_rustls::TlsAcceptor;
 use tokio_rustls::rustls;
 use tokio_util::sync::CancellationToken;
 
+use super::file_sending::FileSending;
 use super::watched::Watched;
 use crate::http::Handler;
 
@@ -119,7 +120,7 @@ pub async fn serve(
         };
         let _ = tcp.set_nodelay(true);
         let socket = std::os::fd::AsRawFd::as_raw_fd(&tcp);
-        let (tcp, stall) = Watched::new(tcp, Some(socket), slot);
+        let (tcp, stall) = Watched::new(FileSending::new(tcp), Some(socket), slot);
         let begun = Arc::new(AtomicBool::new(false));
         let service = NotingFirst {
             inner: TowerToHyperService::new(if tls.is_some() {

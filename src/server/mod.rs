@@ -7,6 +7,7 @@ use std::time::Duration;
 use tokio::net::{TcpListener, TcpSocket};
 
 mod connections;
+mod file_sending;
 mod provision;
 mod watched;
 

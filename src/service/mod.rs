@@ -16,6 +16,7 @@ mod read;
 mod read_memory;
 mod replication;
 mod s2;
+mod shared_bodies;
 mod snapshots;
 mod stream;
 
@@ -55,6 +56,7 @@ pub use s2::{
     CheckedAppend, S2Ack, S2Append, S2Batch, S2Limits, S2Position, S2Record, S2Start,
     parse_config as parse_s2_config,
 };
+pub use shared_bodies::{SharedBody, SharedRead};
 pub use snapshots::{Bootstrap, Position, digest as snapshot_digest};
 pub use stream::{Durable, Stream};
 pub use tokens::{IssueToken, Principal, TokenError};
@@ -73,6 +75,9 @@ pub struct ServiceConfig {
     /// The most body bytes all read responses hold at once; beyond it, reads get smaller
     /// chunks (see [`read_memory`]).
     pub read_memory_bytes: usize,
+    /// The most bytes of catch-up bodies kept for readers of the same range (see
+    /// [`shared_bodies`]); they count against `read_memory_bytes` too.
+    pub shared_body_bytes: usize,
     pub cache: CacheLimits,
     /// Appends submitted to storage but not yet durable, across all streams.
     pub max_inflight_commits: usize,
@@ -92,6 +97,7 @@ impl Default for ServiceConfig {
             max_read_bytes: 1 << 20,
             catch_up_read_bytes: 4 << 20,
             read_memory_bytes: 512 << 20,
+            shared_body_bytes: 64 << 20,
             cache: CacheLimits::default(),
             max_inflight_commits: 8192,
             max_streams_per_bucket: None,
@@ -109,6 +115,7 @@ pub struct StreamService {
     commit_permits: Arc<Semaphore>,
     cache_budget: Arc<cache::CacheBudget>,
     read_memory: Arc<read_memory::ReadMemory>,
+    shared_bodies: shared_bodies::SharedBodies,
     /// Every stream that comes into being (created, or swapped in by a mirror's rebuild), for
     /// bucket replication sessions: they start following it without rescanning their bucket.
     appeared: tokio::sync::broadcast::Sender<Appeared>,
@@ -231,6 +238,7 @@ impl StreamService {
             commit_permits: Arc::new(Semaphore::new(config.max_inflight_commits)),
             cache_budget: cache::CacheBudget::new(config.cache),
             read_memory: read_memory::ReadMemory::new(config.read_memory_bytes),
+            shared_bodies: shared_bodies::SharedBodies::new(config.shared_body_bytes),
             appeared: tokio::sync::broadcast::Sender::new(replication::APPEARED_BACKLOG),
             shutdown: CancellationToken::new(),
             stopping: Arc::new(AtomicBool::new(false)),

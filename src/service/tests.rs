@@ -11,6 +11,7 @@ use tokio::sync::Semaphore;
 use super::snapshots::RetentionMove;
 use super::*;
 use crate::model::ReadFrom;
+use crate::model::records::ReadView;
 use crate::storage::{Engine, MemoryEngine, Recovered};
 
 /// A test engine that changes one thing about the engine it wraps and passes the rest through:
@@ -747,6 +748,91 @@ async fn a_shared_frame_serves_only_readers_rendering_the_same_view() {
         stream.shared_frame(&here, 0).is_some() && stream.shared_frame(&DS, 0).is_some(),
         "each view keeps its own frame"
     );
+}
+
+/// Leaves a body for the records a catch-up read of `stream` from `start` returns now, as a
+/// face would after rendering them.
+async fn share_read(service: &StreamService, stream: &Arc<Stream>, start: Offset) {
+    let chunk = service.read_history_at(stream, start, None).await.unwrap();
+    let body = SharedBody {
+        start: chunk.start,
+        next: chunk.next,
+        short_of_tail: !chunk.up_to_date,
+        first_shown: start.seq,
+        pieces: chunk.records.iter().map(|r| r.body.clone()).collect(),
+        lease: chunk.lease,
+    };
+    service.share_body(stream, ReadView::Canonical, Arc::new(body));
+}
+
+const CANONICAL: ReadView = ReadView::Canonical;
+
+#[tokio::test]
+async fn a_shared_body_that_reached_the_tail_is_taken_only_until_the_tail_moves() {
+    let (service, stream) = one_text_stream().await;
+    service.append("s", text("a")).await.unwrap();
+    share_read(&service, &stream, Offset::START).await;
+    let shared = service
+        .shared_body(&stream, Offset::START, CANONICAL)
+        .expect("the body is current");
+    assert!(shared.up_to_date && !shared.closed);
+    assert_eq!(shared.body.pieces, vec![Bytes::from_static(b"a")]);
+    let elsewhere = shared.body.next;
+    assert!(service.shared_body(&stream, elsewhere, CANONICAL).is_none());
+    let records = ReadView::Records(crate::model::records::RecordView::Values);
+    assert!(
+        service
+            .shared_body(&stream, Offset::START, records)
+            .is_none(),
+        "a body rendered in one view is not another's"
+    );
+
+    service.append("s", text("b")).await.unwrap();
+    assert!(
+        service
+            .shared_body(&stream, Offset::START, CANONICAL)
+            .is_none(),
+        "once the tail moves, the body would leave out a record"
+    );
+}
+
+#[tokio::test]
+async fn a_shared_body_that_stopped_short_of_the_tail_stays_as_the_stream_grows() {
+    let config = ServiceConfig {
+        catch_up_read_bytes: 100,
+        ..ServiceConfig::default()
+    };
+    let service = StreamService::open(Arc::new(MemoryEngine::new()), config).unwrap();
+    service.create(create_text("s")).await.unwrap();
+    let stream = service.find("s", false).await.unwrap();
+    for _ in 0..3 {
+        service.append("s", text(&"x".repeat(60))).await.unwrap();
+    }
+    share_read(&service, &stream, Offset::START).await;
+    service.append("s", text("more")).await.unwrap();
+    let shared = service
+        .shared_body(&stream, Offset::START, CANONICAL)
+        .expect("a full body shows the same records however the stream grows");
+    assert!(!shared.up_to_date && shared.body.short_of_tail);
+    assert_eq!(shared.body.next.seq, 1, "100 bytes hold one record of 60");
+}
+
+#[tokio::test]
+async fn a_shared_body_says_the_stream_closed_once_it_is() {
+    let (service, stream) = one_text_stream().await;
+    service.append("s", text("a")).await.unwrap();
+    share_read(&service, &stream, Offset::START).await;
+    let tail = stream.durable().tail;
+    let close = AppendRequest {
+        close: true,
+        ..Default::default()
+    };
+    service.append("s", close).await.unwrap();
+    assert_eq!(stream.durable().tail, tail, "closing adds no record");
+    let shared = service
+        .shared_body(&stream, Offset::START, CANONICAL)
+        .expect("the records are the same");
+    assert!(shared.up_to_date && shared.closed);
 }
 
 #[tokio::test]

@@ -5,6 +5,7 @@
 //! for tests and `--memory`. Both pass the same contract tests at the bottom of this file.
 
 pub mod codec;
+pub mod file_bytes;
 mod fjall_engine;
 mod memory;
 pub mod staged;

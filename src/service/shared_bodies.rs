@@ -1,0 +1,246 @@
+//! Catch-up bodies shared by readers of the same range. Clients loading a popular stream read
+//! the same records from the same place: the first read renders its body and leaves it here,
+//! and the next ones send that body as it is, without reading or rendering the records again.
+//! Faces keep the bodies in files where they can (`storage::file_bytes`), so that each reader's
+//! socket is handed the file's pages rather than a copy.
+//!
+//! A body is taken only while it shows what a read from its start would return now: a read that
+//! stopped short of the tail for its size returns the same records however the stream grows,
+//! one that reached the tail only until the tail moves. Once the bodies together pass their
+//! budget, the oldest go first.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::{Arc, Mutex, PoisonError};
+
+use bytes::Bytes;
+
+use super::read_memory::ReadLease;
+use super::{Stream, StreamService};
+use crate::model::Offset;
+use crate::model::records::ReadView;
+use crate::storage::StreamId;
+
+/// A rendered catch-up body and the range of records it shows.
+#[derive(Debug)]
+pub struct SharedBody {
+    pub start: Offset,
+    pub next: Offset,
+    /// The read stopped before the tail because the body was full.
+    pub short_of_tail: bool,
+    /// The first record the body shows (a face may leave some out).
+    pub first_shown: u64,
+    pub pieces: Vec<Bytes>,
+    /// The read memory of the records it was rendered from, held while anyone holds the body:
+    /// a response being sent, or the bodies kept here.
+    pub lease: ReadLease,
+}
+
+/// A shared body as it stands against its stream now.
+pub struct SharedRead {
+    pub body: Arc<SharedBody>,
+    /// The body reaches the durable tail.
+    pub up_to_date: bool,
+    /// The stream is closed and the body reaches its final offset.
+    pub closed: bool,
+}
+
+#[derive(Clone, Copy, Debug, Hash, PartialEq, Eq)]
+struct Key {
+    stream: StreamId,
+    start: Offset,
+    view: ReadView,
+}
+
+pub(super) struct SharedBodies {
+    budget: usize,
+    kept: Mutex<Kept>,
+}
+
+#[derive(Default)]
+struct Kept {
+    bodies: HashMap<Key, Entry>,
+    /// Keys in the order their bodies were left, each with its body's number: a key whose body
+    /// was replaced appears again, and its older place no longer matches.
+    order: VecDeque<(Key, u64)>,
+    bytes: usize,
+    numbered: u64,
+}
+
+struct Entry {
+    number: u64,
+    body: Arc<SharedBody>,
+    len: usize,
+}
+
+impl SharedBodies {
+    pub(super) fn new(budget: usize) -> SharedBodies {
+        SharedBodies {
+            budget,
+            kept: Mutex::new(Kept::default()),
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Kept> {
+        self.kept.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn bytes(&self) -> usize {
+        self.lock().bytes
+    }
+
+    fn get(&self, key: &Key) -> Option<Arc<SharedBody>> {
+        Some(self.lock().bodies.get(key)?.body.clone())
+    }
+
+    fn put(&self, key: Key, body: Arc<SharedBody>) {
+        let len = body.pieces.iter().map(Bytes::len).sum();
+        if len > self.budget / 4 {
+            return;
+        }
+        let mut kept = self.lock();
+        kept.numbered += 1;
+        let number = kept.numbered;
+        let entry = Entry { number, body, len };
+        if let Some(old) = kept.bodies.insert(key, entry) {
+            kept.bytes -= old.len;
+        }
+        kept.bytes += len;
+        kept.order.push_back((key, number));
+        while kept.bytes > self.budget {
+            kept.evict_oldest();
+        }
+        // Keys replaced again and again (a stream whose tail keeps moving) leave old places.
+        if kept.order.len() > 2 * kept.bodies.len() + 64 {
+            let Kept { bodies, order, .. } = &mut *kept;
+            order.retain(|(key, number)| bodies.get(key).is_some_and(|e| e.number == *number));
+        }
+    }
+}
+
+impl Kept {
+    fn evict_oldest(&mut self) {
+        while let Some((key, number)) = self.order.pop_front() {
+            if self.bodies.get(&key).is_some_and(|e| e.number == number) {
+                if let Some(gone) = self.bodies.remove(&key) {
+                    self.bytes -= gone.len;
+                }
+                return;
+            }
+        }
+    }
+}
+
+impl StreamService {
+    /// The body a read of `view` left for reads of `stream` from `start`, while it still shows
+    /// what such a read returns now.
+    pub fn shared_body(
+        &self,
+        stream: &Stream,
+        start: Offset,
+        view: ReadView,
+    ) -> Option<SharedRead> {
+        let key = Key {
+            stream: stream.id,
+            start,
+            view,
+        };
+        let body = self.shared_bodies.get(&key)?;
+        let durable = stream.durable();
+        if !body.short_of_tail && body.next != durable.tail {
+            return None;
+        }
+        let up_to_date = body.next.seq >= durable.tail.seq;
+        Some(SharedRead {
+            up_to_date,
+            closed: up_to_date && durable.closed,
+            body,
+        })
+    }
+
+    /// Bytes of the bodies kept now.
+    pub fn shared_body_bytes(&self) -> usize {
+        self.shared_bodies.bytes()
+    }
+
+    /// Leaves `body`, rendered in `view` from a read of `stream`, for the next readers of its
+    /// range.
+    pub fn share_body(&self, stream: &Stream, view: ReadView, body: Arc<SharedBody>) {
+        let key = Key {
+            stream: stream.id,
+            start: body.start,
+            view,
+        };
+        self.shared_bodies.put(key, body);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn key(stream: StreamId) -> Key {
+        Key {
+            stream,
+            start: Offset::default(),
+            view: ReadView::Canonical,
+        }
+    }
+
+    fn body(len: usize) -> Arc<SharedBody> {
+        Arc::new(SharedBody {
+            start: Offset::default(),
+            next: Offset {
+                seq: 1,
+                pos: len as u64,
+            },
+            short_of_tail: false,
+            first_shown: 0,
+            pieces: vec![Bytes::from(vec![b'x'; len])],
+            lease: ReadLease::default(),
+        })
+    }
+
+    #[test]
+    fn past_the_budget_the_oldest_bodies_go_first() {
+        let bodies = SharedBodies::new(100);
+        for stream in 0..4 {
+            bodies.put(key(stream), body(25));
+        }
+        bodies.put(key(4), body(25));
+        assert!(bodies.get(&key(0)).is_none(), "the oldest went");
+        assert!((1..5).all(|stream| bodies.get(&key(stream)).is_some()));
+        assert_eq!(bodies.lock().bytes, 100);
+    }
+
+    #[test]
+    fn a_replaced_body_counts_once_and_keeps_its_new_place() {
+        let bodies = SharedBodies::new(200);
+        bodies.put(key(0), body(40));
+        bodies.put(key(1), body(40));
+        bodies.put(key(0), body(50));
+        assert_eq!(bodies.lock().bytes, 90);
+        // Key 1 is now the oldest: making room takes it, not the newer key 0.
+        for stream in 2..5 {
+            bodies.put(key(stream), body(50));
+        }
+        assert!(bodies.get(&key(1)).is_none());
+        assert!(bodies.get(&key(0)).is_some());
+        assert_eq!(bodies.lock().bytes, 200);
+    }
+
+    #[test]
+    fn a_body_over_a_quarter_of_the_budget_is_not_kept() {
+        let bodies = SharedBodies::new(100);
+        bodies.put(key(0), body(26));
+        assert!(bodies.get(&key(0)).is_none());
+    }
+
+    #[test]
+    fn replacing_one_key_again_and_again_keeps_its_order_short() {
+        let bodies = SharedBodies::new(1000);
+        for _ in 0..10_000 {
+            bodies.put(key(0), body(10));
+        }
+        assert!(bodies.lock().order.len() <= 2 + 64);
+    }
+}
