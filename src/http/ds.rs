@@ -17,8 +17,8 @@ use crate::model::headers as hv;
 use crate::model::records::{self, ReadParams, ReadView, RecordView};
 use crate::model::{Offset, ReadFrom, Record, attrs, cursor, names};
 use crate::service::{
-    AppendAck, AppendRequest, CreateRequest, ForkRequest, ReadChunk, SharedBody, SharedRead,
-    Stream, StreamError, StreamInfo,
+    AppendAck, AppendRequest, BodyRange, CreateRequest, ForkRequest, ReadChunk, SharedBody,
+    SharedRead, Stream, StreamError, StreamInfo,
 };
 
 pub const EXPOSED_HEADERS: &str = "Stream-Next-Offset, Stream-Cursor, Stream-Up-To-Date, Stream-Closed, \
@@ -509,12 +509,13 @@ impl ChunkHead {
     }
 
     fn of_shared(shared: &SharedRead) -> ChunkHead {
+        let range = shared.body.range;
         ChunkHead {
-            start: shared.body.start,
-            next: shared.body.next,
+            start: range.start,
+            next: range.next,
             up_to_date: shared.up_to_date,
             closed: shared.closed,
-            first_shown: shared.body.first_shown,
+            first_shown: range.first_shown,
         }
     }
 }
@@ -538,14 +539,17 @@ fn catch_up(
         if body.byte_len() < SHARE_FROM || read.max_records.is_some() {
             return (content_type, body.holding(chunk.lease));
         }
-        let shared = Arc::new(SharedBody {
+        let range = BodyRange {
             start: head.start,
             next: head.next,
             short_of_tail: !head.up_to_date,
             first_shown: head.first_shown,
-            pieces: body.into_shareable(),
-            lease: chunk.lease,
-        });
+        };
+        let shared = Arc::new(SharedBody::new(
+            range,
+            body.into_iter().collect(),
+            chunk.lease,
+        ));
         app.service
             .share_body(&read.stream, read.view, shared.clone());
         let body = Pieces::shared(shared);

@@ -8,7 +8,6 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use crate::service::{ReadLease, SharedBody};
-use crate::storage::file_bytes;
 use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
 
@@ -108,8 +107,8 @@ impl Pieces {
     /// A body kept for every reader of its range, held while this is sent.
     pub fn shared(body: Arc<SharedBody>) -> Pieces {
         Pieces {
-            pieces: body.pieces.iter().cloned().collect(),
-            remaining: body.pieces.iter().map(|p| p.len() as u64).sum(),
+            pieces: body.pieces().iter().cloned().collect(),
+            remaining: body.len() as u64,
             _shared: Some(body),
             ..Pieces::default()
         }
@@ -117,24 +116,6 @@ impl Pieces {
 
     pub fn byte_len(&self) -> u64 {
         self.remaining
-    }
-
-    /// The pieces, for a body many responses will send: those a socket would be given a copy
-    /// of are moved into an in-memory file, which each socket can send from instead (see
-    /// `storage::file_bytes`), consecutive ones into the same file.
-    pub fn into_shareable(self) -> Vec<Bytes> {
-        let mut shareable = Vec::with_capacity(self.pieces.len());
-        let mut run: Vec<Bytes> = Vec::new();
-        for piece in self.pieces {
-            if file_bytes::is_file_backed(&piece) {
-                move_into_file(&mut run, &mut shareable);
-                shareable.push(piece);
-            } else {
-                run.push(piece);
-            }
-        }
-        move_into_file(&mut run, &mut shareable);
-        shareable
     }
 
     /// The whole body in one buffer; free when it is a single piece.
@@ -150,20 +131,6 @@ impl Pieces {
                 Bytes::from(joined)
             }
         }
-    }
-}
-
-/// Moves `run` into `out` as one in-memory file, or as it is where that is not worth it (a few
-/// bytes in all) or not possible.
-fn move_into_file(run: &mut Vec<Bytes>, out: &mut Vec<Bytes>) {
-    let len: usize = run.iter().map(Bytes::len).sum();
-    if len >= SEND_AS_IS_FROM
-        && let Some(file) = file_bytes::in_memory_file(run.iter().map(|piece| &piece[..]))
-    {
-        out.push(file);
-        run.clear();
-    } else {
-        out.append(run);
     }
 }
 

@@ -56,7 +56,7 @@ pub use s2::{
     CheckedAppend, S2Ack, S2Append, S2Batch, S2Limits, S2Position, S2Record, S2Start,
     parse_config as parse_s2_config,
 };
-pub use shared_bodies::{SharedBody, SharedRead};
+pub use shared_bodies::{BodyRange, SharedBody, SharedRead};
 pub use snapshots::{Bootstrap, Position, digest as snapshot_digest};
 pub use stream::{Durable, Stream};
 pub use tokens::{IssueToken, Principal, TokenError};

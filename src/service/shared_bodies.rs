@@ -1,8 +1,9 @@
 //! Catch-up bodies shared by readers of the same range. Clients loading a popular stream read
 //! the same records from the same place: the first read renders its body and leaves it here,
 //! and the next ones send that body as it is, without reading or rendering the records again.
-//! Faces keep the bodies in files where they can (`storage::file_bytes`), so that each reader's
-//! socket is handed the file's pages rather than a copy.
+//! When a second reader comes, the body is moved into in-memory files (`storage::file_bytes`),
+//! so that each reader's socket is handed the file's pages rather than a copy of the bytes; a
+//! body nobody reads again costs no more than before.
 //!
 //! A body is taken only while it shows what a read from its start would return now: a read that
 //! stopped short of the tail for its size returns the same records however the stream grows,
@@ -10,6 +11,7 @@
 //! budget, the oldest go first.
 
 use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
 use bytes::Bytes;
@@ -18,21 +20,69 @@ use super::read_memory::ReadLease;
 use super::{Stream, StreamService};
 use crate::model::Offset;
 use crate::model::records::ReadView;
-use crate::storage::StreamId;
+use crate::storage::{StreamId, file_bytes};
 
-/// A rendered catch-up body and the range of records it shows.
-#[derive(Debug)]
-pub struct SharedBody {
+/// The records a shared body shows.
+#[derive(Clone, Copy, Debug)]
+pub struct BodyRange {
     pub start: Offset,
     pub next: Offset,
     /// The read stopped before the tail because the body was full.
     pub short_of_tail: bool,
     /// The first record the body shows (a face may leave some out).
     pub first_shown: u64,
-    pub pieces: Vec<Bytes>,
+}
+
+/// A rendered catch-up body and the range of records it shows.
+#[derive(Debug)]
+pub struct SharedBody {
+    pub range: BodyRange,
+    /// As rendered, until a second reader comes; from then on the same bytes in files.
+    pieces: Mutex<Arc<[Bytes]>>,
+    in_files: AtomicBool,
+    len: usize,
     /// The read memory of the records it was rendered from, held while anyone holds the body:
     /// a response being sent, or the bodies kept here.
-    pub lease: ReadLease,
+    _lease: ReadLease,
+}
+
+impl SharedBody {
+    pub fn new(range: BodyRange, pieces: Vec<Bytes>, lease: ReadLease) -> SharedBody {
+        SharedBody {
+            range,
+            len: pieces.iter().map(Bytes::len).sum(),
+            pieces: Mutex::new(pieces.into()),
+            in_files: AtomicBool::new(false),
+            _lease: lease,
+        }
+    }
+
+    /// The body's bytes, as a list of buffers.
+    pub fn pieces(&self) -> Arc<[Bytes]> {
+        self.pieces
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Moves the body into in-memory files, once: it is sent more than once.
+    fn ready_for_many(&self) {
+        if self.in_files.load(Ordering::Acquire) {
+            return;
+        }
+        // Outside the lock: two readers may both move it, and one of the two copies is kept.
+        let moved: Arc<[Bytes]> = file_bytes::into_files(&self.pieces()).into();
+        *self.pieces.lock().unwrap_or_else(PoisonError::into_inner) = moved;
+        self.in_files.store(true, Ordering::Release);
+    }
 }
 
 /// A shared body as it stands against its stream now.
@@ -93,7 +143,7 @@ impl SharedBodies {
     }
 
     fn put(&self, key: Key, body: Arc<SharedBody>) {
-        let len = body.pieces.iter().map(Bytes::len).sum();
+        let len = body.len();
         if len > self.budget / 4 {
             return;
         }
@@ -146,10 +196,12 @@ impl StreamService {
         };
         let body = self.shared_bodies.get(&key)?;
         let durable = stream.durable();
-        if !body.short_of_tail && body.next != durable.tail {
+        let range = body.range;
+        if !range.short_of_tail && range.next != durable.tail {
             return None;
         }
-        let up_to_date = body.next.seq >= durable.tail.seq;
+        body.ready_for_many();
+        let up_to_date = range.next.seq >= durable.tail.seq;
         Some(SharedRead {
             up_to_date,
             closed: up_to_date && durable.closed,
@@ -167,7 +219,7 @@ impl StreamService {
     pub fn share_body(&self, stream: &Stream, view: ReadView, body: Arc<SharedBody>) {
         let key = Key {
             stream: stream.id,
-            start: body.start,
+            start: body.range.start,
             view,
         };
         self.shared_bodies.put(key, body);
@@ -187,7 +239,7 @@ mod tests {
     }
 
     fn body(len: usize) -> Arc<SharedBody> {
-        Arc::new(SharedBody {
+        let range = BodyRange {
             start: Offset::default(),
             next: Offset {
                 seq: 1,
@@ -195,9 +247,9 @@ mod tests {
             },
             short_of_tail: false,
             first_shown: 0,
-            pieces: vec![Bytes::from(vec![b'x'; len])],
-            lease: ReadLease::default(),
-        })
+        };
+        let pieces = vec![Bytes::from(vec![b'x'; len])];
+        Arc::new(SharedBody::new(range, pieces, ReadLease::default()))
     }
 
     #[test]

@@ -752,17 +752,22 @@ async fn a_shared_frame_serves_only_readers_rendering_the_same_view() {
 
 /// Leaves a body for the records a catch-up read of `stream` from `start` returns now, as a
 /// face would after rendering them.
-async fn share_read(service: &StreamService, stream: &Arc<Stream>, start: Offset) {
+async fn share_read(
+    service: &StreamService,
+    stream: &Arc<Stream>,
+    start: Offset,
+) -> Arc<SharedBody> {
     let chunk = service.read_history_at(stream, start, None).await.unwrap();
-    let body = SharedBody {
+    let range = BodyRange {
         start: chunk.start,
         next: chunk.next,
         short_of_tail: !chunk.up_to_date,
         first_shown: start.seq,
-        pieces: chunk.records.iter().map(|r| r.body.clone()).collect(),
-        lease: chunk.lease,
     };
-    service.share_body(stream, ReadView::Canonical, Arc::new(body));
+    let pieces = chunk.records.iter().map(|r| r.body.clone()).collect();
+    let body = Arc::new(SharedBody::new(range, pieces, chunk.lease));
+    service.share_body(stream, ReadView::Canonical, body.clone());
+    body
 }
 
 const CANONICAL: ReadView = ReadView::Canonical;
@@ -776,8 +781,8 @@ async fn a_shared_body_that_reached_the_tail_is_taken_only_until_the_tail_moves(
         .shared_body(&stream, Offset::START, CANONICAL)
         .expect("the body is current");
     assert!(shared.up_to_date && !shared.closed);
-    assert_eq!(shared.body.pieces, vec![Bytes::from_static(b"a")]);
-    let elsewhere = shared.body.next;
+    assert_eq!(&shared.body.pieces()[..], [Bytes::from_static(b"a")]);
+    let elsewhere = shared.body.range.next;
     assert!(service.shared_body(&stream, elsewhere, CANONICAL).is_none());
     let records = ReadView::Records(crate::model::records::RecordView::Values);
     assert!(
@@ -794,6 +799,29 @@ async fn a_shared_body_that_reached_the_tail_is_taken_only_until_the_tail_moves(
             .is_none(),
         "once the tail moves, the body would leave out a record"
     );
+}
+
+#[cfg(target_os = "linux")]
+#[tokio::test]
+async fn a_shared_body_moves_into_a_file_once_a_second_reader_comes() {
+    use crate::storage::file_bytes::is_file_backed;
+    let (service, stream) = one_text_stream().await;
+    let record = "x".repeat(20_000);
+    service.append("s", text(&record)).await.unwrap();
+    let body = share_read(&service, &stream, Offset::START).await;
+    assert!(
+        !is_file_backed(&body.pieces()[0]),
+        "the reader that rendered it sends it as it is"
+    );
+    let shared = service
+        .shared_body(&stream, Offset::START, CANONICAL)
+        .unwrap();
+    let pieces = shared.body.pieces();
+    assert!(
+        is_file_backed(&pieces[0]),
+        "the next ones send it from a file"
+    );
+    assert_eq!(pieces.concat(), record.as_bytes());
 }
 
 #[tokio::test]
@@ -813,8 +841,11 @@ async fn a_shared_body_that_stopped_short_of_the_tail_stays_as_the_stream_grows(
     let shared = service
         .shared_body(&stream, Offset::START, CANONICAL)
         .expect("a full body shows the same records however the stream grows");
-    assert!(!shared.up_to_date && shared.body.short_of_tail);
-    assert_eq!(shared.body.next.seq, 1, "100 bytes hold one record of 60");
+    assert!(!shared.up_to_date && shared.body.range.short_of_tail);
+    assert_eq!(
+        shared.body.range.next.seq, 1,
+        "100 bytes hold one record of 60"
+    );
 }
 
 #[tokio::test]

@@ -32,6 +32,40 @@ pub fn in_memory_file<'a>(pieces: impl IntoIterator<Item = &'a [u8]>) -> Option<
     registry::in_memory_file(pieces)
 }
 
+/// Runs of at least this many bytes are moved into a file; fewer cost less to copy than the
+/// file costs to make.
+const MOVE_FROM: usize = 16 * 1024;
+
+/// The same bytes as `pieces`, with each run of pieces not in a file already moved into one
+/// in-memory file (as long as it is worth it, and possible).
+pub fn into_files(pieces: &[Bytes]) -> Vec<Bytes> {
+    let mut moved = Vec::with_capacity(pieces.len());
+    let mut run: Vec<Bytes> = Vec::new();
+    for piece in pieces {
+        if is_file_backed(piece) {
+            move_run(&mut run, &mut moved);
+            moved.push(piece.clone());
+        } else {
+            run.push(piece.clone());
+        }
+    }
+    move_run(&mut run, &mut moved);
+    moved
+}
+
+/// Moves `run` to the end of `out`, as one in-memory file where that is worth it and possible.
+fn move_run(run: &mut Vec<Bytes>, out: &mut Vec<Bytes>) {
+    let len: usize = run.iter().map(Bytes::len).sum();
+    if len >= MOVE_FROM
+        && let Some(file) = in_memory_file(run.iter().map(|piece| &piece[..]))
+    {
+        out.push(file);
+        run.clear();
+    } else {
+        out.append(run);
+    }
+}
+
 /// Whether `bytes` is (a slice of) a buffer made here.
 pub fn is_file_backed(bytes: &[u8]) -> bool {
     registry::span_of(bytes).is_some()
@@ -53,6 +87,9 @@ mod registry {
     static REGIONS: RwLock<BTreeMap<usize, Region>> = RwLock::new(BTreeMap::new());
     /// How many there are: most processes, most of the time, have none to look through.
     static LIVE: AtomicUsize = AtomicUsize::new(0);
+    /// The most at once. Each holds its file open: past this many no new one is made, so that
+    /// slow readers holding many cannot use up the process's file descriptors.
+    const MAX_LIVE: usize = 4096;
 
     struct Region {
         end: usize,
@@ -78,6 +115,9 @@ mod registry {
     }
 
     pub(super) fn in_memory_file<'a>(pieces: impl IntoIterator<Item = &'a [u8]>) -> Option<Bytes> {
+        if LIVE.load(Ordering::Relaxed) >= MAX_LIVE {
+            return None;
+        }
         let fd = rustix::fs::memfd_create("runnel-body", rustix::fs::MemfdFlags::CLOEXEC).ok()?;
         let mut file = File::from(fd);
         let mut len = 0;
@@ -161,6 +201,28 @@ mod tests {
     fn an_in_memory_file_holds_the_pieces_back_to_back() {
         let body = in_memory_file([&b"abc"[..], b"", b"defg"]).expect("Linux has memfd");
         assert_eq!(&body[..], b"abcdefg");
+    }
+
+    #[test]
+    fn runs_of_pieces_not_in_files_are_moved_into_one_file_each() {
+        let in_file = in_memory_file([&[b'f'; MOVE_FROM][..]]).unwrap();
+        let heap = |byte: u8, len: usize| Bytes::from(vec![byte; len]);
+        let pieces = [
+            heap(b'a', 10),
+            heap(b'b', MOVE_FROM),
+            in_file.clone(),
+            heap(b'c', 10),
+        ];
+        let moved = into_files(&pieces);
+        assert_eq!(
+            moved.len(),
+            3,
+            "[a b] in one file, the file as it was, [c] left"
+        );
+        assert!(is_file_backed(&moved[0]) && moved[0].len() == 10 + MOVE_FROM);
+        assert_eq!(moved[1].as_ptr(), in_file.as_ptr());
+        assert!(!is_file_backed(&moved[2]));
+        assert_eq!(moved.concat(), pieces.concat());
     }
 
     #[test]
