@@ -536,7 +536,9 @@ fn catch_up(
     let head = ChunkHead::of(&chunk);
     answer(read, &head, at_now, if_none_match, || {
         let (content_type, body) = render(read, &chunk.records);
-        if body.byte_len() < SHARE_FROM || read.max_records.is_some() {
+        // A chunk cut short to spare memory would keep its later readers on short chunks.
+        let ordinary = read.max_records.is_none() && !chunk.cut_for_memory;
+        if body.byte_len() < SHARE_FROM || !ordinary {
             return (content_type, body.holding(chunk.lease));
         }
         let range = BodyRange {
@@ -552,7 +554,7 @@ fn catch_up(
         ));
         app.service
             .share_body(&read.stream, read.view, shared.clone());
-        let body = Pieces::shared(shared);
+        let body = Pieces::shared(shared.clone(), &shared.pieces());
         (content_type, body)
     })
 }
@@ -564,7 +566,13 @@ fn catch_up_shared(read: &Read, shared: &SharedRead, if_none_match: Option<&str>
         &ChunkHead::of_shared(shared),
         false,
         if_none_match,
-        || (content_type(read), Pieces::shared(shared.body.clone())),
+        || {
+            let pieces = shared.body.pieces_for_another_reader();
+            (
+                content_type(read),
+                Pieces::shared(shared.body.clone(), &pieces),
+            )
+        },
     )
 }
 

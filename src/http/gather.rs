@@ -104,10 +104,10 @@ impl Pieces {
         }
     }
 
-    /// A body kept for every reader of its range, held while this is sent.
-    pub fn shared(body: Arc<SharedBody>) -> Pieces {
+    /// `pieces` of a body kept for every reader of its range, held while this is sent.
+    pub fn shared(body: Arc<SharedBody>, pieces: &[Bytes]) -> Pieces {
         Pieces {
-            pieces: body.pieces().iter().cloned().collect(),
+            pieces: pieces.iter().cloned().collect(),
             remaining: body.len() as u64,
             _shared: Some(body),
             ..Pieces::default()

@@ -120,7 +120,12 @@ pub async fn serve(
         };
         let _ = tcp.set_nodelay(true);
         let socket = std::os::fd::AsRawFd::as_raw_fd(&tcp);
-        let (tcp, stall) = Watched::new(FileSending::new(tcp), Some(socket), slot);
+        let tcp = if tls.is_some() {
+            FileSending::plain(tcp)
+        } else {
+            FileSending::new(tcp)
+        };
+        let (tcp, stall) = Watched::new(tcp, Some(socket), slot);
         let begun = Arc::new(AtomicBool::new(false));
         let service = NotingFirst {
             inner: TowerToHyperService::new(if tls.is_some() {

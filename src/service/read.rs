@@ -31,6 +31,9 @@ pub struct ReadChunk {
     pub closed: bool,
     /// The memory its records count against, until the response carrying them is gone.
     pub lease: ReadLease,
+    /// The read was allowed less than a read normally is, because others held most of the read
+    /// memory: a chunk that ends short of the tail may be shorter than usual.
+    pub cut_for_memory: bool,
 }
 
 impl StreamService {
@@ -183,6 +186,7 @@ impl StreamService {
             None => durable.tail.seq,
         };
         let mut lease = self.read_memory.lease(max_bytes);
+        let cut_for_memory = lease.bytes() < max_bytes;
         let records = self
             .collect(stream, start.seq, until, lease.bytes())
             .await?;
@@ -209,6 +213,7 @@ impl StreamService {
             up_to_date,
             closed: up_to_date && durable.closed,
             lease,
+            cut_for_memory,
         })
     }
 

@@ -11,7 +11,7 @@
 //! budget, the oldest go first.
 
 use std::collections::{HashMap, VecDeque};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
 use bytes::Bytes;
@@ -39,7 +39,8 @@ pub struct SharedBody {
     pub range: BodyRange,
     /// As rendered, until a second reader comes; from then on the same bytes in files.
     pieces: Mutex<Arc<[Bytes]>>,
-    in_files: AtomicBool,
+    /// [`RENDERED`], [`MOVING`] or [`IN_FILES`].
+    state: AtomicU8,
     len: usize,
     /// The read memory of the records it was rendered from, held while anyone holds the body:
     /// a response being sent, or the bodies kept here.
@@ -52,7 +53,7 @@ impl SharedBody {
             range,
             len: pieces.iter().map(Bytes::len).sum(),
             pieces: Mutex::new(pieces.into()),
-            in_files: AtomicBool::new(false),
+            state: AtomicU8::new(RENDERED),
             _lease: lease,
         }
     }
@@ -73,17 +74,29 @@ impl SharedBody {
         self.len == 0
     }
 
-    /// Moves the body into in-memory files, once: it is sent more than once.
-    fn ready_for_many(&self) {
-        if self.in_files.load(Ordering::Acquire) {
-            return;
+    /// The body's bytes for one more reader than the one that rendered them. The first such
+    /// reader moves them into in-memory files; readers that come while it does send them as
+    /// rendered.
+    pub fn pieces_for_another_reader(&self) -> Arc<[Bytes]> {
+        let claimed =
+            self.state
+                .compare_exchange(RENDERED, MOVING, Ordering::Acquire, Ordering::Relaxed);
+        if claimed.is_ok() {
+            let moved: Arc<[Bytes]> = file_bytes::into_files(&self.pieces()).into();
+            *self.pieces.lock().unwrap_or_else(PoisonError::into_inner) = moved.clone();
+            self.state.store(IN_FILES, Ordering::Release);
+            return moved;
         }
-        // Outside the lock: two readers may both move it, and one of the two copies is kept.
-        let moved: Arc<[Bytes]> = file_bytes::into_files(&self.pieces()).into();
-        *self.pieces.lock().unwrap_or_else(PoisonError::into_inner) = moved;
-        self.in_files.store(true, Ordering::Release);
+        self.pieces()
     }
 }
+
+/// A body's pieces are as rendered.
+const RENDERED: u8 = 0;
+/// A reader is moving them into files.
+const MOVING: u8 = 1;
+/// They are in files (or stay as rendered where no file could be made).
+const IN_FILES: u8 = 2;
 
 /// A shared body as it stands against its stream now.
 pub struct SharedRead {
@@ -147,36 +160,54 @@ impl SharedBodies {
         if len > self.budget / 4 {
             return;
         }
+        // Dropped once the lock is released: the last holder of a body unmaps and closes it.
+        let mut gone = Vec::new();
         let mut kept = self.lock();
         kept.numbered += 1;
         let number = kept.numbered;
         let entry = Entry { number, body, len };
         if let Some(old) = kept.bodies.insert(key, entry) {
             kept.bytes -= old.len;
+            gone.push(old);
         }
         kept.bytes += len;
         kept.order.push_back((key, number));
         while kept.bytes > self.budget {
-            kept.evict_oldest();
+            gone.extend(kept.evict_oldest());
         }
         // Keys replaced again and again (a stream whose tail keeps moving) leave old places.
         if kept.order.len() > 2 * kept.bodies.len() + 64 {
             let Kept { bodies, order, .. } = &mut *kept;
             order.retain(|(key, number)| bodies.get(key).is_some_and(|e| e.number == *number));
         }
+        drop(kept);
+        drop(gone);
+    }
+
+    /// Forgets the body kept under `key` if it is `body` (which the caller found stale).
+    fn forget(&self, key: &Key, body: &Arc<SharedBody>) {
+        let mut kept = self.lock();
+        if kept
+            .bodies
+            .get(key)
+            .is_some_and(|e| Arc::ptr_eq(&e.body, body))
+            && let Some(gone) = kept.bodies.remove(key)
+        {
+            kept.bytes -= gone.len;
+        }
     }
 }
 
 impl Kept {
-    fn evict_oldest(&mut self) {
+    fn evict_oldest(&mut self) -> Option<Entry> {
         while let Some((key, number)) = self.order.pop_front() {
             if self.bodies.get(&key).is_some_and(|e| e.number == number) {
-                if let Some(gone) = self.bodies.remove(&key) {
-                    self.bytes -= gone.len;
-                }
-                return;
+                let gone = self.bodies.remove(&key)?;
+                self.bytes -= gone.len;
+                return Some(gone);
             }
         }
+        None
     }
 }
 
@@ -198,9 +229,13 @@ impl StreamService {
         let durable = stream.durable();
         let range = body.range;
         if !range.short_of_tail && range.next != durable.tail {
+            self.shared_bodies.forget(&key, &body);
             return None;
         }
-        body.ready_for_many();
+        if start < durable.first {
+            // Retention passed it since the read resolved: a fresh read says so.
+            return None;
+        }
         let up_to_date = range.next.seq >= durable.tail.seq;
         Some(SharedRead {
             up_to_date,

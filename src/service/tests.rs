@@ -799,6 +799,59 @@ async fn a_shared_body_that_reached_the_tail_is_taken_only_until_the_tail_moves(
             .is_none(),
         "once the tail moves, the body would leave out a record"
     );
+    assert_eq!(service.shared_body_bytes(), 0, "a stale body is let go");
+}
+
+#[tokio::test]
+async fn a_shared_body_is_not_taken_once_retention_passes_its_start() {
+    let (service, stream) = one_text_stream().await;
+    for body in ["a", "b"] {
+        service.append("s", text(body)).await.unwrap();
+    }
+    share_read(&service, &stream, Offset::START).await;
+    assert!(
+        service
+            .shared_body(&stream, Offset::START, CANONICAL)
+            .is_some()
+    );
+    service
+        .move_retention(&stream, Offset::new(1, 1), RetentionMove::Trim(1))
+        .await
+        .unwrap();
+    assert!(
+        service
+            .shared_body(&stream, Offset::START, CANONICAL)
+            .is_none(),
+        "a fresh read from there is refused as retained"
+    );
+}
+
+#[tokio::test]
+async fn a_read_allowed_less_than_usual_for_memory_says_so() {
+    let (service, stream) = one_text_stream().await;
+    service.append("s", text("a")).await.unwrap();
+    let usual = service
+        .read_history_at(&stream, Offset::START, None)
+        .await
+        .unwrap();
+    assert!(!usual.cut_for_memory);
+
+    let config = ServiceConfig {
+        read_memory_bytes: 64 << 10,
+        ..ServiceConfig::default()
+    };
+    let service = StreamService::open(Arc::new(MemoryEngine::new()), config).unwrap();
+    service.create(create_text("s")).await.unwrap();
+    let stream = service.find("s", false).await.unwrap();
+    service.append("s", text("a")).await.unwrap();
+    let cut = service
+        .read_history_at(&stream, Offset::START, None)
+        .await
+        .unwrap();
+    assert!(
+        cut.cut_for_memory,
+        "a catch-up read may take 4 MiB, and 64 KiB is all there is"
+    );
 }
 
 #[cfg(target_os = "linux")]
@@ -816,12 +869,17 @@ async fn a_shared_body_moves_into_a_file_once_a_second_reader_comes() {
     let shared = service
         .shared_body(&stream, Offset::START, CANONICAL)
         .unwrap();
-    let pieces = shared.body.pieces();
+    let pieces = shared.body.pieces_for_another_reader();
     assert!(
         is_file_backed(&pieces[0]),
         "the next ones send it from a file"
     );
     assert_eq!(pieces.concat(), record.as_bytes());
+    assert_eq!(
+        shared.body.pieces_for_another_reader()[0].as_ptr(),
+        pieces[0].as_ptr(),
+        "moved once"
+    );
 }
 
 #[tokio::test]
