@@ -536,8 +536,10 @@ fn catch_up(
     let head = ChunkHead::of(&chunk);
     answer(read, &head, at_now, if_none_match, || {
         let (content_type, body) = render(read, &chunk.records);
-        // A chunk cut short to spare memory would keep its later readers on short chunks.
-        let ordinary = read.max_records.is_none() && !chunk.cut_for_memory;
+        // A chunk cut short to spare memory would keep its later readers on short chunks (one
+        // that reached the tail is whole).
+        let cut_short = chunk.cut_for_memory && !chunk.up_to_date;
+        let ordinary = read.max_records.is_none() && !cut_short;
         if body.byte_len() < SHARE_FROM || !ordinary {
             return (content_type, body.holding(chunk.lease));
         }

@@ -82,6 +82,9 @@ impl SharedBody {
             self.state
                 .compare_exchange(RENDERED, MOVING, Ordering::Acquire, Ordering::Relaxed);
         if claimed.is_ok() {
+            // On this reader's task: a copy of at most a quarter of the budget (usually a few
+            // hundred KiB), once per body. Where no file can be made the body stays as rendered,
+            // and is not tried again.
             let moved: Arc<[Bytes]> = file_bytes::into_files(&self.pieces()).into();
             *self.pieces.lock().unwrap_or_else(PoisonError::into_inner) = moved.clone();
             self.state.store(IN_FILES, Ordering::Release);
@@ -233,7 +236,9 @@ impl StreamService {
             return None;
         }
         if start < durable.first {
-            // Retention passed it since the read resolved: a fresh read says so.
+            // Retention passed it since the read resolved: a fresh read says so, and retention
+            // never moves back.
+            self.shared_bodies.forget(&key, &body);
             return None;
         }
         let up_to_date = range.next.seq >= durable.tail.seq;

@@ -824,6 +824,7 @@ async fn a_shared_body_is_not_taken_once_retention_passes_its_start() {
             .is_none(),
         "a fresh read from there is refused as retained"
     );
+    assert_eq!(service.shared_body_bytes(), 0, "and never will be again");
 }
 
 #[tokio::test]
