@@ -834,6 +834,45 @@ async fn a_replica_that_sends_what_replication_does_not_take_is_told_why_it_is_c
     assert_eq!(answer["@type"], "GapSignal", "{answer}");
 }
 
+#[tokio::test]
+async fn a_replica_message_over_max_body_bytes_closes_the_session_with_1009() {
+    let http = client();
+    let upstream = Server::start(&["--memory", "--max-body-bytes", "4096"]);
+    create_bucket(&http, &upstream).await;
+    let created = put(
+        &http,
+        &upstream.url(&format!("/{BUCKET}/a")),
+        "text/plain",
+        "x",
+    )
+    .await;
+    assert_eq!(created.status(), 201);
+    // A join for the bucket whose cursors (for streams it does not hold) make it 8 KiB: well
+    // formed, and taken when no limit applies.
+    let cursors: serde_json::Map<String, serde_json::Value> = (0..600)
+        .map(|i| (format!("stream-{i:05}"), serde_json::json!(1)))
+        .collect();
+    let join = subscription(&upstream, "", serde_json::Value::Object(cursors));
+    assert!(join.to_string().len() > 8000);
+    let mut socket = connect_replica(&http, &upstream).await;
+    send_json(&mut socket, join).await;
+    let (code, why) = close_frame(&mut socket).await;
+    assert_eq!(code, 1009, "{why}");
+    assert!(why.contains("4096"), "{why}");
+
+    // A join under the limit is served.
+    let mut socket = connect_replica(&http, &upstream).await;
+    send_json(
+        &mut socket,
+        subscription(&upstream, "a", serde_json::Value::Null),
+    )
+    .await;
+    let answer = next_json(&mut socket, Duration::from_secs(5))
+        .await
+        .expect("an answer");
+    assert_ne!(answer["@type"], "GapSignal", "{answer}");
+}
+
 /// An S2 read of every record of a stream of the bucket, as JSON text (names may hold `/`, which
 /// the bucketed Durable Streams surface does not address).
 async fn s2_records(http: &reqwest::Client, server: &Server, stream: &str) -> (u16, String) {

@@ -277,6 +277,44 @@ async fn read_session_ends_at_its_count_limit() {
 }
 
 #[tokio::test]
+async fn a_record_too_large_for_s2s_ends_a_read_session_with_a_422_after_the_records_before_it() {
+    let server = server_with_stream("unused").await;
+    let http = h2();
+    let url = server.url(&format!("/{BASIN}/large"));
+    let created = http
+        .put(&url)
+        .header("content-type", "application/octet-stream")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(created.status(), 201);
+    for body in [vec![1u8; 10], vec![2u8; 3 << 20]] {
+        let appended = http
+            .post(&url)
+            .header("content-type", "application/octet-stream")
+            .body(body)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(appended.status(), 204);
+    }
+    let mut reader = read_session(&server, "large", "seq_num=0", "identity").await;
+    let first: proto::ReadBatch = reader.next_regular().await;
+    assert_eq!(first.records.len(), 1);
+    assert_eq!(first.records[0].body.len(), 10);
+    let (status, body) = reader.next_terminal().await;
+    assert_eq!(status, 422, "{body}");
+    assert!(
+        body["message"].as_str().unwrap().contains("frame limit"),
+        "{body}"
+    );
+    assert!(
+        reader.next().await.is_none(),
+        "nothing follows a terminal frame"
+    );
+}
+
+#[tokio::test]
 async fn read_session_frames_are_compressed_as_accept_encoding_asks() {
     let server = server_with_stream("compressed").await;
     let big = "x".repeat(4096);

@@ -591,9 +591,7 @@ fn answer<'a>(
         empty(StatusCode::NOT_MODIFIED)
     } else {
         let (content_type, body) = render();
-        let mut response = (StatusCode::OK, Body::new(body)).into_response();
-        set(&mut response, "content-type", content_type);
-        response
+        ok_with(content_type, body)
     };
     describe_chunk(&mut response, read, head);
     if at_now {
@@ -639,11 +637,9 @@ fn matches_etag(if_none_match: &str, etag: &str) -> bool {
         .any(|tag| tag == "*" || tag.strip_prefix("W/").unwrap_or(tag) == etag)
 }
 
-/// A response carrying the chunk's records in the read's view.
-fn with_body(status: StatusCode, read: &Read, chunk: &mut ReadChunk) -> Response {
-    let (content_type, body) = render(read, &chunk.records);
-    let body = body.holding(std::mem::take(&mut chunk.lease));
-    let mut response = (status, Body::new(body)).into_response();
+/// A 200 carrying a rendered body of records.
+fn ok_with(content_type: &str, body: Pieces) -> Response {
+    let mut response = (StatusCode::OK, Body::new(body)).into_response();
     set(&mut response, "content-type", content_type);
     response
 }
@@ -763,7 +759,9 @@ async fn long_poll(app: &AppState, read: &Read) -> Handled {
         response
     } else {
         let etag = etag_of(read, &head);
-        let mut response = with_body(StatusCode::OK, read, &mut chunk);
+        let (content_type, body) = render(read, &chunk.records);
+        let body = body.holding(std::mem::take(&mut chunk.lease));
+        let mut response = ok_with(content_type, body);
         set(&mut response, "cache-control", CACHE_HISTORIC);
         // As on catch-up reads (base protocol §10.1): a cache may revalidate it.
         set(&mut response, "etag", &etag);

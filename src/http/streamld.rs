@@ -69,7 +69,13 @@ pub async fn replication(
     upgrade: WebSocketUpgrade,
 ) -> Response {
     let origin = origin.http();
-    upgrade.on_upgrade(move |socket| session(app, principal, socket, origin))
+    // A replica sends only subscription requests; like any request body, none is larger than
+    // `--max-body-bytes` (a bucket's cursors can make one large, so not a smaller bound).
+    let limit = app.config.body.max_bytes;
+    upgrade
+        .max_message_size(limit)
+        .max_frame_size(limit)
+        .on_upgrade(move |socket| session(app, principal, socket, origin))
 }
 
 /// Whether the caller may replicate a target: read it, and for a bucket every stream in it.
@@ -165,7 +171,21 @@ async fn session(app: AppState, principal: Arc<Principal>, socket: WebSocket, or
                 break;
             }
         };
-        let Some(Ok(frame)) = frame else { break };
+        let frame = match frame {
+            Some(Ok(frame)) => frame,
+            Some(Err(e)) if is_too_long(&e) => {
+                refuse_with(
+                    &mut refuse,
+                    close_code::SIZE,
+                    format!(
+                        "a replica's message is at most {} bytes (--max-body-bytes)",
+                        app.config.body.max_bytes
+                    ),
+                );
+                break;
+            }
+            _ => break,
+        };
         let text = match frame {
             WsMessage::Text(text) => text,
             WsMessage::Close(_) => break,
@@ -257,6 +277,19 @@ async fn session(app: AppState, principal: Arc<Principal>, socket: WebSocket, or
 }
 
 /// Ends the session with a close frame saying why. A close reason holds at most 123 bytes.
+/// Whether reading a replica's message failed because it was over the size limit.
+fn is_too_long(error: &axum::Error) -> bool {
+    use tokio_tungstenite::tungstenite::Error as WsError;
+    let mut cause: Option<&(dyn std::error::Error + 'static)> = Some(error);
+    while let Some(error) = cause {
+        if let Some(WsError::Capacity(_)) = error.downcast_ref::<WsError>() {
+            return true;
+        }
+        cause = error.source();
+    }
+    false
+}
+
 fn refuse_with(refuse: &mut Option<oneshot::Sender<CloseFrame>>, code: u16, reason: String) {
     let mut end = reason.len().min(123);
     while !reason.is_char_boundary(end) {

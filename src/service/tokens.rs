@@ -168,6 +168,13 @@ impl StreamService {
         };
         let commit = {
             let mut tokens = self.lock_tokens();
+            // Revocation cancels under this lock, so a request authenticated just before its
+            // token was revoked cannot leave a token behind that outlives the revocation.
+            if issuer.revoked.is_cancelled() {
+                return Err(StreamError::Forbidden(
+                    "the issuing access token has been revoked".into(),
+                ));
+            }
             if tokens.by_id.contains_key(&token.id) {
                 return Err(StreamError::AlreadyExists("access token"));
             }
@@ -274,6 +281,29 @@ mod tests {
             reopened.authenticate(&secret).err(),
             Some(TokenError::Unknown)
         );
+    }
+
+    #[tokio::test]
+    async fn a_token_revoked_after_its_request_was_authenticated_issues_nothing() {
+        let service =
+            StreamService::open(Arc::new(MemoryEngine::new()), ServiceConfig::default()).unwrap();
+        let issue = |id: &str| IssueToken {
+            id: id.into(),
+            expires_ms: None,
+            scope: reader_of("logs"),
+        };
+        let secret = service
+            .issue_token(&Principal::operator(), issue("parent"))
+            .await
+            .unwrap();
+        let parent = service.authenticate(&secret).unwrap();
+        service.revoke_token("parent").await.unwrap();
+        assert!(matches!(
+            service.issue_token(&parent, issue("child")).await,
+            Err(StreamError::Forbidden(_))
+        ));
+        let (listed, _) = service.list_tokens(&Principal::operator(), "", None, 10);
+        assert!(listed.is_empty(), "no child token was kept");
     }
 
     #[tokio::test]

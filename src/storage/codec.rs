@@ -261,7 +261,8 @@ impl Filed {
     /// The offset just after the record, without reading its body.
     pub fn next_offset(&self) -> crate::model::Offset {
         let bytes = if self.record.command { 0 } else { self.len };
-        crate::model::Offset::new(self.record.seq + 1, self.record.pos.wrapping_add(bytes))
+        // Decoding checked that this does not overflow.
+        crate::model::Offset::new(self.record.seq + 1, self.record.pos + bytes)
     }
 }
 
@@ -329,6 +330,10 @@ fn decode_filed_run(key_seq: u64, value: Bytes) -> Result<FiledRun, StorageError
         let place = reader.u64().ok_or_else(corrupt)?;
         let len = reader.u64().ok_or_else(corrupt)?;
         place.checked_add(len).ok_or_else(corrupt)?;
+        let bytes = if record.command { 0 } else { len };
+        if !ends_in_range(record.pos, bytes) {
+            return Err(corrupt());
+        }
         records.push(Filed { record, place, len });
     }
     if reader.at != value.len() {
@@ -349,6 +354,9 @@ fn decode_run(key_seq: u64, value: Bytes) -> Result<Vec<Record>, StorageError> {
         let mut record = read_fields(&mut reader, &value, RECORD_VERSION).ok_or_else(corrupt)?;
         record.seq = seq;
         record.body = reader.sized(&value).ok_or_else(corrupt)?;
+        if !ends_in_range(record.pos, record.byte_len()) {
+            return Err(corrupt());
+        }
         records.push(record);
     }
     if reader.at != value.len() {
@@ -372,7 +380,17 @@ fn decode_record(seq: u64, value: Bytes) -> Result<Record, StorageError> {
     let mut record = read_fields(&mut reader, &value, version).ok_or_else(corrupt)?;
     record.seq = seq;
     record.body = value.slice(reader.at..);
+    if !ends_in_range(record.pos, record.byte_len()) {
+        return Err(corrupt());
+    }
     Ok(record)
+}
+
+/// Whether the offset after a record of `bytes` bytes at `pos` exists. A stored `pos` that
+/// would carry the stream's byte position past 2^64 is corrupt: taken as it is, the offsets
+/// after it would wrap (or, in a debug build, panic while the server recovers).
+fn ends_in_range(pos: u64, bytes: u64) -> bool {
+    pos.checked_add(bytes).is_some()
 }
 
 /// The fields [`put_fields`] writes (without the arrival time in version 1), as a record with
@@ -649,6 +667,41 @@ mod tests {
         let value = Bytes::from(encode_record(&record));
         assert!(decode_stored(u64::MAX, value.clone()).is_err());
         assert!(decode_stored(u64::MAX - 1, value).is_ok());
+    }
+
+    #[test]
+    fn a_record_whose_byte_position_would_pass_2_to_the_64_is_corrupt() {
+        let record = |pos: u64, command: bool| Record {
+            seq: 3,
+            pos,
+            timestamp_ms: 0,
+            arrival_ms: 0,
+            starts_unit: true,
+            headers: Vec::new(),
+            body: Bytes::from_static(b"xyz"),
+            command,
+        };
+        for (pos, command, fits) in [
+            (u64::MAX - 3, false, true),
+            (u64::MAX - 2, false, false),
+            (u64::MAX, true, true),
+        ] {
+            let one = record(pos, command);
+            let alone = decode_stored(3, Bytes::from(encode_record(&one)));
+            let run = runs(std::slice::from_ref(&one)).next().unwrap();
+            let in_run = decode_stored(3, Bytes::from(run.encode()));
+            let filed = filed_runs(std::slice::from_ref(&one)).next().unwrap();
+            let in_file = decode_stored(3, Bytes::from(filed.encode_filed(1, &[0])));
+            for decoded in [alone, in_run, in_file] {
+                match decoded {
+                    Ok(stored) => {
+                        assert!(fits, "pos {pos} was taken");
+                        assert_eq!(stored.end().unwrap().0.seq, 4);
+                    }
+                    Err(e) => assert!(!fits, "pos {pos}: {e}"),
+                }
+            }
+        }
     }
 
     #[test]

@@ -124,18 +124,26 @@ fn terminal(error: S2Error) -> Bytes {
 const MAX_FRAME_BYTES: usize = 2 << 20;
 
 /// A regular frame, or (should a message not fit a frame) the terminal frame saying so.
+///
+/// Only a read can meet a message too large: S2 takes no record over 1 MiB, but the Durable
+/// Streams face takes records up to `--max-body-bytes`, and one over 2 MiB fits no frame an S2
+/// client decodes. That is no fault of the server's, and the stream is fine: the session ends
+/// with a 422 naming the way to read such a record.
 fn frame(compression: CompressionAlgorithm, message: &impl prost::Message) -> Result<Bytes, Bytes> {
     let unframable = |e: &dyn std::fmt::Display| {
         terminal(S2Error::new(
-            StatusCode::INTERNAL_SERVER_ERROR,
-            "storage",
-            format!("cannot frame a message: {e}"),
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "invalid",
+            format!(
+                "{e}: a record this large (written through Durable Streams) can only be read \
+                 with the JSON records API or the Durable Streams face"
+            ),
         ))
     };
     if compression == CompressionAlgorithm::None {
         return uncompressed_frame(message).map_err(|size| {
             unframable(&format!(
-                "{size} bytes exceed the {MAX_FRAME_BYTES}-byte frame limit"
+                "a batch of {size} bytes exceeds the {MAX_FRAME_BYTES}-byte S2S frame limit"
             ))
         });
     }
@@ -412,7 +420,7 @@ mod tests {
     }
 
     #[test]
-    fn a_message_larger_than_a_frame_becomes_a_terminal_frame() {
+    fn a_message_larger_than_a_frame_becomes_a_terminal_422() {
         let message = read_batch(&[MAX_FRAME_BYTES]);
         let framed = [
             frame(CompressionAlgorithm::None, &message),
@@ -425,7 +433,7 @@ mod tests {
             let decoded = FrameDecoder
                 .decode(&mut bytes::BytesMut::from(&last[..]))
                 .unwrap();
-            assert!(matches!(decoded, Some(SessionMessage::Terminal(t)) if t.status == 500));
+            assert!(matches!(decoded, Some(SessionMessage::Terminal(t)) if t.status == 422));
         }
     }
 }
