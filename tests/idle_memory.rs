@@ -137,6 +137,7 @@ async fn idle_streams_cost_little_memory_after_creation_and_after_a_restart() {
             },
             producers: Vec::new(),
             stored_end: None,
+            trimmed_before: 0,
         })
         .collect();
     let engine = forgetful(recovered);

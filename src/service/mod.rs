@@ -227,7 +227,11 @@ impl StreamService {
     pub fn open(engine: SharedEngine, config: ServiceConfig) -> Result<Arc<Self>, StorageError> {
         let mut rebuild = Rebuild::new(now_ms());
         let recovered = engine.recover_each(&mut |stream| rebuild.take(stream))?;
-        let (streams, orphans) = rebuild.finish();
+        let Rebuilt {
+            streams,
+            orphans,
+            held_back_trims,
+        } = rebuild.finish();
         let service = Arc::new(StreamService {
             engine,
             registry: Mutex::new(Registry {
@@ -246,13 +250,14 @@ impl StreamService {
             empty_streams: Mutex::new(HashMap::new()),
             config,
         });
-        if !orphans.is_empty() {
+        let settle: Vec<Change> = orphans
+            .into_iter()
+            .map(Change::RemoveStream)
+            .chain(held_back_trims)
+            .collect();
+        if !settle.is_empty() {
             // Enqueued now (the engine's contract); it completes in the background.
-            drop(
-                service
-                    .engine
-                    .commit(orphans.into_iter().map(Change::RemoveStream).collect()),
-            );
+            drop(service.engine.commit(settle));
         }
         Ok(service)
     }
@@ -836,6 +841,20 @@ struct Rebuild {
     forks: Vec<RecoveredStream>,
     /// Built streams that were deleted while forks read through them.
     soft_deleted: Vec<Arc<Stream>>,
+    /// Built streams whose retention passed the records the engine still holds.
+    untrimmed: Vec<Arc<Stream>>,
+}
+
+/// What [`Rebuild`] leaves to the service.
+struct Rebuilt {
+    /// Every stream to register, by name.
+    streams: BTreeMap<Arc<str>, Arc<Stream>>,
+    /// The soft-deleted streams no fork reads any more (left by an interrupted cascade), which
+    /// are to be removed.
+    orphans: Vec<StreamId>,
+    /// The deletions of records retention passed while forks held them, for streams no fork
+    /// holds any more (the last one went before the deletion was committed).
+    held_back_trims: Vec<Change>,
 }
 
 impl Rebuild {
@@ -846,6 +865,7 @@ impl Rebuild {
             built: Vec::new(),
             forks: Vec::new(),
             soft_deleted: Vec::new(),
+            untrimmed: Vec::new(),
         }
     }
 
@@ -857,9 +877,7 @@ impl Rebuild {
         }
     }
 
-    /// Every stream to register by name, and the ids of the soft-deleted streams no fork reads
-    /// any more (left by an interrupted cascade), which are to be removed.
-    fn finish(mut self) -> (BTreeMap<Arc<str>, Arc<Stream>>, Vec<StreamId>) {
+    fn finish(mut self) -> Rebuilt {
         if !self.ids.is_sorted() {
             let mut plain: Vec<Arc<Stream>> = std::mem::take(&mut self.built);
             plain.sort_unstable_by_key(|s| s.id);
@@ -887,7 +905,17 @@ impl Rebuild {
             .filter(|s| gone.is_empty() || !gone.contains(&s.id))
             .map(|stream| (stream.name.clone(), stream))
             .collect();
-        (streams, orphans)
+        let held_back_trims = self
+            .untrimmed
+            .iter()
+            .filter(|s| !gone.contains(&s.id))
+            .filter_map(|s| s.lock().trim_records(s.id))
+            .collect();
+        Rebuilt {
+            streams,
+            orphans,
+            held_back_trims,
+        }
     }
 
     fn build(&mut self, mut recovered: RecoveredStream, source: Option<Arc<Stream>>) {
@@ -907,6 +935,7 @@ impl Rebuild {
             soft_deleted: recovered.meta.soft_deleted,
         };
         let soft_deleted = recovered.meta.soft_deleted;
+        let untrimmed = recovered.meta.retained_from.seq > recovered.trimmed_before;
         let stream = Arc::new(Stream::new(
             recovered.id,
             recovered.meta,
@@ -917,6 +946,9 @@ impl Rebuild {
         ));
         if soft_deleted {
             self.soft_deleted.push(stream.clone());
+        }
+        if untrimmed {
+            self.untrimmed.push(stream.clone());
         }
         self.ids.push(stream.id);
         self.built.push(stream);

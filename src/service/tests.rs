@@ -1375,6 +1375,80 @@ async fn read_whole(service: &StreamService, stream: &Arc<Stream>) -> Vec<String
     }
 }
 
+/// A source of 10 records trimmed to 8 while a fork held them back, then the fork's removal
+/// committed and the service stopped before it deleted them (a crash). Returns the source's id.
+async fn crash_after_a_fork_holding_records_back_went(engine: SharedEngine) -> StreamId {
+    let service = StreamService::open(engine.clone(), ServiceConfig::default()).unwrap();
+    service.create(create_text("src")).await.unwrap();
+    for i in 0..10 {
+        service
+            .append("src", text(&format!("s{i};")))
+            .await
+            .unwrap();
+    }
+    let fork = CreateRequest {
+        fork: Some(ForkRequest {
+            source: "src".into(),
+            offset: None,
+            sub_offset: 0,
+        }),
+        ..create_text("fork")
+    };
+    service.create(fork).await.unwrap();
+    let src = service.find("src", false).await.unwrap();
+    service.trim(&src, 8).await.unwrap();
+    let fork = service.find("fork", false).await.unwrap();
+    engine
+        .commit(vec![Change::RemoveStream(fork.id)])
+        .await
+        .unwrap();
+    assert_eq!(
+        engine.read(src.id, 0, 8, usize::MAX).await.unwrap().len(),
+        8,
+        "held back"
+    );
+    src.id
+}
+
+/// Waits (at most 5 s) until the engine holds none of stream `id`'s records below `before`.
+async fn until_deleted(engine: &SharedEngine, id: StreamId, before: u64) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    while !engine
+        .read(id, 0, before, usize::MAX)
+        .await
+        .unwrap()
+        .is_empty()
+    {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "records below {before} still held 5 s after the restart"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+#[tokio::test]
+async fn records_a_fork_held_back_are_deleted_at_restart_if_it_went_before_their_deletion() {
+    let engine: SharedEngine = Arc::new(MemoryEngine::new());
+    let src = crash_after_a_fork_holding_records_back_went(engine.clone()).await;
+    let reopened = StreamService::open(engine.clone(), ServiceConfig::default()).unwrap();
+    let stream = reopened.find("src", false).await.unwrap();
+    assert_eq!(read_whole(&reopened, &stream).await, ["s8;", "s9;"]);
+    until_deleted(&engine, src, 8).await;
+
+    // The same on disk, across a real reopen of the engine.
+    use crate::storage::{FjallEngine, SyncMode};
+    let dir = tempfile::tempdir().unwrap();
+    let open =
+        || -> SharedEngine { Arc::new(FjallEngine::open(dir.path(), SyncMode::Fsync, 0).unwrap()) };
+    let src = crash_after_a_fork_holding_records_back_went(open()).await;
+    let engine = open();
+    let reopened = StreamService::open(engine.clone(), ServiceConfig::default()).unwrap();
+    let stream = reopened.find("src", false).await.unwrap();
+    assert_eq!(read_whole(&reopened, &stream).await, ["s8;", "s9;"]);
+    until_deleted(&engine, src, 8).await;
+}
+
 #[tokio::test]
 async fn a_fork_keeps_its_history_when_its_source_trims_past_the_fork_point() {
     let engine: SharedEngine = Arc::new(MemoryEngine::new());

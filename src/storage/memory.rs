@@ -146,6 +146,12 @@ impl Engine for MemoryEngine {
                     .range((id, 0)..=(id, u64::MAX))
                     .next_back()
                     .map(|(_, r)| StoredEnd::of(r)),
+                // Trims delete at once here: what is below the first record held is gone.
+                trimmed_before: state
+                    .records
+                    .range((id, 0)..=(id, u64::MAX))
+                    .next()
+                    .map_or(u64::MAX, |(&(_, seq), _)| seq),
             })
             .collect();
         let buckets = state

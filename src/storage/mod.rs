@@ -87,6 +87,10 @@ pub struct RecoveredStream {
     /// Where the stream's last stored record ends, and its timestamp. Appends need not rewrite
     /// the metadata, so the tail is the later of `meta.tail` and this.
     pub stored_end: Option<StoredEnd>,
+    /// Every record below this seq is deleted (or being purged). Where the stream's retention
+    /// has passed it, forks held the records back when retention moved, and nothing deleted
+    /// them after (the last fork went just before a crash): the service deletes them now.
+    pub trimmed_before: u64,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

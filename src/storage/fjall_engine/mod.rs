@@ -473,8 +473,8 @@ impl Engine for FjallEngine {
                 producers.push((name, state));
             }
             // The last retained record: trimmed ones may linger until they are purged.
-            let retained =
-                codec::record_key(id, self.trims.floor(id))..=codec::record_key(id, u64::MAX);
+            let trimmed_before = self.trims.floor(id);
+            let retained = codec::record_key(id, trimmed_before)..=codec::record_key(id, u64::MAX);
             let stored_end = match ks.records.range(retained).next_back() {
                 Some(guard) => {
                     let (key, value) = guard.into_inner().map_err(io)?;
@@ -492,6 +492,7 @@ impl Engine for FjallEngine {
                 meta,
                 producers,
                 stored_end,
+                trimmed_before,
             });
         }
         let next_id = match ks.system.get(NEXT_ID_KEY).map_err(io)? {
