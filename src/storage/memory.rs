@@ -62,8 +62,24 @@ impl Engine for MemoryEngine {
                 }
                 Change::RemoveStream(id) => {
                     state.streams.remove(&id);
-                    state.records.retain(|(stream, _), _| *stream != id);
-                    state.producers.retain(|(stream, _), _| *stream != id);
+                    // Only this stream's keys, not a pass over every stream's under the lock.
+                    let records: Vec<_> = state
+                        .records
+                        .range((id, 0)..=(id, u64::MAX))
+                        .map(|(key, _)| *key)
+                        .collect();
+                    for key in records {
+                        state.records.remove(&key);
+                    }
+                    let producers: Vec<_> = state
+                        .producers
+                        .range((id, String::new())..)
+                        .take_while(|((stream, _), _)| *stream == id)
+                        .map(|(key, _)| key.clone())
+                        .collect();
+                    for key in producers {
+                        state.producers.remove(&key);
+                    }
                     state.snapshots.remove(&id);
                 }
                 Change::TrimRecords(id, before) => {
@@ -165,5 +181,49 @@ impl Engine for MemoryEngine {
             tokens: state.tokens.values().cloned().collect(),
             next_id: state.next_id,
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::Offset;
+    use crate::model::record::lay_out;
+
+    #[tokio::test]
+    async fn removing_a_stream_removes_its_keys_and_no_other_streams() {
+        let engine = MemoryEngine::new();
+        for id in [1, 2, 3] {
+            let records = lay_out(Offset::START, 0, vec![Bytes::from_static(b"x"); 3]);
+            engine
+                .commit(vec![
+                    Change::PutStream(id, Box::new(StreamMeta::new("s", "text/plain"))),
+                    Change::PutRecords(id, records, None),
+                    Change::PutProducer(
+                        id,
+                        "p".into(),
+                        ProducerState {
+                            epoch: 0,
+                            last_seq: 0,
+                            records: (0, 3),
+                            earlier: Vec::new(),
+                        },
+                    ),
+                ])
+                .await
+                .unwrap();
+        }
+        engine.commit(vec![Change::RemoveStream(2)]).await.unwrap();
+        let recovered = engine.recover().unwrap();
+        let left: Vec<(StreamId, usize)> = recovered
+            .streams
+            .iter()
+            .map(|s| (s.id, s.producers.len()))
+            .collect();
+        assert_eq!(left, [(1, 1), (3, 1)]);
+        for (id, records) in [(1, 3), (2, 0), (3, 3)] {
+            let read = engine.read(id, 0, u64::MAX, usize::MAX).await.unwrap();
+            assert_eq!(read.len(), records, "stream {id}");
+        }
     }
 }
