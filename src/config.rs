@@ -13,6 +13,8 @@ pub const DEFAULT_LISTEN: &str = "127.0.0.1:4437";
 pub const DEFAULT_DATA_DIR: &str = "./runnel-data";
 pub const DEFAULT_LONG_POLL_TIMEOUT_MS: u64 = 30_000;
 pub const DEFAULT_MAX_BODY_BYTES: usize = 64 << 20;
+/// The highest `--max-body-bytes`: what a mirror takes from any upstream is sized from it.
+pub const MAX_BODY_BYTES_LIMIT: usize = 1 << 30;
 pub const DEFAULT_SSE_MAX_DURATION_SECS: u64 = 60;
 pub const DEFAULT_HEADER_READ_TIMEOUT_SECS: u64 = 10;
 pub const DEFAULT_BODY_IDLE_TIMEOUT_SECS: u64 = 30;
@@ -288,10 +290,10 @@ impl ServeArgs {
             .max_body_bytes
             .or(file.max_body_bytes)
             .unwrap_or(DEFAULT_MAX_BODY_BYTES);
-        if max_body_bytes == 0 {
-            return Err(ConfigError::Invalid(
-                "max_body_bytes must be at least 1".into(),
-            ));
+        if !(1..=MAX_BODY_BYTES_LIMIT).contains(&max_body_bytes) {
+            return Err(ConfigError::Invalid(format!(
+                "max_body_bytes must be 1 to {MAX_BODY_BYTES_LIMIT} (1 GiB)"
+            )));
         }
         let tls = match (
             self.tls_cert.or(file.tls_cert),
@@ -448,6 +450,23 @@ mod tests {
             }
         );
         assert_eq!(settings.long_poll_timeout, Duration::from_secs(30));
+    }
+
+    #[test]
+    fn max_body_bytes_is_1_byte_to_1_gib() {
+        let with = |bytes: usize| {
+            ServeArgs {
+                max_body_bytes: Some(bytes),
+                ..Default::default()
+            }
+            .resolve()
+        };
+        assert!(with(0).is_err());
+        assert!(with(MAX_BODY_BYTES_LIMIT + 1).is_err());
+        assert_eq!(
+            with(MAX_BODY_BYTES_LIMIT).unwrap().max_body_bytes,
+            MAX_BODY_BYTES_LIMIT
+        );
     }
 
     #[test]

@@ -8,6 +8,11 @@ use serde_json::{Map, Value};
 /// The largest encoded attribute object accepted.
 pub const MAX_ATTRS_BYTES: usize = 16 * 1024;
 
+/// How deep an attribute document may nest. Attributes travel inside other JSON (a mirror's
+/// `StreamState` message), and parsers commonly stop at 128 levels: a document near that would
+/// stop every mirror of its stream.
+pub const MAX_ATTRS_DEPTH: usize = 64;
+
 /// Normalised attributes: `None` when there are none.
 pub type Attrs = Option<Map<String, Value>>;
 
@@ -15,6 +20,8 @@ pub type Attrs = Option<Map<String, Value>>;
 pub enum AttrsError {
     #[error("stream attributes exceed {MAX_ATTRS_BYTES} bytes")]
     TooLarge,
+    #[error("stream attributes nest arrays and objects at most {MAX_ATTRS_DEPTH} deep")]
+    TooDeep,
     #[error("stream attributes must be a JSON object: {0}")]
     NotAnObject(String),
     #[error("stream attribute 'title' must be a string")]
@@ -27,6 +34,9 @@ pub enum AttrsError {
 pub fn parse(encoded: &[u8]) -> Result<Attrs, AttrsError> {
     if encoded.len() > MAX_ATTRS_BYTES {
         return Err(AttrsError::TooLarge);
+    }
+    if super::json::nests_deeper_than(encoded, MAX_ATTRS_DEPTH) {
+        return Err(AttrsError::TooDeep);
     }
     let value: Value =
         serde_json::from_slice(encoded).map_err(|e| AttrsError::NotAnObject(e.to_string()))?;
@@ -80,6 +90,24 @@ mod tests {
         assert_eq!(parse(br#"{"metadata":"x"}"#), Err(AttrsError::BadMetadata));
         let big = format!(r#"{{"title":"{}"}}"#, "x".repeat(MAX_ATTRS_BYTES));
         assert_eq!(parse(big.as_bytes()), Err(AttrsError::TooLarge));
+    }
+
+    #[test]
+    fn documents_nest_at_most_64_deep_so_that_messages_carrying_them_stay_parseable() {
+        // The document is one level, `metadata`'s object the next, and each `{"a":…}` one more.
+        let nested = |depth: usize| {
+            let inner = depth - 1;
+            format!(
+                r#"{{"metadata":{}1{}}}"#,
+                r#"{"a":"#.repeat(inner),
+                "}".repeat(inner)
+            )
+        };
+        assert!(parse(nested(MAX_ATTRS_DEPTH).as_bytes()).unwrap().is_some());
+        assert_eq!(
+            parse(nested(MAX_ATTRS_DEPTH + 1).as_bytes()),
+            Err(AttrsError::TooDeep)
+        );
     }
 
     proptest! {

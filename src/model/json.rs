@@ -15,6 +15,11 @@ use serde_json::Value;
 /// (`[0,0,…]`) would otherwise cost hundreds of times its own size in memory.
 pub const MAX_MESSAGES: usize = 100_000;
 
+/// How deep one message may nest arrays and objects. Parsers commonly stop at 128 levels
+/// (`serde_json` does, and refuses bodies deeper than that itself), and a read puts a message one
+/// level further down: in the array of a canonical read, or the envelope view's object.
+pub const MAX_MESSAGE_DEPTH: usize = 126;
+
 /// The most JSON values (of any depth) one body may hold. Parsed, each costs about 80 bytes
 /// however small its text, so a body of tiny values would cost many times its own size.
 pub const MAX_VALUES: usize = 1_000_000;
@@ -29,6 +34,8 @@ pub enum JsonError {
     TooMany,
     #[error("a body holds at most {MAX_VALUES} JSON values in all")]
     TooManyValues,
+    #[error("a JSON message nests arrays and objects at most {MAX_MESSAGE_DEPTH} deep")]
+    TooDeep,
 }
 
 /// Refuses a body that could hold more than [`MAX_VALUES`] JSON values, before it is parsed.
@@ -37,6 +44,30 @@ pub fn check_value_count(body: &[u8]) -> Result<(), JsonError> {
         Err(JsonError::TooManyValues)
     } else {
         Ok(())
+    }
+}
+
+/// Refuses, before it is parsed, one message that could hold more than [`MAX_VALUES`] JSON
+/// values or nests deeper than [`MAX_MESSAGE_DEPTH`]: one pass for both, since most JSON
+/// appends are a single message.
+fn check_message(body: &[u8]) -> Result<(), JsonError> {
+    let (mut values, mut depth) = (0usize, 0usize);
+    let over = any_outside_strings(body, |byte| {
+        match byte {
+            b'[' | b'{' => {
+                values += 1;
+                depth += 1;
+            }
+            b']' | b'}' => depth = depth.saturating_sub(1),
+            b',' | b':' => values += 1,
+            _ => {}
+        }
+        depth > MAX_MESSAGE_DEPTH || values > MAX_VALUES
+    });
+    match over {
+        false => Ok(()),
+        true if depth > MAX_MESSAGE_DEPTH => Err(JsonError::TooDeep),
+        true => Err(JsonError::TooManyValues),
     }
 }
 
@@ -96,16 +127,17 @@ pub enum EmptyArray {
 
 /// Splits a JSON body into its messages, each serialised compactly.
 pub fn messages(body: &[u8], empty: EmptyArray) -> Result<Vec<Bytes>, JsonError> {
-    check_value_count(body)?;
     let invalid = |e: serde_json::Error| JsonError::Invalid(e.to_string());
     let is_array = body
         .iter()
         .find(|b| !matches!(b, b' ' | b'\t' | b'\n' | b'\r'))
         .is_some_and(|b| *b == b'[');
     if !is_array {
-        let single: Value = serde_json::from_slice(body).map_err(invalid)?;
-        return Ok(vec![canonical(&single)]);
+        return canonical_value(body).map(|single| vec![single]);
     }
+    // The parser's own depth limit keeps each element within MAX_MESSAGE_DEPTH, one level
+    // less deep than the array.
+    check_value_count(body)?;
     // Each element is rendered as it is parsed, so the whole array is never held as values.
     let too_many = Cell::new(false);
     let mut parser = serde_json::Deserializer::from_slice(body);
@@ -154,7 +186,7 @@ impl<'de> Visitor<'de> for Elements<'_> {
 
 /// One JSON value (never flattened), serialised compactly.
 pub fn canonical_value(body: &[u8]) -> Result<Bytes, JsonError> {
-    check_value_count(body)?;
+    check_message(body)?;
     let value: Value =
         serde_json::from_slice(body).map_err(|e| JsonError::Invalid(e.to_string()))?;
     Ok(canonical(&value))
@@ -243,6 +275,36 @@ mod tests {
             messages(body(MAX_MESSAGES + 1).as_bytes(), EmptyArray::Rejected),
             Err(JsonError::TooMany)
         );
+    }
+
+    #[test]
+    fn a_message_nests_at_most_126_deep_so_that_reads_wrapping_it_stay_parseable() {
+        let object = |depth: usize| format!("{}1{}", r#"{"a":"#.repeat(depth), "}".repeat(depth));
+        let deepest = object(MAX_MESSAGE_DEPTH);
+        let one = messages(deepest.as_bytes(), EmptyArray::Rejected).unwrap();
+        // Read back in a canonical body's array: within what parsers take.
+        let read = format!("[{}]", String::from_utf8(one[0].to_vec()).unwrap());
+        assert!(serde_json::from_str::<Value>(&read).is_ok());
+        let deeper = object(MAX_MESSAGE_DEPTH + 1);
+        assert_eq!(
+            messages(deeper.as_bytes(), EmptyArray::Rejected),
+            Err(JsonError::TooDeep)
+        );
+        assert_eq!(canonical_value(deeper.as_bytes()), Err(JsonError::TooDeep));
+        // A top-level array is flattened: its elements are a level less deep than it, and the
+        // parser takes no body deeper than 127.
+        let elements = format!("[{deepest},{deepest}]");
+        assert_eq!(
+            messages(elements.as_bytes(), EmptyArray::Rejected)
+                .unwrap()
+                .len(),
+            2
+        );
+        let array = format!("[{}]", object(MAX_MESSAGE_DEPTH + 1));
+        assert!(matches!(
+            messages(array.as_bytes(), EmptyArray::Rejected),
+            Err(JsonError::Invalid(_))
+        ));
     }
 
     #[test]

@@ -28,10 +28,10 @@ const APPLY_BATCH: usize = 1000;
 /// A session quiet this long is pinged; one quiet for twice as long is taken for dead (a
 /// connection dropped without a close, by a NAT or a failed host) and the mirror reconnects.
 const QUIET: Duration = Duration::from_secs(20);
-/// The largest message the mirror takes: a record of the largest body any server would accept,
-/// in base64 inside its envelope. (tungstenite's default of 16 MiB stopped a 13 MiB record, and
-/// with it the whole bucket, for good.)
-const MAX_MESSAGE_BYTES: usize = 256 << 20;
+/// The largest message the mirror takes: a record of the largest body any Runnel accepts
+/// (`--max-body-bytes` at its highest), in base64 inside its envelope. (tungstenite's default of
+/// 16 MiB stopped a 13 MiB record, and with it the whole bucket, for good.)
+const MAX_MESSAGE_BYTES: usize = crate::config::MAX_BODY_BYTES_LIMIT.div_ceil(3) * 4 + (1 << 20);
 
 #[derive(Debug, thiserror::Error)]
 pub enum MirrorError {

@@ -125,18 +125,19 @@ const MAX_FRAME_BYTES: usize = 2 << 20;
 
 /// A regular frame, or (should a message not fit a frame) the terminal frame saying so.
 ///
-/// Only a read can meet a message too large: S2 takes no record over 1 MiB, but the Durable
-/// Streams face takes records up to `--max-body-bytes`, and one over 2 MiB fits no frame an S2
-/// client decodes. That is no fault of the server's, and the stream is fine: the session ends
-/// with a 422 naming the way to read such a record.
+/// Only a read can meet a message too large: the Durable Streams face takes records up to
+/// `--max-body-bytes`, and one over 2 MiB fits no frame an S2 client decodes (nor does an S2
+/// record of very many tiny headers, which protobuf spells out at twice their metered size).
+/// That is no fault of the server's, and the stream is fine: the session ends with a 422 naming
+/// the ways to read such a record.
 fn frame(compression: CompressionAlgorithm, message: &impl prost::Message) -> Result<Bytes, Bytes> {
     let unframable = |e: &dyn std::fmt::Display| {
         terminal(S2Error::new(
             StatusCode::UNPROCESSABLE_ENTITY,
             "invalid",
             format!(
-                "{e}: a record this large (written through Durable Streams) can only be read \
-                 with the JSON records API or the Durable Streams face"
+                "{e}: a record this large can only be read with the JSON records API or the \
+                 Durable Streams face"
             ),
         ))
     };
