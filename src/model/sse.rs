@@ -27,7 +27,14 @@ pub fn write_data_event(out: &mut Vec<u8>, payload: &[u8], base64: bool) {
         out.push(b'\n');
     } else {
         for line in split_lines(payload) {
-            out.extend_from_slice(b"data:");
+            // An SSE parser drops one space after the colon: a line that starts with one gets
+            // another in front, so that its own survives. The others are written without (the
+            // conformance suite reads `data:line`).
+            if line.first() == Some(&b' ') {
+                out.extend_from_slice(b"data: ");
+            } else {
+                out.extend_from_slice(b"data:");
+            }
             out.extend_from_slice(line);
             out.push(b'\n');
         }
@@ -57,6 +64,31 @@ pub fn split_lines(payload: &[u8]) -> impl Iterator<Item = &[u8]> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The data of the events in `frame`, as the SSE specification has a parser read it.
+    fn spec_parsed_data(frame: &[u8]) -> Vec<u8> {
+        let text = std::str::from_utf8(frame).unwrap();
+        let lines: Vec<&str> = text
+            .lines()
+            .filter_map(|line| line.strip_prefix("data:"))
+            .map(|value| value.strip_prefix(' ').unwrap_or(value))
+            .collect();
+        lines.join("\n").into_bytes()
+    }
+
+    #[test]
+    fn lines_starting_with_spaces_keep_them_through_a_spec_parser() {
+        for payload in [&b" hello"[..], b"  two\n three\nnone", b"plain", b" "] {
+            let frame = data_event(payload, false);
+            assert_eq!(
+                spec_parsed_data(&frame),
+                payload,
+                "{}",
+                String::from_utf8_lossy(&frame)
+            );
+        }
+        assert_eq!(data_event(b"plain", false), b"event: data\ndata:plain\n\n");
+    }
 
     #[test]
     fn payload_lines_split_on_every_line_break() {

@@ -74,7 +74,9 @@ const KINDS = [
     contentType: "text/plain",
     json: false,
     initial: ["hello ", "world"],
-    liveMsgs: { sse: "via-sse|", "long-poll": "via-long-poll|" },
+    // The SSE message starts with a space: SSE parsers drop one after `data:`, and the
+    // client must still get it back whole.
+    liveMsgs: { sse: " via-sse|", "long-poll": "via-long-poll|" },
     encode: (m) => m,
     view: (seen) => seen.text,
     join: (msgs) => msgs.join(""),
