@@ -94,7 +94,7 @@ mod tests {
 
     #[test]
     fn documents_nest_at_most_64_deep_so_that_messages_carrying_them_stay_parseable() {
-        // The document is one level, `metadata`'s object the next, and each `{"a":…}` one more.
+        // The document is one level; each `{"a":…}` (the first is `metadata`'s object) one more.
         let nested = |depth: usize| {
             let inner = depth - 1;
             format!(

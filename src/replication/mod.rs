@@ -29,9 +29,10 @@ const APPLY_BATCH: usize = 1000;
 /// connection dropped without a close, by a NAT or a failed host) and the mirror reconnects.
 const QUIET: Duration = Duration::from_secs(20);
 /// The largest message the mirror takes: a record of the largest body any Runnel accepts
-/// (`--max-body-bytes` at its highest), in base64 inside its envelope. (tungstenite's default of
+/// (`--max-body-bytes` at its highest) in its envelope, where it takes at most twice its size
+/// (text of quotes and backslashes, each escaped; base64 takes 4/3). (tungstenite's default of
 /// 16 MiB stopped a 13 MiB record, and with it the whole bucket, for good.)
-const MAX_MESSAGE_BYTES: usize = crate::config::MAX_BODY_BYTES_LIMIT.div_ceil(3) * 4 + (1 << 20);
+const MAX_MESSAGE_BYTES: usize = 2 * crate::config::MAX_BODY_BYTES_LIMIT + (1 << 20);
 
 #[derive(Debug, thiserror::Error)]
 pub enum MirrorError {

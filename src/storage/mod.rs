@@ -88,8 +88,10 @@ pub struct RecoveredStream {
     /// the metadata, so the tail is the later of `meta.tail` and this.
     pub stored_end: Option<StoredEnd>,
     /// Every record below this seq is deleted (or being purged). Where the stream's retention
-    /// has passed it, forks held the records back when retention moved, and nothing deleted
-    /// them after (the last fork went just before a crash): the service deletes them now.
+    /// has passed it, forks may have held records back when retention moved, and nothing deleted
+    /// them after (the last fork went just before a crash): the service deletes them now. (A
+    /// fork or a mirror that starts past 0 was never trimmed either; its first such trim finds
+    /// nothing to delete.)
     pub trimmed_before: u64,
 }
 
