@@ -51,48 +51,56 @@ pub fn check_value_count(body: &[u8]) -> Result<(), JsonError> {
 /// values or nests deeper than [`MAX_MESSAGE_DEPTH`]: one pass for both, since most JSON
 /// appends are a single message.
 fn check_message(body: &[u8]) -> Result<(), JsonError> {
-    let (mut values, mut depth) = (0usize, 0usize);
+    let mut shape = Shape::default();
     let over = any_outside_strings(body, |byte| {
-        match byte {
-            b'[' | b'{' => {
-                values += 1;
-                depth += 1;
-            }
-            b']' | b'}' => depth = depth.saturating_sub(1),
-            b',' | b':' => values += 1,
-            _ => {}
-        }
-        depth > MAX_MESSAGE_DEPTH || values > MAX_VALUES
+        shape.take(byte);
+        shape.depth > MAX_MESSAGE_DEPTH || shape.values > MAX_VALUES
     });
     match over {
         false => Ok(()),
-        true if depth > MAX_MESSAGE_DEPTH => Err(JsonError::TooDeep),
+        true if shape.depth > MAX_MESSAGE_DEPTH => Err(JsonError::TooDeep),
         true => Err(JsonError::TooManyValues),
+    }
+}
+
+/// What JSON text has shown so far, read byte by byte outside its strings: how many values it
+/// could hold (each separator or opening starts at most one), and how deep it nests now.
+#[derive(Default)]
+struct Shape {
+    values: usize,
+    depth: usize,
+}
+
+impl Shape {
+    fn take(&mut self, byte: u8) {
+        match byte {
+            b'[' | b'{' => {
+                self.values += 1;
+                self.depth += 1;
+            }
+            b']' | b'}' => self.depth = self.depth.saturating_sub(1),
+            b',' | b':' => self.values += 1,
+            _ => {}
+        }
     }
 }
 
 /// Whether `body` could hold more than `max` JSON values: counts the separators and openings
 /// outside strings, each of which starts at most one value, without parsing.
 pub fn more_values_than(body: &[u8], max: usize) -> bool {
-    let mut count = 0usize;
+    let mut shape = Shape::default();
     any_outside_strings(body, |byte| {
-        if matches!(byte, b',' | b'[' | b'{' | b':') {
-            count += 1;
-        }
-        count > max
+        shape.take(byte);
+        shape.values > max
     })
 }
 
 /// Whether the JSON text `body` nests arrays and objects more than `max` deep, without parsing.
 pub fn nests_deeper_than(body: &[u8], max: usize) -> bool {
-    let mut depth = 0usize;
+    let mut shape = Shape::default();
     any_outside_strings(body, |byte| {
-        match byte {
-            b'[' | b'{' => depth += 1,
-            b']' | b'}' => depth = depth.saturating_sub(1),
-            _ => {}
-        }
-        depth > max
+        shape.take(byte);
+        shape.depth > max
     })
 }
 

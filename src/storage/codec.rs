@@ -260,9 +260,13 @@ pub struct Filed {
 impl Filed {
     /// The offset just after the record, without reading its body.
     pub fn next_offset(&self) -> crate::model::Offset {
-        let bytes = if self.record.command { 0 } else { self.len };
         // Decoding checked that this does not overflow.
-        crate::model::Offset::new(self.record.seq + 1, self.record.pos + bytes)
+        crate::model::Offset::new(self.record.seq + 1, self.record.pos + self.byte_len())
+    }
+
+    /// How many bytes of the canonical byte stream the record holds, as [`Record::byte_len`].
+    fn byte_len(&self) -> u64 {
+        if self.record.command { 0 } else { self.len }
     }
 }
 
@@ -330,11 +334,11 @@ fn decode_filed_run(key_seq: u64, value: Bytes) -> Result<FiledRun, StorageError
         let place = reader.u64().ok_or_else(corrupt)?;
         let len = reader.u64().ok_or_else(corrupt)?;
         place.checked_add(len).ok_or_else(corrupt)?;
-        let bytes = if record.command { 0 } else { len };
-        if !ends_in_range(record.pos, bytes) {
+        let filed = Filed { record, place, len };
+        if !ends_in_range(filed.record.pos, filed.byte_len()) {
             return Err(corrupt());
         }
-        records.push(Filed { record, place, len });
+        records.push(filed);
     }
     if reader.at != value.len() {
         return Err(corrupt());
