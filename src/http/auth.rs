@@ -44,16 +44,46 @@ impl AuthConfig {
 /// One token bucket per principal.
 #[derive(Debug, Default)]
 pub struct RateLimiter {
-    buckets: Mutex<HashMap<String, (f64, Instant)>>,
+    buckets: Mutex<Buckets>,
+}
+
+#[derive(Debug, Default)]
+struct Buckets {
+    /// Requests left and when they were counted, by budget.
+    by_key: HashMap<String, (f64, Instant)>,
+    /// The count of buckets at which full ones are next dropped.
+    prune_at: usize,
+}
+
+/// Buckets kept before the full ones are first dropped.
+const BUCKETS_BEFORE_PRUNING: usize = 1024;
+
+impl Buckets {
+    /// Drops the buckets that have refilled: a full bucket is what a new one starts as, so only
+    /// the memory goes. Without this every token ever used would keep one (tokens issued per
+    /// end-user session come and go). Each pruning doubles the count it waits for, so its cost
+    /// spreads over the requests in between.
+    fn prune(&mut self, rate: f64, now: Instant) {
+        self.by_key.retain(|_, (tokens, last)| {
+            *tokens + now.duration_since(*last).as_secs_f64() * rate < rate
+        });
+        self.prune_at = (self.by_key.len() * 2).max(BUCKETS_BEFORE_PRUNING);
+    }
 }
 
 impl RateLimiter {
     /// Takes one request from `key`'s bucket; `Err` with the wait until the next one if empty.
     fn take(&self, key: &str, per_second: u32) -> Result<(), Duration> {
+        self.take_at(key, per_second, Instant::now())
+    }
+
+    fn take_at(&self, key: &str, per_second: u32, now: Instant) -> Result<(), Duration> {
         let rate = f64::from(per_second.max(1));
-        let now = Instant::now();
         let mut buckets = self.buckets.lock().unwrap_or_else(|e| e.into_inner());
-        let (tokens, last) = buckets.entry(key.to_string()).or_insert((rate, now));
+        if !buckets.by_key.contains_key(key) && buckets.by_key.len() >= buckets.prune_at {
+            buckets.prune(rate, now);
+        }
+        let (tokens, last) = buckets.by_key.entry(key.to_string()).or_insert((rate, now));
         *tokens = (*tokens + now.duration_since(*last).as_secs_f64() * rate).min(rate);
         *last = now;
         if *tokens >= 1.0 {
@@ -460,5 +490,30 @@ mod tests {
         let wait = limiter.take("t", 5).unwrap_err();
         assert!(wait <= Duration::from_millis(200));
         assert!(limiter.take("other", 5).is_ok(), "buckets are per token");
+    }
+
+    #[test]
+    fn the_rate_limiter_forgets_buckets_that_have_refilled() {
+        let limiter = RateLimiter::default();
+        let start = Instant::now();
+        for n in 1..BUCKETS_BEFORE_PRUNING {
+            assert!(limiter.take_at(&n.to_string(), 10, start).is_ok());
+        }
+        // A fifth of a second on, every bucket but the one spent again has refilled.
+        let later = start + Duration::from_millis(200);
+        for _ in 0..10 {
+            let _ = limiter.take_at("busy", 10, start);
+        }
+        assert!(limiter.take_at("new", 10, later).is_ok());
+        let buckets = limiter.buckets.lock().unwrap();
+        let mut kept: Vec<&str> = buckets.by_key.keys().map(String::as_str).collect();
+        kept.sort();
+        assert_eq!(kept, ["busy", "new"]);
+        drop(buckets);
+        // Two requests refilled since it was spent, not a full bucket's ten.
+        for _ in 0..2 {
+            assert!(limiter.take_at("busy", 10, later).is_ok());
+        }
+        assert!(limiter.take_at("busy", 10, later).is_err());
     }
 }

@@ -20,7 +20,8 @@ use crate::storage::{FjallEngine, MemoryEngine, SharedEngine, SyncMode};
 
 /// How often expired streams are swept away (reads also check expiry on access).
 const SWEEP_INTERVAL: Duration = Duration::from_millis(250);
-/// How often S2 retention ages and delete-on-empty are applied.
+/// How often S2 retention ages and delete-on-empty are applied, and long-expired access tokens
+/// swept away.
 const RETENTION_INTERVAL: Duration = Duration::from_secs(5);
 
 pub async fn serve(settings: Settings) -> anyhow::Result<()> {
@@ -84,6 +85,9 @@ pub async fn serve(settings: Settings) -> anyhow::Result<()> {
         loop {
             tick.tick().await;
             retention.enforce_s2_configs().await;
+            retention
+                .sweep_expired_tokens(crate::service::now_ms())
+                .await;
         }
     });
 

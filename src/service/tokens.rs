@@ -1,7 +1,7 @@
 //! Access tokens issued through S2's `/v1/access-tokens`: kept by id, found by the digest of
 //! their secret, stored durably (digest only) with the streams.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 use tokio_util::sync::CancellationToken;
 
@@ -18,6 +18,8 @@ pub(super) struct TokenRegistry {
     by_id: BTreeMap<String, TokenRecord>,
     /// Digest to id.
     by_digest: HashMap<String, String>,
+    /// Tokens that expire, by when, then id: what the sweep looks at.
+    by_expiry: BTreeSet<(i64, String)>,
     /// Cancelled when the token is revoked, so that sessions it opened end with it. Made when
     /// the token is first used; kept in memory only.
     revoked: HashMap<String, CancellationToken>,
@@ -35,9 +37,30 @@ impl TokenRegistry {
     fn insert(&mut self, token: TokenRecord) {
         self.by_digest
             .insert(token.digest.clone(), token.id.clone());
+        if let Some(at) = token.expires_ms {
+            self.by_expiry.insert((at, token.id.clone()));
+        }
         self.by_id.insert(token.id.clone(), token);
     }
+
+    /// Forgets token `id`, ending the sessions it opened.
+    fn remove(&mut self, id: &str) -> Option<TokenRecord> {
+        let token = self.by_id.remove(id)?;
+        self.by_digest.remove(&token.digest);
+        if let Some(at) = token.expires_ms {
+            self.by_expiry.remove(&(at, token.id.clone()));
+        }
+        if let Some(revoked) = self.revoked.remove(id) {
+            revoked.cancel();
+        }
+        Some(token)
+    }
 }
+
+/// How long an expired token is still known, so that a client presenting it is told it expired
+/// (and renews it) rather than that it is not valid. After that it is swept away: tokens issued
+/// per end-user session would otherwise pile up in memory and on disk forever.
+pub const EXPIRED_TOKEN_KEPT_MS: i64 = 60 * 60 * 1000;
 
 /// Who made a request, once authenticated.
 #[derive(Clone, Debug)]
@@ -209,12 +232,8 @@ impl StreamService {
     pub async fn revoke_token(&self, id: &str) -> StreamResult<TokenRecord> {
         let (token, commit) = {
             let mut tokens = self.lock_tokens();
-            let token = tokens.by_id.remove(id).ok_or(StreamError::TokenNotFound)?;
-            tokens.by_digest.remove(&token.digest);
             // Its sessions end now; a request already past authentication may still finish.
-            if let Some(revoked) = tokens.revoked.remove(id) {
-                revoked.cancel();
-            }
+            let token = tokens.remove(id).ok_or(StreamError::TokenNotFound)?;
             (
                 token,
                 self.engine
@@ -223,6 +242,38 @@ impl StreamService {
         };
         commit.await?;
         Ok(token)
+    }
+
+    /// Removes the tokens that expired more than [`EXPIRED_TOKEN_KEPT_MS`] before `now_ms`.
+    /// Returns how many went.
+    pub async fn sweep_expired_tokens(&self, now_ms: i64) -> usize {
+        let (swept, commit) = {
+            let mut tokens = self.lock_tokens();
+            let cutoff = (now_ms.saturating_sub(EXPIRED_TOKEN_KEPT_MS), String::new());
+            let expired: Vec<String> = tokens
+                .by_expiry
+                .range(..cutoff)
+                .map(|(_, id)| id.clone())
+                .collect();
+            if expired.is_empty() {
+                return 0;
+            }
+            let mut changes = Vec::with_capacity(expired.len());
+            for id in expired {
+                tokens.remove(&id);
+                changes.push(Change::RemoveToken(id));
+            }
+            // Committed in the lock's order, so a token issued again under a swept id after
+            // this is stored after the removal.
+            (changes.len(), self.engine.commit(changes))
+        };
+        match commit.await {
+            Ok(()) => swept,
+            Err(e) => {
+                tracing::warn!(error = %e, "removing expired access tokens failed");
+                0
+            }
+        }
     }
 
     fn lock_tokens(&self) -> std::sync::MutexGuard<'_, TokenRegistry> {
@@ -304,6 +355,55 @@ mod tests {
         ));
         let (listed, _) = service.list_tokens(&Principal::operator(), "", None, 10);
         assert!(listed.is_empty(), "no child token was kept");
+    }
+
+    #[tokio::test]
+    async fn tokens_expired_longer_than_the_grace_are_swept_from_memory_and_storage() {
+        let engine = Arc::new(MemoryEngine::new());
+        let service = StreamService::open(engine.clone(), ServiceConfig::default()).unwrap();
+        let expires = now_ms() + 60_000;
+        let issue = |id: &str, expires_ms| IssueToken {
+            id: id.into(),
+            expires_ms,
+            scope: reader_of("logs"),
+        };
+        let operator = Principal::operator();
+        let session = service
+            .issue_token(&operator, issue("session", Some(expires)))
+            .await
+            .unwrap();
+        for (id, expires_ms) in [("service", None), ("later", Some(expires + 1))] {
+            service
+                .issue_token(&operator, issue(id, expires_ms))
+                .await
+                .unwrap();
+        }
+
+        let kept_until = expires + EXPIRED_TOKEN_KEPT_MS;
+        assert_eq!(service.sweep_expired_tokens(kept_until - 1).await, 0);
+        assert!(service.authenticate(&session).is_ok());
+        assert_eq!(service.sweep_expired_tokens(kept_until + 1).await, 1);
+        assert_eq!(
+            service.authenticate(&session).err(),
+            Some(TokenError::Unknown)
+        );
+        let (listed, _) = service.list_tokens(&operator, "", None, 10);
+        let ids: Vec<&str> = listed.iter().map(|t| t.id.as_str()).collect();
+        assert_eq!(ids, ["later", "service"]);
+        let mut stored: Vec<String> = engine
+            .recover()
+            .unwrap()
+            .tokens
+            .into_iter()
+            .map(|t| t.id)
+            .collect();
+        stored.sort();
+        assert_eq!(stored, ["later", "service"]);
+        // The id is free again.
+        service
+            .issue_token(&operator, issue("session", None))
+            .await
+            .unwrap();
     }
 
     #[tokio::test]
