@@ -1,6 +1,7 @@
 //! Connections under hostile or broken clients, TLS, and graceful shutdown: slowloris clients are
 //! cut off, oversized heads get 431, connections beyond the limit are closed, a stalled live
-//! reader costs bounded memory, never slows writers and frees its slot (over HTTP/2 too),
+//! reader costs bounded memory, never slows writers and frees its slot (over HTTP/2 too, where a
+//! client leaving a large response untaken loses its connection),
 //! SIGTERM drains cleanly, and the process faults its memory in base pages.
 
 mod common;
@@ -388,6 +389,92 @@ async fn an_http2_reader_waiting_for_events_keeps_its_slot_past_the_send_timeout
         );
     }
     assert_eq!(live_readers(&server).await, 1, "it still holds its slot");
+}
+
+/// A stream holding one record of 1 MiB, and an HTTP/2 connection to the server whose streams
+/// open with a window of `window` bytes.
+async fn one_mebibyte_record_and_an_http2_client(
+    server: &Server,
+    path: &str,
+    window: u32,
+) -> (
+    h2::client::SendRequest<bytes::Bytes>,
+    tokio::task::JoinHandle<Result<(), h2::Error>>,
+) {
+    create(server, path).await;
+    let appended = client()
+        .post(server.url(path))
+        .header("content-type", "application/octet-stream")
+        .body(vec![7u8; 1 << 20])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(appended.status(), 204);
+    let tcp = TcpStream::connect(addr(server)).await.unwrap();
+    let (h2, connection) = h2::client::Builder::new()
+        .initial_window_size(window)
+        .handshake::<_, bytes::Bytes>(tcp)
+        .await
+        .unwrap();
+    (h2.ready().await.unwrap(), tokio::spawn(connection))
+}
+
+#[tokio::test]
+async fn an_http2_client_that_takes_nothing_of_a_large_response_loses_its_connection() {
+    let server = Server::start(&["--memory", "--send-timeout-secs", "1"]);
+    let path = "/v1/stream/h2-untaken";
+    // A window of 16 KiB that it never opens further.
+    let window = 16 << 10;
+    let (mut h2, connection) = one_mebibyte_record_and_an_http2_client(&server, path, window).await;
+    let request = axum::http::Request::get(server.url(&format!("{path}?offset=-1")))
+        .body(())
+        .unwrap();
+    let (response, _) = h2.send_request(request, true).unwrap();
+    let response = response.await.unwrap();
+    assert_eq!(response.status(), 200);
+    // Its other streams and pings go on, so only the untaken body shows the stall.
+    let closed = tokio::time::timeout(Duration::from_secs(10), connection).await;
+    assert!(
+        closed.is_ok(),
+        "a connection holding a 1 MiB response it never takes stays open"
+    );
+    drop(response);
+}
+
+#[tokio::test]
+async fn an_http2_client_that_takes_a_large_response_slowly_gets_it_whole() {
+    let server = Server::start(&["--memory", "--send-timeout-secs", "1"]);
+    let path = "/v1/stream/h2-slow";
+    // 64 KiB every 300 ms: the 1 MiB record takes about 5 s, several times the timeout.
+    let window = 64 << 10;
+    let (mut h2, connection) = one_mebibyte_record_and_an_http2_client(&server, path, window).await;
+    let request = axum::http::Request::get(server.url(&format!("{path}?offset=-1")))
+        .body(())
+        .unwrap();
+    let (response, _) = h2.send_request(request, true).unwrap();
+    let response = response.await.unwrap();
+    assert_eq!(response.status(), 200);
+    let mut body = response.into_body();
+    let mut received = 0;
+    let started = Instant::now();
+    loop {
+        match tokio::time::timeout(Duration::from_secs(5), body.data()).await {
+            Ok(Some(Ok(data))) => {
+                received += data.len();
+                tokio::time::sleep(Duration::from_millis(
+                    300 * data.len() as u64 / window as u64,
+                ))
+                .await;
+                body.flow_control().release_capacity(data.len()).unwrap();
+            }
+            Ok(None) => break,
+            Ok(Some(Err(e))) => panic!("the body ended with {e} after {received} bytes"),
+            Err(_) => panic!("no data for 5 s after {received} bytes"),
+        }
+        assert!(started.elapsed() < Duration::from_secs(30));
+    }
+    assert_eq!(received, 1 << 20);
+    assert!(!connection.is_finished(), "the connection stays open");
 }
 
 #[tokio::test]

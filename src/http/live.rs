@@ -5,9 +5,6 @@
 //! clients then reconnect from where they were.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::task::Poll;
-use std::time::Duration;
 
 use axum::body::Body;
 use axum::extract::Request;
@@ -15,8 +12,8 @@ use axum::http::{HeaderValue, Method, StatusCode, Version, header};
 use axum::middleware::Next;
 use axum::response::Response;
 use futures::stream::{AbortHandle, Abortable};
-use futures::{Stream, StreamExt as _};
 
+use super::taking::{self, ConnectionHandle, Taking};
 use super::task::OwnedTask;
 use super::{AppState, token_expiry};
 use crate::service::Principal;
@@ -78,7 +75,12 @@ fn is_append_session(request: &Request) -> bool {
 pub async fn serve(app: &AppState, request: Request, next: Next) -> Response {
     let live = is_live(&request);
     if !live && !is_append_session(&request) {
-        return next.run(request).await;
+        // Only HTTP/2 requests carry their connection (see `taking`).
+        let Some(connection) = request.extensions().get::<ConnectionHandle>().cloned() else {
+            return next.run(request).await;
+        };
+        let response = next.run(request).await;
+        return taking::watch_finished(response, app.config.send_timeout, connection);
     }
     let permit = if live {
         match app.live_readers.clone().try_acquire_owned() {
@@ -123,7 +125,7 @@ pub async fn serve(app: &AppState, request: Request, next: Next) -> Response {
     // and pings go on), so the connection's send timeout never fires: the body itself is watched.
     let watch_taking = live && version == Version::HTTP_2;
     let send_timeout = app.config.send_timeout;
-    let taking = Arc::new(Taking::default());
+    let taking = Taking::new();
     let stall = {
         let taking = taking.clone();
         async move {
@@ -152,50 +154,6 @@ pub async fn serve(app: &AppState, request: Request, next: Next) -> Response {
     });
     let body = Abortable::new(body.into_data_stream(), registration);
     Response::from_parts(parts, Body::from_stream(taking.track(body, watcher)))
-}
-
-/// How a streaming body's frames are being taken: how many the connection has had, and whether
-/// it has not asked for another since the last. A client that takes nothing leaves it so: the
-/// connection holds that frame until the client opens its window, and asks for no more.
-#[derive(Default)]
-struct Taking {
-    frames: AtomicU64,
-    holding: AtomicBool,
-}
-
-impl Taking {
-    /// Passes `body`'s frames on, noting each; `watcher` lives as long as the body does.
-    fn track<S: Stream + Unpin>(
-        self: Arc<Self>,
-        mut body: S,
-        watcher: OwnedTask,
-    ) -> impl Stream<Item = S::Item> {
-        futures::stream::poll_fn(move |cx| {
-            let _held = &watcher;
-            let next = body.poll_next_unpin(cx);
-            let handed = matches!(next, Poll::Ready(Some(_)));
-            if handed {
-                self.frames.fetch_add(1, Ordering::Relaxed);
-            }
-            self.holding.store(handed, Ordering::Relaxed);
-            next
-        })
-    }
-
-    /// Resolves once the connection has held the body's last frame, asking for no other, for
-    /// longer than `timeout` (at most twice as long: it looks once per `timeout`). A body that
-    /// waits for data is not held: the connection asked, and waits on it.
-    async fn stalled(&self, timeout: Duration) {
-        let mut seen = None;
-        loop {
-            tokio::time::sleep(timeout).await;
-            let frames = self.frames.load(Ordering::Relaxed);
-            if seen == Some(frames) && self.holding.load(Ordering::Relaxed) {
-                return;
-            }
-            seen = Some(frames);
-        }
-    }
 }
 
 fn too_many_live_readers(request: &Request) -> Response {

@@ -16,6 +16,7 @@ mod request;
 mod s2;
 mod sse;
 mod streamld;
+mod taking;
 mod task;
 
 use std::convert::Infallible;
@@ -37,6 +38,7 @@ use crate::service::StreamService;
 pub use auth::AuthConfig;
 pub use metrics::install_recorder as install_metrics_recorder;
 pub use request::BodyLimits;
+pub use taking::{CloseConnection, ConnectionHandle};
 
 /// Settings of the HTTP faces.
 #[derive(Clone, Debug)]

@@ -21,7 +21,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::file_sending::FileSending;
 use super::watched::Watched;
-use crate::http::Handler;
+use crate::http::{ConnectionHandle, Handler};
 
 /// How long a client has to finish its TLS handshake.
 const TLS_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
@@ -134,6 +134,7 @@ pub async fn serve(
                 app.clone()
             }),
             begun: begun.clone(),
+            connection: ConnectionHandle(stall.clone()),
         };
         // hyper's header timeout starts once it knows the connection's HTTP version, which a
         // client that sends nothing (or half the HTTP/2 preface) never lets it learn.
@@ -212,20 +213,30 @@ async fn no_request_by(timeout: Duration, begun: &AtomicBool) {
     }
 }
 
-/// A connection's service, noting that the connection has begun a request.
+/// A connection's service, noting that the connection has begun a request, and giving HTTP/2
+/// requests their connection, which a client that leaves a response untaken loses.
 #[derive(Clone)]
 struct NotingFirst<S> {
     inner: S,
     begun: Arc<AtomicBool>,
+    connection: ConnectionHandle,
 }
 
-impl<S: hyper::service::Service<R>, R> hyper::service::Service<R> for NotingFirst<S> {
+impl<S, B> hyper::service::Service<hyper::Request<B>> for NotingFirst<S>
+where
+    S: hyper::service::Service<hyper::Request<B>>,
+{
     type Response = S::Response;
     type Error = S::Error;
     type Future = S::Future;
 
-    fn call(&self, request: R) -> Self::Future {
+    fn call(&self, mut request: hyper::Request<B>) -> Self::Future {
         self.begun.store(true, Ordering::Relaxed);
+        // HTTP/1.1 requests go without: their stalls fill the socket, which is watched, and an
+        // extension costs an allocation on every request.
+        if request.version() == hyper::Version::HTTP_2 {
+            request.extensions_mut().insert(self.connection.clone());
+        }
         self.inner.call(request)
     }
 }

@@ -27,6 +27,8 @@ pub struct Stall {
     progress: AtomicU64,
     /// The last write found the socket full.
     blocked: AtomicBool,
+    /// A response on it was left untaken (see `http::taking`): close it at once.
+    abandoned: AtomicBool,
     /// Woken when the socket fills up, so an idle connection needs no timer. The watch is polled
     /// every time its connection's task wakes (once per event to a live reader), so it is
     /// an atomic waker rather than a `Notify`, whose every poll takes a lock.
@@ -51,15 +53,16 @@ impl Stall {
         self.filled.wake();
     }
 
-    /// Completes once a write finds the socket full.
+    /// Completes once a write finds the socket full, or the connection is abandoned.
     async fn filled(&self) {
+        let due = || self.blocked.load(Ordering::Relaxed) || self.abandoned.load(Ordering::Relaxed);
         std::future::poll_fn(|cx| {
-            if self.blocked.load(Ordering::Relaxed) {
+            if due() {
                 return Poll::Ready(());
             }
             self.filled.register(cx.waker());
             // Filled between the first look and the registration: that wake may be lost.
-            if self.blocked.load(Ordering::Relaxed) {
+            if due() {
                 Poll::Ready(())
             } else {
                 Poll::Pending
@@ -68,12 +71,16 @@ impl Stall {
         .await;
     }
 
-    /// Completes once a write has waited `timeout` while the client took nothing at all: no
-    /// write went through, and the socket's queue did not shrink. The connection is then
-    /// reset rather than closed, so the kernel does not keep its unsent data either.
+    /// Completes once a write has waited `timeout` while the client took nothing at all (no
+    /// write went through, and the socket's queue did not shrink), or once a response on the
+    /// connection is abandoned. The connection is then reset rather than closed, so the kernel
+    /// does not keep its unsent data either.
     pub async fn stalled(&self, timeout: Duration) {
         loop {
             self.filled().await;
+            if self.abandoned.load(Ordering::Relaxed) {
+                break;
+            }
             let seen = self.progress.load(Ordering::Relaxed);
             let queued = self.socket.and_then(unsent);
             tokio::time::sleep(timeout).await;
@@ -83,12 +90,19 @@ impl Stall {
                 _ => false,
             };
             if self.blocked.load(Ordering::Relaxed) && !wrote && !drained {
-                if let Some(socket) = self.socket {
-                    reset_on_close(socket);
-                }
-                return;
+                break;
             }
         }
+        if let Some(socket) = self.socket {
+            reset_on_close(socket);
+        }
+    }
+}
+
+impl crate::http::CloseConnection for Stall {
+    fn close(&self) {
+        self.abandoned.store(true, Ordering::Relaxed);
+        self.filled.wake();
     }
 }
 
