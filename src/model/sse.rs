@@ -26,7 +26,11 @@ pub fn write_data_event(out: &mut Vec<u8>, payload: &[u8], base64: bool) {
         out.truncate(start + written);
         out.push(b'\n');
     } else {
-        for line in split_lines(payload) {
+        // SSE is UTF-8. Bytes of a text stream that are not (nothing refuses them on append)
+        // are replaced by U+FFFD, as a decoding client would, instead of breaking a strict one.
+        // Valid text is borrowed, not copied.
+        let text = String::from_utf8_lossy(payload);
+        for line in split_lines(text.as_bytes()) {
             // An SSE parser drops one space after the colon: a line that starts with one gets
             // another in front, so that its own survives. The others are written without (the
             // conformance suite reads `data:line`).
@@ -88,6 +92,13 @@ mod tests {
             );
         }
         assert_eq!(data_event(b"plain", false), b"event: data\ndata:plain\n\n");
+    }
+
+    #[test]
+    fn text_that_is_not_utf8_arrives_with_replacement_characters() {
+        let frame = data_event(b"ok\xff\n\xc3", false);
+        let text = std::str::from_utf8(&frame).expect("an SSE frame is UTF-8");
+        assert_eq!(text, "event: data\ndata:ok\u{FFFD}\ndata:\u{FFFD}\n\n");
     }
 
     #[test]
