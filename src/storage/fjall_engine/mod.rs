@@ -683,7 +683,7 @@ mod tests {
     }
 
     fn write(writer: &Writer, group: Vec<Submission>) {
-        writer.write_group(&group, &mut 0).unwrap();
+        writer.write_group(&group, &mut 0, &mut 0).unwrap();
     }
 
     /// Stream `id` with one-byte records `0..count`, as one submission.
@@ -703,6 +703,54 @@ mod tests {
     fn stored_trim(writer: &Writer, id: StreamId) -> Option<(u64, u64)> {
         let value = writer.keyspaces.trims.get(codec::stream_key(id)).unwrap()?;
         Some(codec::decode_trim(&value).unwrap())
+    }
+
+    #[test]
+    fn submissions_a_failed_group_had_already_committed_succeed_and_the_rest_fail() {
+        let dir = tempfile::tempdir().unwrap();
+        let writer = bare_writer(dir.path());
+        write(&writer, vec![filled(1, 3), filled(2, 1)]);
+        // A corrupt file reference of stream 1: its removal fails after the commit it needs first.
+        let corrupt = codec::record_key(1, 2);
+        writer
+            .keyspaces
+            .record_files
+            .insert(corrupt, b"bad")
+            .unwrap();
+        let append = |seq| {
+            let records = lay_out(Offset::new(seq, seq), 0, vec![Bytes::from_static(b"y")]);
+            vec![Change::PutRecords(2, records, None)]
+        };
+        let (queue, incoming) = std::sync::mpsc::channel();
+        let mut answers = Vec::new();
+        for changes in [append(1), vec![Change::RemoveStream(1)], append(2)] {
+            let (done, answer) = oneshot::channel();
+            let purge = None;
+            queue
+                .send(Submission {
+                    changes,
+                    done,
+                    purge,
+                })
+                .unwrap();
+            answers.push(answer);
+        }
+        drop(queue);
+        // All three are queued, so they form one group; the loop ends with the queue.
+        let keyspaces = writer.keyspaces.clone();
+        writer.run(incoming);
+        let answers: Vec<_> = answers
+            .into_iter()
+            .map(|a| a.blocking_recv().unwrap())
+            .collect();
+        assert!(
+            answers[0].is_ok(),
+            "the append was written: {:?}",
+            answers[0]
+        );
+        assert!(answers[1].is_err());
+        assert!(answers[2].is_err());
+        assert_eq!(stored(&keyspaces, 2, 0, u64::MAX), 2);
     }
 
     #[test]

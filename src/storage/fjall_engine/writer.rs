@@ -148,14 +148,22 @@ impl Writer {
             let mut group = vec![first];
             take_queued(&incoming, &mut group);
             linger.gather(&incoming, &mut group);
-            let written = if self.failed.load(Ordering::Acquire) {
+            let mut written = 0;
+            let outcome = if self.failed.load(Ordering::Acquire) {
                 Err(StorageError::Failed)
             } else {
-                self.write_group(&group, &mut next_id)
+                self.write_group(&group, &mut next_id, &mut written)
             };
-            let (result, unreferenced) = match written {
+            let (result, unreferenced) = match outcome {
                 Ok(unreferenced) => (Ok(()), unreferenced),
-                Err(e) => (Err(e), Vec::new()),
+                Err(e) => {
+                    // What a split commit wrote before the failure is acknowledged once it is
+                    // synced, rather than failed while it may be on disk.
+                    if written > 0 && self.keyspaces.db.persist(self.persist_mode()).is_err() {
+                        written = 0;
+                    }
+                    (Err(e), Vec::new())
+                }
             };
             linger.committed(group.len());
             // The purger's chunk rides in a group as a submission of its own: not an append.
@@ -172,38 +180,64 @@ impl Writer {
                 tracing::error!(error = %e, "storage write failed; refusing further writes");
                 self.failed.store(true, Ordering::Release);
             }
-            self.acknowledge(group, result);
+            self.acknowledge(group, result, written);
             self.files.delete(unreferenced);
         }
     }
 
-    /// Tells every submission of a group how it ended.
+    /// Tells every submission of a group how it ended: `result`, except that when the group
+    /// failed, its first `written` submissions were committed and synced, and succeeded (a
+    /// purge's own deletions come after every submission's changes, so it never counts).
     ///
     /// A task woken from this thread goes to the runtime's shared queue, which a worker busy with
     /// its own tasks looks at only every so often (about every 200 µs in tokio 1.x), taking one
     /// task each time: a group's acknowledgements trickled out while requests kept arriving. Sent
     /// from one task inside the runtime, they are woken onto a worker's own queue together. The
     /// purger waits on a thread of its own, so it is told from here.
-    fn acknowledge(&self, group: Vec<Submission>, result: Result<(), StorageError>) {
+    fn acknowledge(
+        &self,
+        group: Vec<Submission>,
+        result: Result<(), StorageError>,
+        written: usize,
+    ) {
+        let result_of = |index: usize, submission: &Submission| {
+            if index < written && submission.purge.is_none() {
+                Ok(())
+            } else {
+                result.clone()
+            }
+        };
         let Some(runtime) = &self.runtime else {
-            for submission in group {
-                let _ = submission.done.send(result.clone());
+            for (index, submission) in group.into_iter().enumerate() {
+                let result = result_of(index, &submission);
+                let _ = submission.done.send(result);
             }
             return;
         };
         let mut tasks = Vec::with_capacity(group.len());
-        for submission in group {
+        for (index, submission) in group.into_iter().enumerate() {
+            let result = result_of(index, &submission);
             match submission.purge {
-                Some(_) => drop(submission.done.send(result.clone())),
-                None => tasks.push(submission.done),
+                Some(_) => drop(submission.done.send(result)),
+                None => tasks.push((submission.done, result)),
             }
         }
         if !tasks.is_empty() {
             drop(runtime.spawn(async move {
-                for done in tasks {
-                    let _ = done.send(result.clone());
+                for (done, result) in tasks {
+                    let _ = done.send(result);
                 }
             }));
+        }
+    }
+
+    /// How far a commit goes: see [`SyncMode`].
+    fn persist_mode(&self) -> PersistMode {
+        match self.sync {
+            SyncMode::Fsync => PersistMode::SyncAll,
+            // Out of the journal's buffer and into the OS at every commit: a crash of Runnel loses
+            // nothing acknowledged, a crash of the machine may.
+            SyncMode::None => PersistMode::Buffer,
         }
     }
 
@@ -219,10 +253,16 @@ impl Writer {
 
     /// Writes every submission of the group, then syncs once. Returns the staged body files
     /// nothing refers to once the group is committed, to be deleted.
+    ///
+    /// A stream removal, or a purge after a trim in the same group, needs what came before it
+    /// committed first (range scans see only committed data), and so splits the group's commit.
+    /// `written` is how many of the first submissions such a split has committed whole, should
+    /// the group fail after it.
     pub(super) fn write_group(
         &self,
         group: &[Submission],
         next_id: &mut u64,
+        written: &mut usize,
     ) -> Result<Vec<u64>, StorageError> {
         let ks = &self.keyspaces;
         let mut batch = ks.db.batch();
@@ -242,7 +282,11 @@ impl Writer {
         for staged in staged.clone() {
             staged.hand_over();
         }
-        for change in group.iter().flat_map(|s| &s.changes) {
+        let changes = group
+            .iter()
+            .enumerate()
+            .flat_map(|(index, s)| s.changes.iter().map(move |change| (index, change)));
+        for (index, change) in changes {
             match change {
                 Change::PutStream(id, meta) => {
                     let value = serde_json::to_vec(meta).map_err(io)?;
@@ -265,6 +309,7 @@ impl Writer {
                     std::mem::replace(&mut batch, ks.db.batch())
                         .commit()
                         .map_err(io)?;
+                    *written = index;
                     batch.remove(&ks.streams, codec::stream_key(*id));
                     self.remove_snapshot(&mut batch, *id, &mut files)?;
                     for guard in ks.producers.prefix(codec::stream_key(*id)) {
@@ -321,19 +366,17 @@ impl Writer {
         }
         let mut purged = 0;
         for id in group.iter().filter_map(|s| s.purge) {
-            purged += self.purge_chunk(id, group, &mut batch, &mut finished, &mut files)?;
+            purged +=
+                self.purge_chunk(id, group, &mut batch, &mut finished, &mut files, written)?;
         }
         self.stats
             .most_values_purged
             .fetch_max(purged, Ordering::Relaxed);
-        let durability = match self.sync {
-            SyncMode::Fsync => Some(PersistMode::SyncAll),
-            // Out of the journal's buffer and into the OS at every commit: a crash of Runnel loses
-            // nothing acknowledged, a crash of the machine may.
-            SyncMode::None => Some(PersistMode::Buffer),
-        };
         let started = std::time::Instant::now();
-        let committed = batch.durability(durability).commit().map_err(io);
+        let committed = batch
+            .durability(Some(self.persist_mode()))
+            .commit()
+            .map_err(io);
         metrics::histogram!("runnel_commit_seconds").record(started.elapsed().as_secs_f64());
         committed?;
         // Only now: until the deletions are committed, the floor is what hides the records.
@@ -468,6 +511,7 @@ impl Writer {
         batch: &mut fjall::OwnedWriteBatch,
         finished: &mut Vec<StreamId>,
         files: &mut GroupFiles,
+        written: &mut usize,
     ) -> Result<u64, StorageError> {
         let ks = &self.keyspaces;
         // Nothing left to delete: the state was dropped when the last chunk went.
@@ -486,6 +530,7 @@ impl Writer {
             std::mem::replace(batch, ks.db.batch())
                 .commit()
                 .map_err(io)?;
+            *written = group.len();
         }
         let mut next = trim.before;
         let mut deleted = 0;
