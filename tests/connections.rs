@@ -410,6 +410,17 @@ async fn one_mebibyte_record_and_an_http2_client(
         .await
         .unwrap();
     assert_eq!(appended.status(), 204);
+    http2_client(server, window).await
+}
+
+/// An HTTP/2 connection to the server whose streams open with a window of `window` bytes.
+async fn http2_client(
+    server: &Server,
+    window: u32,
+) -> (
+    h2::client::SendRequest<bytes::Bytes>,
+    tokio::task::JoinHandle<Result<(), h2::Error>>,
+) {
     let tcp = TcpStream::connect(addr(server)).await.unwrap();
     let (h2, connection) = h2::client::Builder::new()
         .initial_window_size(window)
@@ -423,22 +434,29 @@ async fn one_mebibyte_record_and_an_http2_client(
 async fn an_http2_client_that_takes_nothing_of_a_large_response_loses_its_connection() {
     let server = Server::start(&["--memory", "--send-timeout-secs", "1"]);
     let path = "/v1/stream/h2-untaken";
-    // A window of 16 KiB that it never opens further.
-    let window = 16 << 10;
-    let (mut h2, connection) = one_mebibyte_record_and_an_http2_client(&server, path, window).await;
-    let request = axum::http::Request::get(server.url(&format!("{path}?offset=-1")))
-        .body(())
-        .unwrap();
-    let (response, _) = h2.send_request(request, true).unwrap();
-    let response = response.await.unwrap();
-    assert_eq!(response.status(), 200);
-    // Its other streams and pings go on, so only the untaken body shows the stall.
-    let closed = tokio::time::timeout(Duration::from_secs(10), connection).await;
-    assert!(
-        closed.is_ok(),
-        "a connection holding a 1 MiB response it never takes stays open"
-    );
-    drop(response);
+    // A catch-up, and a long-poll answered at once with the same record.
+    for (n, query) in ["offset=-1", "offset=-1&live=long-poll"].iter().enumerate() {
+        // A window of 16 KiB that it never opens further.
+        let window = 16 << 10;
+        let (mut h2, connection) = if n == 0 {
+            one_mebibyte_record_and_an_http2_client(&server, path, window).await
+        } else {
+            http2_client(&server, window).await
+        };
+        let request = axum::http::Request::get(server.url(&format!("{path}?{query}")))
+            .body(())
+            .unwrap();
+        let (response, _) = h2.send_request(request, true).unwrap();
+        let response = response.await.unwrap();
+        assert_eq!(response.status(), 200);
+        // Its other streams and pings go on, so only the untaken body shows the stall.
+        let closed = tokio::time::timeout(Duration::from_secs(10), connection).await;
+        assert!(
+            closed.is_ok(),
+            "a connection holding a 1 MiB response it never takes stays open ({query})"
+        );
+        drop(response);
+    }
 }
 
 #[tokio::test]

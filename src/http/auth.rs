@@ -80,18 +80,26 @@ impl RateLimiter {
     fn take_at(&self, key: &str, per_second: u32, now: Instant) -> Result<(), Duration> {
         let rate = f64::from(per_second.max(1));
         let mut buckets = self.buckets.lock().unwrap_or_else(|e| e.into_inner());
-        if !buckets.by_key.contains_key(key) && buckets.by_key.len() >= buckets.prune_at {
+        if let Some(bucket) = buckets.by_key.get_mut(key) {
+            return spend(bucket, rate, now);
+        }
+        if buckets.by_key.len() >= buckets.prune_at {
             buckets.prune(rate, now);
         }
-        let (tokens, last) = buckets.by_key.entry(key.to_string()).or_insert((rate, now));
-        *tokens = (*tokens + now.duration_since(*last).as_secs_f64() * rate).min(rate);
-        *last = now;
-        if *tokens >= 1.0 {
-            *tokens -= 1.0;
-            Ok(())
-        } else {
-            Err(Duration::from_secs_f64((1.0 - *tokens) / rate))
-        }
+        let bucket = buckets.by_key.entry(key.to_string()).or_insert((rate, now));
+        spend(bucket, rate, now)
+    }
+}
+
+/// Refills `bucket` for the time since it was last counted and takes one request from it.
+fn spend((tokens, last): &mut (f64, Instant), rate: f64, now: Instant) -> Result<(), Duration> {
+    *tokens = (*tokens + now.duration_since(*last).as_secs_f64() * rate).min(rate);
+    *last = now;
+    if *tokens >= 1.0 {
+        *tokens -= 1.0;
+        Ok(())
+    } else {
+        Err(Duration::from_secs_f64((1.0 - *tokens) / rate))
     }
 }
 

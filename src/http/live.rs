@@ -71,16 +71,21 @@ fn is_append_session(request: &Request) -> bool {
 /// Runs the request, counting it against the live-reader limit if it is a live read, and ending a
 /// streaming body (a live read or an append session) when the token that opened it expires or is
 /// revoked, and a live read's also at shutdown or, over HTTP/2, once its client has taken nothing
-/// for the send timeout.
+/// for the send timeout. Over HTTP/2 a finished response (a catch-up, a long-poll's answer, a
+/// bootstrap) costs its client the connection if it takes none of it (see `taking`).
 pub async fn serve(app: &AppState, request: Request, next: Next) -> Response {
     let live = is_live(&request);
+    // Only HTTP/2 requests carry their connection. A HEAD's body is dropped before it is sent.
+    let connection = match request.method() {
+        &Method::HEAD => None,
+        _ => request.extensions().get::<ConnectionHandle>().cloned(),
+    };
+    let finished = |response| match connection {
+        Some(connection) => taking::watch_finished(response, app.config.send_timeout, connection),
+        None => response,
+    };
     if !live && !is_append_session(&request) {
-        // Only HTTP/2 requests carry their connection (see `taking`).
-        let Some(connection) = request.extensions().get::<ConnectionHandle>().cloned() else {
-            return next.run(request).await;
-        };
-        let response = next.run(request).await;
-        return taking::watch_finished(response, app.config.send_timeout, connection);
+        return finished(next.run(request).await);
     }
     let permit = if live {
         match app.live_readers.clone().try_acquire_owned() {
@@ -95,7 +100,7 @@ pub async fn serve(app: &AppState, request: Request, next: Next) -> Response {
     let response = next.run(request).await;
     if !is_streaming(&response) {
         // A long-poll: it held its permit while it waited.
-        return response;
+        return finished(response);
     }
     // A live read ends at shutdown; an append session carries on while the server drains, so
     // that the batches it sent are acknowledged.

@@ -5,9 +5,9 @@
 //! leave a response untaken for ever, so each body is watched instead: how many frames the
 //! connection has taken, and whether it holds the last one without asking for another. An
 //! untaken live body ends, which frees its reader slot. An untaken finished response (a
-//! catch-up, a bootstrap, a snapshot: up to a read's 4 MiB each) costs its connection: hyper
-//! keeps what a stream it is not sending holds until the connection goes, so the connection is
-//! closed, as an HTTP/1.1 one would be.
+//! catch-up, a long-poll answered at once, a bootstrap, a snapshot: up to a read's 4 MiB each)
+//! costs its connection: hyper keeps what a stream it is not sending holds until the connection
+//! goes, so the connection is closed, as an HTTP/1.1 one would be.
 
 use std::pin::Pin;
 use std::sync::Arc;
@@ -88,17 +88,17 @@ pub trait CloseConnection: Send + Sync {
 #[derive(Clone)]
 pub struct ConnectionHandle(pub Arc<dyn CloseConnection>);
 
-/// Finished responses from this size on are watched. Smaller ones fit in the initial window
-/// HTTP/2 gives every stream (64 KiB), and cost little if held.
+/// Finished responses from this size on (or of a size not known ahead) are watched. Smaller ones
+/// fit in the initial window HTTP/2 gives every stream (64 KiB), and cost little if held.
 const WATCHED_FROM: u64 = 64 << 10;
 
-/// The most a watched body hands the connection at once. The connection takes a piece into its
-/// send buffer once the client's window has room, and only then asks for the next. Handed a
-/// whole record of megabytes, it would take it all at the first room, the body would end, and
-/// nothing would watch what the connection holds; in pieces, what it may hold past the body's
-/// end is the last one, and a client taking a large record slowly shows its progress piece by
-/// piece.
-const PIECE: usize = 64 << 10;
+/// The most a watched body hands the connection at once: HTTP/2's usual frame, so pieces add no
+/// frames. The connection puts a piece in its send buffer once the client's window has room
+/// (for at least a byte), and then asks for the next. Handed a whole record of megabytes, it
+/// would buffer it all at the first room; in pieces it holds at most one beyond the window, and
+/// a client taking a large record slowly shows progress with every piece: it must take 16 KiB
+/// per send timeout.
+const PIECE: usize = 16 << 10;
 
 /// Watches a finished response's body over HTTP/2, closing `connection` once its client has
 /// taken nothing of it for the send timeout.
@@ -108,9 +108,10 @@ pub(super) fn watch_finished(
     connection: ConnectionHandle,
 ) -> Response {
     let body = response.body();
-    if http_body::Body::is_end_stream(body)
-        || http_body::Body::size_hint(body).lower() < WATCHED_FROM
-    {
+    let small = http_body::Body::size_hint(body)
+        .upper()
+        .is_some_and(|upper| upper < WATCHED_FROM);
+    if http_body::Body::is_end_stream(body) || small {
         return response;
     }
     let taking = Taking::new();
@@ -132,7 +133,11 @@ pub(super) fn watch_finished(
     })
 }
 
-/// A finished body handed over in pieces of at most [`PIECE`], each noted.
+/// A finished body handed over in pieces of at most [`PIECE`], each noted. The last byte of a
+/// body that says where it ends is a piece of its own: the connection asks for it only once the
+/// client's window covers all before it, so when the body ends (and with it the watch) the
+/// connection holds at most that byte beyond the window. A body that learns of its end only when
+/// it gets there (a bootstrap's stream) may leave its last piece held.
 struct Watched {
     inner: Body,
     /// What is left of the inner body's current frame.
@@ -165,7 +170,13 @@ impl http_body::Body for Watched {
                 }
             }
         }
-        let next = this.piece.split_to(this.piece.len().min(PIECE));
+        let len = this.piece.len();
+        let take = if len > 1 && len <= PIECE && this.inner.is_end_stream() {
+            len - 1
+        } else {
+            len.min(PIECE)
+        };
+        let next = this.piece.split_to(take);
         this.taking.answered(true);
         Poll::Ready(Some(Ok(Frame::data(next))))
     }

@@ -53,15 +53,15 @@ impl Stall {
         self.filled.wake();
     }
 
-    /// Completes once a write finds the socket full, or the connection is abandoned.
-    async fn filled(&self) {
-        let due = || self.blocked.load(Ordering::Relaxed) || self.abandoned.load(Ordering::Relaxed);
+    /// Completes once `due` holds, looked at again whenever the socket fills up or the
+    /// connection is abandoned.
+    async fn until(&self, due: impl Fn() -> bool) {
         std::future::poll_fn(|cx| {
             if due() {
                 return Poll::Ready(());
             }
             self.filled.register(cx.waker());
-            // Filled between the first look and the registration: that wake may be lost.
+            // Due between the first look and the registration: that wake may be lost.
             if due() {
                 Poll::Ready(())
             } else {
@@ -71,19 +71,27 @@ impl Stall {
         .await;
     }
 
+    fn is_abandoned(&self) -> bool {
+        self.abandoned.load(Ordering::Relaxed)
+    }
+
     /// Completes once a write has waited `timeout` while the client took nothing at all (no
     /// write went through, and the socket's queue did not shrink), or once a response on the
     /// connection is abandoned. The connection is then reset rather than closed, so the kernel
     /// does not keep its unsent data either.
     pub async fn stalled(&self, timeout: Duration) {
         loop {
-            self.filled().await;
-            if self.abandoned.load(Ordering::Relaxed) {
+            self.until(|| self.blocked.load(Ordering::Relaxed) || self.is_abandoned())
+                .await;
+            if self.is_abandoned() {
                 break;
             }
             let seen = self.progress.load(Ordering::Relaxed);
             let queued = self.socket.and_then(unsent);
-            tokio::time::sleep(timeout).await;
+            tokio::select! {
+                () = tokio::time::sleep(timeout) => {}
+                () = self.until(|| self.is_abandoned()) => break,
+            }
             let wrote = self.progress.load(Ordering::Relaxed) != seen;
             let drained = match (queued, self.socket.and_then(unsent)) {
                 (Some(before), Some(now)) => now < before,

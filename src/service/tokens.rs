@@ -62,6 +62,10 @@ impl TokenRegistry {
 /// per end-user session would otherwise pile up in memory and on disk forever.
 pub const EXPIRED_TOKEN_KEPT_MS: i64 = 60 * 60 * 1000;
 
+/// The most tokens one sweep removes, so that a backlog holds the tokens' lock briefly and
+/// makes no huge commit; the next sweeps take the rest.
+const SWEPT_AT_ONCE: usize = 10_000;
+
 /// Who made a request, once authenticated.
 #[derive(Clone, Debug)]
 pub struct Principal {
@@ -253,6 +257,7 @@ impl StreamService {
             let expired: Vec<String> = tokens
                 .by_expiry
                 .range(..cutoff)
+                .take(SWEPT_AT_ONCE)
                 .map(|(_, id)| id.clone())
                 .collect();
             if expired.is_empty() {
