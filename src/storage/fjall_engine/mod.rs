@@ -709,7 +709,7 @@ mod tests {
     fn submissions_a_failed_group_had_already_committed_succeed_and_the_rest_fail() {
         let dir = tempfile::tempdir().unwrap();
         let writer = bare_writer(dir.path());
-        write(&writer, vec![filled(1, 3), filled(2, 1)]);
+        write(&writer, vec![filled(1, 3), filled(2, 1), filled(3, 1)]);
         // A corrupt file reference of stream 1: its removal fails after the commit it needs first.
         let corrupt = codec::record_key(1, 2);
         writer
@@ -723,7 +723,9 @@ mod tests {
         };
         let (queue, incoming) = std::sync::mpsc::channel();
         let mut answers = Vec::new();
-        for changes in [append(1), vec![Change::RemoveStream(1)], append(2)] {
+        let remove = |id| vec![Change::RemoveStream(id)];
+        // Two removals split the group twice; the second fails after its split.
+        for changes in [append(1), remove(3), append(2), remove(1), append(3)] {
             let (done, answer) = oneshot::channel();
             let purge = None;
             queue
@@ -736,21 +738,16 @@ mod tests {
             answers.push(answer);
         }
         drop(queue);
-        // All three are queued, so they form one group; the loop ends with the queue.
+        // All five are queued, so they form one group; the loop ends with the queue.
         let keyspaces = writer.keyspaces.clone();
         writer.run(incoming);
-        let answers: Vec<_> = answers
+        let succeeded: Vec<bool> = answers
             .into_iter()
-            .map(|a| a.blocking_recv().unwrap())
+            .map(|a| a.blocking_recv().unwrap().is_ok())
             .collect();
-        assert!(
-            answers[0].is_ok(),
-            "the append was written: {:?}",
-            answers[0]
-        );
-        assert!(answers[1].is_err());
-        assert!(answers[2].is_err());
-        assert_eq!(stored(&keyspaces, 2, 0, u64::MAX), 2);
+        assert_eq!(succeeded, [true, true, true, false, false]);
+        assert_eq!(stored(&keyspaces, 2, 0, u64::MAX), 3);
+        assert_eq!(stored(&keyspaces, 3, 0, u64::MAX), 0);
     }
 
     #[test]

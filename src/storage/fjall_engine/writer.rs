@@ -159,7 +159,10 @@ impl Writer {
                 Err(e) => {
                     // What a split commit wrote before the failure is acknowledged once it is
                     // synced, rather than failed while it may be on disk.
-                    if written > 0 && self.keyspaces.db.persist(self.persist_mode()).is_err() {
+                    if written > 0
+                        && let Err(error) = self.keyspaces.db.persist(self.persist_mode())
+                    {
+                        tracing::error!(%error, "syncing the part of a failed group already written failed");
                         written = 0;
                     }
                     (Err(e), Vec::new())
@@ -177,7 +180,7 @@ impl Writer {
                 .batches
                 .fetch_add(appends as u64, Ordering::Relaxed);
             if let Err(e) = &result {
-                tracing::error!(error = %e, "storage write failed; refusing further writes");
+                tracing::error!(error = %e, acknowledged = written, "storage write failed; refusing further writes");
                 self.failed.store(true, Ordering::Release);
             }
             self.acknowledge(group, result, written);
@@ -257,7 +260,9 @@ impl Writer {
     /// A stream removal, or a purge after a trim in the same group, needs what came before it
     /// committed first (range scans see only committed data), and so splits the group's commit.
     /// `written` is how many of the first submissions such a split has committed whole, should
-    /// the group fail after it.
+    /// the group then fail other than in the journal. A submission whose removal is not its first
+    /// change may be left half written by such a failure (none is built so: a mirror's rebuild
+    /// puts its removal first).
     pub(super) fn write_group(
         &self,
         group: &[Submission],
@@ -378,6 +383,12 @@ impl Writer {
             .commit()
             .map_err(io);
         metrics::histogram!("runnel_commit_seconds").record(started.elapsed().as_secs_f64());
+        if committed.is_err() {
+            // The journal itself failed (a write or a sync): what an earlier split wrote is not
+            // known to be on disk, whatever a sync after it says (Linux may report a second
+            // fsync clean after dropping the pages the first failed on).
+            *written = 0;
+        }
         committed?;
         // Only now: until the deletions are committed, the floor is what hides the records.
         for id in finished {
