@@ -454,3 +454,86 @@ async fn unary_bodies_are_compressed_both_ways_as_negotiated() {
         "small responses stay uncompressed"
     );
 }
+
+/// The most memory the server has held so far (`VmHWM`), in MiB.
+fn peak_mib(server: &Server) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{}/status", server.pid())).unwrap();
+    let kib: u64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .expect("VmHWM");
+    kib / 1024
+}
+
+/// `count` records with nothing in them: two bytes each on the wire.
+fn empty_records(count: usize) -> Vec<u8> {
+    [0x0a, 0x00].repeat(count)
+}
+
+#[tokio::test]
+async fn a_unary_protobuf_append_of_millions_of_empty_records_is_refused_before_it_is_decoded() {
+    let server = server_with_stream("manyempty").await;
+    let before = peak_mib(&server);
+    // Decoded, 8 million empty records would take about 600 MB.
+    let response = h2()
+        .post(server.url("/v1/streams/manyempty/records"))
+        .header("s2-basin", BASIN)
+        .header("content-type", "application/protobuf")
+        .body(empty_records(8_000_000))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 422);
+    assert_eq!(json_of(response).await["code"], "invalid");
+    let grown = peak_mib(&server).saturating_sub(before);
+    assert!(grown < 150, "the server's peak memory grew by {grown} MiB");
+}
+
+#[tokio::test]
+async fn an_append_session_frame_of_a_million_empty_records_is_refused_before_it_is_decoded() {
+    let server = server_with_stream("frameofempty").await;
+    let before = peak_mib(&server);
+    // A frame's payload is at most 2 MiB: a million empty records, about 72 MB decoded.
+    let payload = empty_records(1_000_000);
+    let mut frame = BytesMut::new();
+    frame.extend_from_slice(&((payload.len() + 1) as u32).to_be_bytes()[1..]);
+    frame.extend_from_slice(&[0]);
+    frame.extend_from_slice(&payload);
+    let mut acks = append_session(&server, "frameofempty", vec![frame.freeze()]).await;
+    let (status, body) = acks.next_terminal().await;
+    assert_eq!(status, 422);
+    assert_eq!(body["code"], "invalid");
+    let grown = peak_mib(&server).saturating_sub(before);
+    assert!(grown < 40, "the server's peak memory grew by {grown} MiB");
+}
+
+#[tokio::test]
+async fn an_unknown_command_of_a_megabyte_ends_an_append_session_with_a_short_terminal_422() {
+    let server = server_with_stream("bigcommand").await;
+    // Each quote is escaped twice in the error (Debug, then JSON): 4 MB if repeated whole,
+    // more than a frame can carry.
+    let command = proto::AppendInput {
+        records: vec![proto::AppendRecord {
+            timestamp: None,
+            headers: vec![proto::Header {
+                name: Bytes::new(),
+                value: Bytes::from(vec![b'"'; 1_000_000]),
+            }],
+            body: Bytes::new(),
+        }],
+        match_seq_num: None,
+        fencing_token: None,
+    };
+    let mut acks = append_session(&server, "bigcommand", vec![frame(&command)]).await;
+    let (status, body) = acks.next_terminal().await;
+    assert_eq!(status, 422);
+    assert_eq!(body["code"], "invalid");
+    let message = body["message"].as_str().expect("a message");
+    assert!(message.starts_with("unknown command"), "{message}");
+    assert!(message.len() < 1000, "a message of {} bytes", message.len());
+    assert!(
+        acks.next().await.is_none(),
+        "nothing follows a terminal frame"
+    );
+}

@@ -52,6 +52,21 @@ impl Record {
     pub fn offset(&self) -> Offset {
         Offset::new(self.seq, self.pos)
     }
+
+    /// The bytes a read of this record holds in memory: its body and its headers. Read budgets
+    /// count these, not the body alone: an S2 record may carry a megabyte of headers and no
+    /// body, and a budget of bodies would let one read load a thousand of them.
+    pub fn held_len(&self) -> usize {
+        self.body.len() + headers_len(&self.headers)
+    }
+}
+
+/// The bytes of a record's header names and values.
+pub fn headers_len(headers: &[(Bytes, Bytes)]) -> usize {
+    headers
+        .iter()
+        .map(|(name, value)| name.len() + value.len())
+        .sum()
 }
 
 /// Lays out the bodies of one append unit after `tail`, stamped with `timestamp_ms`, which is

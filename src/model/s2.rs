@@ -255,9 +255,21 @@ pub fn command_of(headers: &[(Bytes, Bytes)], body: &[u8]) -> Result<Option<Comm
             let point: [u8; 8] = body.try_into().map_err(|_| RecordError::BadTrim)?;
             Ok(Some(Command::Trim(u64::from_be_bytes(point))))
         }
-        other => Err(RecordError::UnknownCommand(
-            String::from_utf8_lossy(other).into_owned(),
-        )),
+        other => Err(RecordError::UnknownCommand(shown_command(other))),
+    }
+}
+
+/// The longest part of an unknown command's name an error repeats.
+const SHOWN_COMMAND_BYTES: usize = 64;
+
+/// An unknown command's name as an error shows it: its value may be a megabyte, and the error
+/// goes back to the client, in an S2S session inside a frame of at most 2 MiB.
+fn shown_command(name: &[u8]) -> String {
+    let shown = String::from_utf8_lossy(&name[..name.len().min(SHOWN_COMMAND_BYTES)]);
+    if name.len() > SHOWN_COMMAND_BYTES {
+        format!("{shown}…")
+    } else {
+        shown.into_owned()
     }
 }
 

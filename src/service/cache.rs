@@ -135,8 +135,7 @@ impl Held {
 /// The memory a cached record takes: with small records the record itself weighs about as much
 /// as its body, and a budget of body bytes alone would hold twice what it says.
 fn memory_of(record: &Record) -> usize {
-    let headers: usize = record.headers.iter().map(|(n, v)| n.len() + v.len()).sum();
-    std::mem::size_of::<Record>() + record.body.len() + headers
+    std::mem::size_of::<Record>() + record.held_len()
 }
 
 impl Drop for Held {

@@ -190,7 +190,7 @@ impl StreamService {
         let records = self
             .collect(stream, start.seq, until, lease.bytes())
             .await?;
-        lease.keep(records.iter().map(|r| r.body.len()).sum());
+        lease.keep(records.iter().map(Record::held_len).sum());
         match records.first() {
             Some(first) if first.seq > start.seq => {
                 return Err(StreamError::Retained {
@@ -246,8 +246,8 @@ impl StreamService {
                 let fits = records
                     .iter()
                     .take_while(|r| {
-                        let fits = r.body.len() <= left;
-                        left = left.saturating_sub(r.body.len());
+                        let fits = r.held_len() <= left;
+                        left = left.saturating_sub(r.held_len());
                         fits
                     })
                     .count();
@@ -266,7 +266,7 @@ impl StreamService {
                 break;
             };
             seq = last.seq + 1;
-            let bytes: usize = records.iter().map(|r| r.body.len()).sum();
+            let bytes: usize = records.iter().map(Record::held_len).sum();
             out.extend(records);
             // A read that stopped short of its part's end ran out of budget (or into a trim):
             // reading on would only fetch a record that does not fit, and throw it away.

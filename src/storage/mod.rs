@@ -177,8 +177,9 @@ pub trait Engine: Send + Sync + 'static {
 
 pub type SharedEngine = Arc<dyn Engine>;
 
-/// A read's byte budget: a record is read only if its body fits in what is left, except the
-/// first, which is always read, however large, so every read makes progress.
+/// A read's byte budget: a record is read only if it fits in what is left (its body and headers,
+/// [`Record::held_len`]), except the first, which is always read, however large, so every read
+/// makes progress.
 pub(crate) struct ByteBudget {
     max: usize,
     used: usize,
@@ -196,10 +197,10 @@ impl ByteBudget {
 
     /// Whether `record` is read, spending on it if so.
     pub(crate) fn take(&mut self, record: &Record) -> bool {
-        self.take_len(record.body.len())
+        self.take_len(record.held_len())
     }
 
-    /// Whether a record with a body of `len` bytes is read, spending on it if so.
+    /// Whether a record holding `len` bytes is read, spending on it if so.
     pub(crate) fn take_len(&mut self, len: usize) -> bool {
         let used = self.used.saturating_add(len);
         if self.records > 0 && used > self.max {
@@ -377,6 +378,27 @@ mod contract {
         assert_eq!(engine.read(6, 0, 2, usize::MAX).await.unwrap(), records);
     }
 
+    pub async fn a_read_budget_counts_header_bytes_too(engine: &dyn Engine) {
+        let mut records = lay_out(Offset::START, 42, bodies(&["", "", ""]));
+        for record in &mut records {
+            record.headers = vec![(Bytes::from("h"), Bytes::from(vec![b'v'; 999]))];
+        }
+        engine
+            .commit(vec![
+                Change::PutStream(8, Box::new(meta("b", Offset::new(3, 0)))),
+                Change::PutRecords(8, records.clone(), None),
+            ])
+            .await
+            .unwrap();
+        assert_eq!(engine.read(8, 0, 3, usize::MAX).await.unwrap(), records);
+        assert_eq!(engine.read(8, 0, 3, 2_000).await.unwrap(), records[..2]);
+        assert_eq!(
+            engine.read(8, 0, 3, 1_999).await.unwrap(),
+            records[..1],
+            "records of empty bodies and large headers are not free to read"
+        );
+    }
+
     pub async fn trimmed_records_are_never_read_and_later_ones_stay(engine: &dyn Engine) {
         let records = lay_out(Offset::START, 1, bodies(&["a"; 10]));
         engine
@@ -489,6 +511,12 @@ mod contract {
                 async fn record_headers_and_unit_flags_survive() {
                     let (engine, _dir) = $make;
                     super::record_headers_and_unit_flags_survive(&engine).await;
+                }
+
+                #[tokio::test]
+                async fn a_read_budget_counts_header_bytes_too() {
+                    let (engine, _dir) = $make;
+                    super::a_read_budget_counts_header_bytes_too(&engine).await;
                 }
 
                 #[tokio::test]

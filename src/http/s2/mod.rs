@@ -80,12 +80,22 @@ struct S2Error {
     upstream: Option<String>,
 }
 
+/// The longest error message sent. Messages may quote what a client sent, and an S2S session
+/// carries its error in one frame of at most 2 MiB.
+const MAX_MESSAGE_BYTES: usize = 4096;
+
 impl S2Error {
     fn new(status: StatusCode, code: &str, message: impl std::fmt::Display) -> Self {
-        S2Error::with_body(
-            status,
-            json!({ "code": code, "message": message.to_string() }),
-        )
+        let mut message = message.to_string();
+        if message.len() > MAX_MESSAGE_BYTES {
+            let mut end = MAX_MESSAGE_BYTES;
+            while !message.is_char_boundary(end) {
+                end -= 1;
+            }
+            message.truncate(end);
+            message.push('…');
+        }
+        S2Error::with_body(status, json!({ "code": code, "message": message }))
     }
 
     fn with_body(status: StatusCode, body: Value) -> Self {

@@ -247,7 +247,7 @@ async fn append(
     let protobuf_in = s2s::media_type(headers, header::CONTENT_TYPE).is_some_and(s2s::is_protobuf);
     let append = if protobuf_in {
         let bytes = request::body(headers, body, body_limits(app)).await?;
-        s2s::append_of(s2s::decode(&bytes)?)
+        s2s::decode_append(&bytes)?
     } else {
         json_append(app, headers, body).await?
     };

@@ -30,6 +30,7 @@ use super::{
     StreamId,
 };
 use crate::model::Record;
+use crate::model::record::headers_len;
 
 use body_files::{BodyFiles, STAGE_BYTES, SnapshotFile};
 use space::FreeSpace;
@@ -290,7 +291,8 @@ impl FjallEngine {
         let mut taken = Vec::new();
         let mut complete = true;
         for filed in wanted {
-            if filed.record.seq >= until || !budget.take_len(filed.len as usize) {
+            let held = filed.len as usize + headers_len(&filed.record.headers);
+            if filed.record.seq >= until || !budget.take_len(held) {
                 complete = false;
                 break;
             }
