@@ -129,6 +129,21 @@ pub struct StreamService {
     /// since when (ms). Kept in memory only, so the wait starts afresh after a restart.
     empty_streams: Mutex<HashMap<StreamId, (u64, u64)>>,
     config: ServiceConfig,
+    /// The service itself, for work that must outlive the request that starts it (see
+    /// [`to_the_end`]).
+    me: std::sync::Weak<StreamService>,
+}
+
+/// Runs `work` to its end on a task of its own, and waits for it. What follows a commit
+/// (publishing the change, readying or releasing a stream) must happen even when the request
+/// that submitted it goes away while the commit is in flight: a stream left unready, or a change
+/// submitted but never published, would hold every later request on it until a restart.
+async fn to_the_end<T: Send + 'static>(
+    work: impl Future<Output = StreamResult<T>> + Send + 'static,
+) -> StreamResult<T> {
+    tokio::spawn(work)
+        .await
+        .unwrap_or_else(|_| Err(StorageError::Failed.into()))
 }
 
 /// Every stream by key, and every bucket. One lock, so that a stream is never created in a
@@ -232,7 +247,8 @@ impl StreamService {
             orphans,
             held_back_trims,
         } = rebuild.finish();
-        let service = Arc::new(StreamService {
+        let service = Arc::new_cyclic(|me| StreamService {
+            me: me.clone(),
             engine,
             registry: Mutex::new(Registry {
                 streams,
@@ -414,27 +430,31 @@ impl StreamService {
             let Some((stream, commit)) = created else {
                 continue;
             };
-            return match commit.await {
-                Ok(()) => {
-                    stream.publish(|d| d.ready = true);
-                    // No session listening is not an error.
-                    let _ = self.appeared.send(Appeared::of(&stream));
-                    let info = self.info(&stream);
-                    let body_start = plan.as_ref().map_or(0, |p| p.tail().seq);
-                    Ok(CreateOutcome {
-                        records: (body_start, info.tail.seq),
-                        info,
-                        created: true,
-                    })
+            let service = self.me();
+            let body_start = plan.as_ref().map_or(0, |p| p.tail().seq);
+            return to_the_end(async move {
+                match commit.await {
+                    Ok(()) => {
+                        stream.publish(|d| d.ready = true);
+                        // No session listening is not an error.
+                        let _ = service.appeared.send(Appeared::of(&stream));
+                        let info = service.info(&stream);
+                        Ok(CreateOutcome {
+                            records: (body_start, info.tail.seq),
+                            info,
+                            created: true,
+                        })
+                    }
+                    Err(e) => {
+                        service.forget(&stream);
+                        stream.lock().removed = true;
+                        stream.publish(|d| d.removed = true);
+                        service.release_source(&stream).await;
+                        Err(e.into())
+                    }
                 }
-                Err(e) => {
-                    self.forget(&stream);
-                    stream.lock().removed = true;
-                    stream.publish(|d| d.removed = true);
-                    self.release_source(&stream).await;
-                    Err(e.into())
-                }
-            };
+            })
+            .await;
         }
     }
 
@@ -679,6 +699,13 @@ impl StreamService {
     }
 
     /// Drops the registry entry of `stream`, if the name still maps to it.
+    /// The service as its own owner holds it.
+    fn me(&self) -> Arc<StreamService> {
+        self.me
+            .upgrade()
+            .expect("a service is only reached through the Arc that owns it")
+    }
+
     fn forget(&self, stream: &Arc<Stream>) {
         let mut registry = self.lock_registry();
         if registry
@@ -746,16 +773,20 @@ impl StreamService {
             if removal == Removal::Hard {
                 self.forget(stream);
             }
-            commit.await?;
-            match removal {
-                Removal::Hard => {
-                    stream.publish(|d| d.removed = true);
-                    self.release_source(stream).await;
+            let (service, stream) = (self.me(), Arc::clone(stream));
+            to_the_end(async move {
+                commit.await?;
+                match removal {
+                    Removal::Hard => {
+                        stream.publish(|d| d.removed = true);
+                        service.release_source(&stream).await;
+                    }
+                    // Its live readers and replication sessions learn it is gone for them.
+                    Removal::Soft => stream.publish(|d| d.soft_deleted = true),
                 }
-                // Its live readers and replication sessions learn it is gone for them.
-                Removal::Soft => stream.publish(|d| d.soft_deleted = true),
-            }
-            Ok(Some(removal))
+                Ok(Some(removal))
+            })
+            .await
         })
     }
 

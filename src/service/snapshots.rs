@@ -37,13 +37,17 @@ enum MetaWrite {
 }
 
 impl MetaWrite {
-    async fn finish(self, stream: &Stream) -> StreamResult<()> {
+    async fn finish(self, stream: &Arc<Stream>) -> StreamResult<()> {
         match self {
             MetaWrite::Unchanged(submitted) => stream.meta_settled(submitted).await,
             MetaWrite::Commit(commit) => {
-                let committed = commit.await;
-                stream.publish_meta_change();
-                Ok(committed?)
+                let stream = Arc::clone(stream);
+                super::to_the_end(async move {
+                    let committed = commit.await;
+                    stream.publish_meta_change();
+                    Ok(committed?)
+                })
+                .await
             }
         }
     }
@@ -414,16 +418,20 @@ impl StreamService {
             changes.push(Change::PutStream(stream.id, Box::new(state.meta.clone())));
             (moves, self.engine.commit(changes))
         };
-        let committed = commit.await;
-        if moved {
-            stream.publish(|d| {
-                if committed.is_ok() {
-                    d.first = d.first.max(at);
-                }
-                d.meta_version += 1;
-            });
-        }
-        Ok(committed?)
+        let stream = Arc::clone(stream);
+        super::to_the_end(async move {
+            let committed = commit.await;
+            if moved {
+                stream.publish(|d| {
+                    if committed.is_ok() {
+                        d.first = d.first.max(at);
+                    }
+                    d.meta_version += 1;
+                });
+            }
+            Ok(committed?)
+        })
+        .await
     }
 }
 

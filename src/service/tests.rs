@@ -217,6 +217,63 @@ async fn an_append_whose_requester_went_away_still_becomes_visible_once_durable(
 }
 
 #[tokio::test]
+async fn a_create_whose_requester_went_away_still_readies_the_stream_once_durable() {
+    let gate = Arc::new(Semaphore::new(0));
+    let engine = Arc::new(GatedEngine::new(gate.clone()));
+    let service = StreamService::open(engine, ServiceConfig::default()).unwrap();
+
+    // Polled once, so it is submitted, then dropped, as a server drops the handler of a client
+    // that disconnected.
+    assert!(service.create(create_text("s")).now_or_never().is_none());
+    assert_eq!(service.counts().0, 1, "it was submitted");
+
+    gate.add_permits(1);
+    let found = tokio::time::timeout(Duration::from_secs(10), service.find("s", false)).await;
+    assert!(
+        found.expect("later requests do not wait forever").is_ok(),
+        "the stream is there"
+    );
+}
+
+#[tokio::test]
+async fn a_deletion_whose_requester_went_away_still_tells_readers_once_durable() {
+    let gate = Arc::new(Semaphore::new(1)); // lets the create through
+    let engine = Arc::new(GatedEngine::new(gate.clone()));
+    let service = StreamService::open(engine, ServiceConfig::default()).unwrap();
+    service.create(create_text("s")).await.unwrap();
+    let stream = service.find("s", false).await.unwrap();
+
+    assert!(service.delete("s").now_or_never().is_none());
+    assert!(stream.lock().removed, "it was submitted");
+
+    gate.add_permits(1);
+    let mut durable = stream.subscribe();
+    let told = tokio::time::timeout(Duration::from_secs(10), durable.wait_for(|d| d.removed));
+    assert!(told.await.is_ok(), "readers learn the stream is gone");
+}
+
+#[tokio::test]
+async fn attributes_whose_requester_went_away_are_still_published_once_durable() {
+    let gate = Arc::new(Semaphore::new(1)); // lets the create through
+    let engine = Arc::new(GatedEngine::new(gate.clone()));
+    let service = StreamService::open(engine, ServiceConfig::default()).unwrap();
+    service.create(create_text("s")).await.unwrap();
+    let attrs = crate::model::attrs::parse(br#"{"title":"set"}"#).unwrap();
+
+    assert!(
+        service
+            .set_attrs("s", attrs.clone())
+            .now_or_never()
+            .is_none()
+    );
+
+    gate.add_permits(1);
+    let read = tokio::time::timeout(Duration::from_secs(10), service.attrs("s")).await;
+    let read = read.expect("reads of the stream's metadata do not wait forever");
+    assert_eq!(read.unwrap(), attrs);
+}
+
+#[tokio::test]
 async fn a_wait_without_appends_times_out_at_the_same_tail() {
     let service =
         StreamService::open(Arc::new(MemoryEngine::new()), ServiceConfig::default()).unwrap();
