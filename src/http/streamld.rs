@@ -144,6 +144,7 @@ async fn session(app: AppState, principal: Arc<Principal>, socket: WebSocket, or
     let join_deadline = tokio::time::sleep(JOIN_TIMEOUT);
     tokio::pin!(join_deadline);
     let mut refuse = Some(refuse);
+    let pump_failed = subscriptions.failed.clone();
     loop {
         // The session ends when the replica leaves, the server shuts down or the token that
         // opened it expires (the writer then sends a close frame and the replica resumes from
@@ -154,6 +155,15 @@ async fn session(app: AppState, principal: Arc<Principal>, socket: WebSocket, or
             () = shutdown.cancelled() => break,
             () = &mut token_expired => break,
             () = principal.revoked.cancelled() => break,
+            () = pump_failed.cancelled() => {
+                refuse_with(
+                    &mut refuse,
+                    close_code::ERROR,
+                    "a stream could not be read here; join again to resume from your cursors"
+                        .into(),
+                );
+                break;
+            }
             Some((target, generation)) = ended.recv() => {
                 subscriptions.finished(&target, generation);
                 continue;
@@ -311,6 +321,10 @@ fn refuse_with(refuse: &mut Option<oneshot::Sender<CloseFrame>>, code: u16, reas
 struct Outbox {
     queue: mpsc::Sender<(CancellationToken, Message)>,
     subscription: CancellationToken,
+    /// Cancelled when a pump cannot go on (its stream could not be read): the session ends, and
+    /// the replica joins again, resuming from its cursors, rather than wait on a stream that
+    /// went quiet for it.
+    failed: CancellationToken,
 }
 
 /// The session is over, or this subscription was replaced.
@@ -326,6 +340,10 @@ impl Outbox {
 
     fn is_closed(&self) -> bool {
         self.queue.is_closed() || self.subscription.is_cancelled()
+    }
+
+    fn fail(&self) {
+        self.failed.cancel();
     }
 }
 
@@ -349,6 +367,8 @@ struct Subscriptions {
     /// The parent of every subscription's token: cancelled when the session ends, it silences
     /// what finished subscriptions still have queued too.
     session: CancellationToken,
+    /// A pump could not go on (see [`Outbox::failed`]).
+    failed: CancellationToken,
 }
 
 const SUBSCRIPTIONS_GAUGE: &str = "runnel_replication_subscriptions";
@@ -371,6 +391,7 @@ impl Subscriptions {
         let outbox = Outbox {
             queue: queue.clone(),
             subscription: subscription.clone(),
+            failed: self.failed.clone(),
         };
         let started = Subscription {
             generation: self.started,
@@ -575,8 +596,13 @@ async fn stream_pump(app: AppState, queue: Outbox, origin: String, key: String, 
             return;
         }
     };
-    if let Err(e) = pump(&app, &queue, &url, &stream, cursor).await {
-        tracing::info!(stream = %key, error = %e, "replication pump stopped");
+    // A pump ends on its own only when the replica must act (a gap, a deletion) or its
+    // session or subscription is over; anything else leaves the replica waiting.
+    if let Err(e) = pump(&app, &queue, &url, &stream, cursor).await
+        && !queue.is_closed()
+    {
+        tracing::warn!(stream = %key, error = %e, "replication pump failed; ending its session");
+        queue.fail();
     }
 }
 
@@ -591,11 +617,13 @@ async fn pump(
     let send = |message: Message| async move {
         queue.send(message).await.map_err(|_| StreamError::NotFound)
     };
-    let state = app.service.replicated_state(stream);
-    send(state_message(url, &state)).await?;
     // What the replica was last told beside the records; a new state goes out when it changes.
+    // Taken before the state it stands for: the state may wait for room in the session's queue,
+    // and a change made meanwhile must go out after it, not count as told.
     let described = |d: &crate::service::Durable| (d.meta_version, d.closed, d.first);
     let mut told = described(&stream.durable());
+    let state = app.service.replicated_state(stream);
+    send(state_message(url, &state)).await?;
     // A replica applies a close only once it holds every record before it: a closed stream's
     // state goes out again after the backlog.
     told.1 &= after >= state.tail.seq;
@@ -841,5 +869,171 @@ mod tests {
         );
         assert!(target_of("http://up:1/v1/stream/x").is_none());
         assert!(target_of("http://up:1/").is_none());
+    }
+
+    fn app_over(service: Arc<crate::service::StreamService>) -> AppState {
+        let config = super::super::HttpConfig {
+            long_poll_timeout: Duration::from_secs(1),
+            body: super::super::request::BodyLimits {
+                max_bytes: 1 << 20,
+                idle: Duration::from_secs(1),
+            },
+            sse_max_duration: Duration::from_secs(60),
+            auth: None,
+            max_live_readers: 10,
+            send_timeout: Duration::from_secs(1),
+        };
+        AppState::new(service, config, None)
+    }
+
+    fn outbox_of(queue: mpsc::Sender<(CancellationToken, Message)>) -> Outbox {
+        Outbox {
+            queue,
+            subscription: CancellationToken::new(),
+            failed: CancellationToken::new(),
+        }
+    }
+
+    /// A memory engine whose reads fail once `failing` is set.
+    struct FailingReads {
+        inner: crate::storage::MemoryEngine,
+        failing: std::sync::atomic::AtomicBool,
+    }
+
+    impl crate::storage::Engine for FailingReads {
+        fn commit(
+            &self,
+            changes: Vec<crate::storage::Change>,
+        ) -> futures::future::BoxFuture<'static, Result<(), crate::storage::StorageError>> {
+            self.inner.commit(changes)
+        }
+
+        fn read(
+            &self,
+            id: crate::storage::StreamId,
+            from: u64,
+            until: u64,
+            max_bytes: usize,
+        ) -> futures::future::BoxFuture<
+            'static,
+            Result<Vec<crate::model::Record>, crate::storage::StorageError>,
+        > {
+            if self.failing.load(std::sync::atomic::Ordering::Relaxed) {
+                let failed = crate::storage::StorageError::Io("a test's disk".into());
+                return Box::pin(futures::future::ready(Err(failed)));
+            }
+            self.inner.read(id, from, until, max_bytes)
+        }
+
+        fn read_snapshot(
+            &self,
+            id: crate::storage::StreamId,
+        ) -> futures::future::BoxFuture<'static, Result<Option<Bytes>, crate::storage::StorageError>>
+        {
+            self.inner.read_snapshot(id)
+        }
+
+        fn recover(&self) -> Result<crate::storage::Recovered, crate::storage::StorageError> {
+            self.inner.recover()
+        }
+    }
+
+    #[tokio::test]
+    async fn a_stream_that_cannot_be_read_ends_its_replication_session() {
+        use crate::service::{AppendRequest, CreateRequest, ServiceConfig, StreamService};
+
+        let engine = Arc::new(FailingReads {
+            inner: crate::storage::MemoryEngine::new(),
+            failing: false.into(),
+        });
+        let writer = StreamService::open(engine.clone(), ServiceConfig::default()).unwrap();
+        let create = CreateRequest {
+            name: "s".into(),
+            content_type: Some("text/plain".into()),
+            ..Default::default()
+        };
+        writer.create(create).await.unwrap();
+        let append = AppendRequest {
+            content_type: Some("text/plain"),
+            body: Bytes::from_static(b"on disk"),
+            ..Default::default()
+        };
+        writer.append("s", append).await.unwrap();
+        // Opened again, with nothing in its caches: its records are read from the engine.
+        let service = StreamService::open(engine.clone(), ServiceConfig::default()).unwrap();
+        engine
+            .failing
+            .store(true, std::sync::atomic::Ordering::Relaxed);
+
+        let (queue, _sent) = mpsc::channel(16);
+        let outbox = outbox_of(queue);
+        let failed = outbox.failed.clone();
+        let cursor = Cursor {
+            after: 0,
+            last_timestamp: None,
+        };
+        let pumping = tokio::spawn(stream_pump(
+            app_over(service),
+            outbox,
+            "http://up".into(),
+            "s".into(),
+            cursor,
+        ));
+        let ended = tokio::time::timeout(Duration::from_secs(5), failed.cancelled()).await;
+        assert!(ended.is_ok(), "the session is told to end");
+        pumping.abort();
+    }
+
+    #[tokio::test]
+    async fn a_close_made_while_a_stream_state_waits_for_room_goes_out_after_it() {
+        use crate::service::{AppendRequest, CreateRequest, ServiceConfig, StreamService};
+        use crate::storage::MemoryEngine;
+
+        let service =
+            StreamService::open(Arc::new(MemoryEngine::new()), ServiceConfig::default()).unwrap();
+        let create = CreateRequest {
+            name: "s".into(),
+            content_type: Some("text/plain".into()),
+            ..Default::default()
+        };
+        service.create(create).await.unwrap();
+        let stream = service.find("s", false).await.unwrap();
+        let app = app_over(service.clone());
+        // A session's queue with no room: the pump's first state waits.
+        let (queue, mut sent) = mpsc::channel(1);
+        let outbox = outbox_of(queue);
+        let filler = || {
+            Message::Deleted(StreamDeleted {
+                stream: "filler".into(),
+            })
+        };
+        assert!(outbox.send(filler()).await.is_ok());
+        let pumping = tokio::spawn(async move {
+            let cursor = Cursor {
+                after: 0,
+                last_timestamp: None,
+            };
+            pump(&app, &outbox, "http://up/s", &stream, cursor).await
+        });
+        // The pump runs until its state finds no room (one runtime thread: it runs now).
+        for _ in 0..10 {
+            tokio::task::yield_now().await;
+        }
+        let close = AppendRequest {
+            content_type: Some("text/plain"),
+            close: true,
+            ..Default::default()
+        };
+        service.append("s", close).await.unwrap();
+
+        let mut closed_told = false;
+        while !closed_told {
+            let next = tokio::time::timeout(Duration::from_secs(5), sent.recv()).await;
+            let (_, message) = next
+                .expect("the close goes out after the state")
+                .expect("a message");
+            closed_told = matches!(message, Message::State(state) if state.closed);
+        }
+        pumping.abort();
     }
 }
