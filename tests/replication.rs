@@ -1839,3 +1839,45 @@ async fn a_session_forgets_single_stream_subscriptions_whose_streams_are_gone_an
     drop(socket);
     wait_for_gauge(&http, &upstream, SUBSCRIPTIONS, 0.0).await;
 }
+
+#[tokio::test]
+async fn a_session_follows_at_most_ten_thousand_targets() {
+    use futures::StreamExt;
+    use tokio_tungstenite::tungstenite::Message as Ws;
+    let http = client();
+    let upstream = Server::start(&["--memory"]);
+    create_bucket(&http, &upstream).await;
+    // Streams that are there: a pump follows each for as long as the session lasts.
+    let created = futures::stream::iter(0..=10_000)
+        .map(|i| {
+            let (http, url) = (&http, upstream.url(&format!("/{BUCKET}/s{i}")));
+            async move { put(http, &url, "text/plain", "").await.status() }
+        })
+        .buffer_unordered(16)
+        .filter(|status| std::future::ready(*status != 201))
+        .count()
+        .await;
+    assert_eq!(created, 0, "every stream created");
+    let mut socket = connect_replica(&http, &upstream).await;
+    for i in 0..=10_000 {
+        let join = subscription(&upstream, &format!("s{i}"), serde_json::Value::Null);
+        send_json(&mut socket, join).await;
+    }
+    // Each join is answered with its stream's state; the one past the bound ends the session.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    let mut answered = 0;
+    let closed = loop {
+        let message = tokio::time::timeout_at(deadline, socket.next())
+            .await
+            .expect("the session ends within 30 s");
+        match message {
+            Some(Ok(Ws::Text(_))) => answered += 1,
+            Some(Ok(Ws::Close(Some(frame)))) => break frame,
+            Some(Ok(_)) => {}
+            other => panic!("expected a close frame, got {other:?}"),
+        }
+    };
+    assert_eq!(u16::from(closed.code), 1008);
+    assert!(closed.reason.contains("at most 10000"), "{}", closed.reason);
+    assert!(answered <= 10_000, "{answered} joins answered");
+}

@@ -42,6 +42,10 @@ const READ_BATCH: u64 = 1000;
 const JOIN_TIMEOUT: Duration = Duration::from_secs(30);
 /// The most per-stream cursors a join's log line lists.
 const LOGGED_CURSORS: usize = 64;
+/// The most targets one session follows at once. A replica of many streams follows their
+/// bucket; without a bound, joins of streams that do not exist, sent to a session that reads
+/// slowly, would each leave a pump waiting for room.
+pub const MAX_SUBSCRIPTIONS: usize = 10_000;
 
 /// `Link` header values advertising the StreamLD endpoints of a bucketed stream (or bucket) at
 /// `path` (as the request spelled it), on the origin the request used.
@@ -246,6 +250,17 @@ async fn session(app: AppState, principal: Arc<Principal>, socket: WebSocket, or
                 .await;
             continue;
         };
+        if !subscriptions.has_room_for(&target) {
+            refuse_with(
+                &mut refuse,
+                close_code::POLICY,
+                format!(
+                    "a session follows at most {MAX_SUBSCRIPTIONS} streams or buckets; follow \
+                     their bucket instead"
+                ),
+            );
+            break;
+        }
         match target {
             Target::Stream(key) => {
                 let cursor = Cursor {
@@ -268,7 +283,7 @@ async fn session(app: AppState, principal: Arc<Principal>, socket: WebSocket, or
                 } else {
                     tracing::info!(bucket = %bucket, streams = cursors.len(), "replication join");
                 }
-                let name = format!("bucket:{bucket}");
+                let name = Target::Bucket(bucket.clone()).name();
                 let cursors = Cursors {
                     after: cursors,
                     last_timestamps,
@@ -402,6 +417,12 @@ impl Subscriptions {
         metrics::gauge!(SUBSCRIPTIONS_GAUGE).increment(1.0);
     }
 
+    /// Whether a join of `target` may start: it replaces one, or the session follows fewer
+    /// than [`MAX_SUBSCRIPTIONS`].
+    fn has_room_for(&self, target: &Target) -> bool {
+        self.live.len() < MAX_SUBSCRIPTIONS || self.live.contains_key(&target.name())
+    }
+
     /// Forgets the subscription to `target` whose pump ended, unless a later join replaced it.
     /// What it queued before it ended is still sent.
     fn finished(&mut self, target: &str, generation: u64) {
@@ -466,6 +487,16 @@ impl Drop for Followed {
 enum Target {
     Stream(String),
     Bucket(String),
+}
+
+impl Target {
+    /// The session's name for a subscription to it.
+    fn name(&self) -> String {
+        match self {
+            Target::Stream(key) => key.clone(),
+            Target::Bucket(bucket) => format!("bucket:{bucket}"),
+        }
+    }
 }
 
 /// What a subscription's `stream` IRI names on this server: a bucketed stream or a bucket.
