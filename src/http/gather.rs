@@ -96,6 +96,15 @@ pub struct Pieces {
 }
 
 impl Pieces {
+    /// A body of one buffer.
+    pub fn of(bytes: Bytes) -> Pieces {
+        Pieces {
+            remaining: bytes.len() as u64,
+            pieces: VecDeque::from([bytes]),
+            ..Pieces::default()
+        }
+    }
+
     /// This body, holding `lease` for as long as it lives.
     pub fn holding(self, lease: ReadLease) -> Pieces {
         Pieces {

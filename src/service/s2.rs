@@ -13,7 +13,8 @@ use super::append::Awaited;
 use super::snapshots::RetentionMove;
 use super::stream::State;
 use super::{
-    CreateRequest, Creation, Ensured, Stream, StreamError, StreamResult, StreamService, now_ms,
+    CreateRequest, Creation, Ensured, ReadLease, Stream, StreamError, StreamResult, StreamService,
+    now_ms,
 };
 use crate::model::cipher::{self, CipherError, RecordKey};
 use crate::model::json;
@@ -68,7 +69,7 @@ impl S2Limits {
 }
 
 /// Records read in one step, and why the read stopped there.
-#[derive(Clone, Debug)]
+#[derive(Debug)]
 pub struct S2Batch {
     pub records: Vec<Record>,
     /// Where the next read continues.
@@ -80,6 +81,9 @@ pub struct S2Batch {
     /// The batch ends at the durable tail.
     pub at_tail: bool,
     pub tail: S2Position,
+    /// The read memory its records count against (see `read_memory`): hold it while they, or
+    /// what is rendered from them, are held.
+    pub lease: ReadLease,
 }
 
 fn ms(timestamp: i64) -> u64 {
@@ -833,14 +837,13 @@ impl StreamService {
         let count_cap = limits.count.unwrap_or(u64::MAX).min(max_records);
         let bytes_cap = limits.bytes.unwrap_or(u64::MAX).min(max_bytes);
         let until = durable.tail.seq.min(from.saturating_add(count_cap));
+        // Fewer bytes while other reads hold most of the read memory: the reader then gets a
+        // smaller batch, and reads on.
+        let mut lease = self
+            .read_memory
+            .lease(usize::try_from(bytes_cap).unwrap_or(usize::MAX));
         let candidates = if from < until {
-            self.collect(
-                stream,
-                from,
-                until,
-                usize::try_from(bytes_cap).unwrap_or(usize::MAX),
-            )
-            .await?
+            self.collect(stream, from, until, lease.bytes()).await?
         } else {
             Vec::new()
         };
@@ -870,6 +873,7 @@ impl StreamService {
             metered += size;
             records.push(record);
         }
+        lease.keep(records.iter().map(Record::held_len).sum());
         let delivered = records.len() as u64;
         limit_reached |= limits.count.is_some_and(|c| delivered >= c);
         limit_reached |= limits.bytes.is_some_and(|b| metered >= b);
@@ -881,6 +885,7 @@ impl StreamService {
             limit_reached,
             at_tail: next_seq >= durable.tail.seq,
             tail,
+            lease,
         })
     }
 }

@@ -2370,3 +2370,39 @@ async fn replicated_records_that_do_not_follow_one_another_are_refused_whole() {
         .unwrap();
     assert_eq!(mirror.durable().tail, Offset::new(2, 4));
 }
+
+#[tokio::test]
+async fn s2_reads_count_against_the_read_memory_and_get_less_of_it_when_others_hold_it() {
+    let config = ServiceConfig {
+        read_memory_bytes: 2 * read_memory::MIN_LEASE,
+        ..ServiceConfig::default()
+    };
+    let service = StreamService::open(Arc::new(MemoryEngine::new()), config).unwrap();
+    service.create(create_text("s")).await.unwrap();
+    let body = "x".repeat(read_memory::MIN_LEASE / 2);
+    for _ in 0..10 {
+        service.append("s", text(&body)).await.unwrap();
+    }
+    let stream = service.find("s", false).await.unwrap();
+    let read = |service: Arc<StreamService>, stream: Arc<Stream>| async move {
+        service
+            .s2_read(&stream, 0, s2::S2Limits::default(), 1000, 1 << 20)
+            .await
+            .unwrap()
+    };
+
+    let alone = read(service.clone(), stream.clone()).await;
+    assert_eq!(alone.records.len(), 4, "the whole read memory, 128 KiB");
+    assert_eq!(
+        service.read_memory.held(),
+        4 * body.len(),
+        "held while the batch is"
+    );
+    drop(alone);
+    assert_eq!(service.read_memory.held(), 0, "given back with it");
+
+    let others = service.read_memory.lease(2 * read_memory::MIN_LEASE);
+    let squeezed = read(service.clone(), stream.clone()).await;
+    assert_eq!(squeezed.records.len(), 2, "the least any read gets, 64 KiB");
+    drop(others);
+}

@@ -3,6 +3,7 @@
 
 use std::sync::Arc;
 
+use super::super::gather::Pieces;
 use super::s2s;
 use super::session::{self, Session};
 use super::*;
@@ -449,13 +450,21 @@ async fn read(app: &AppState, name: &str, query: Option<&str>, headers: &HeaderM
     }
     app.service
         .s2_open(&stream, key.as_ref(), &mut batch.records)?;
-    if wants_protobuf(headers) {
-        return Ok(s2s::protobuf_response(&s2s::batch_message(&batch)));
-    }
+    let (content_type, rendered) = if wants_protobuf(headers) {
+        let message = s2s::batch_message(&batch);
+        (
+            "application/protobuf",
+            prost::Message::encode_to_vec(&message),
+        )
+    } else {
+        ("application/json", batch_json(&batch, format))
+    };
+    // The read memory its records took stays taken until the response is sent.
+    let body = Pieces::of(Bytes::from(rendered)).holding(std::mem::take(&mut batch.lease));
     Ok((
         StatusCode::OK,
-        [(header::CONTENT_TYPE, "application/json")],
-        batch_json(&batch, format),
+        [(header::CONTENT_TYPE, content_type)],
+        Body::new(body),
     )
         .into_response())
 }
