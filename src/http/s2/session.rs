@@ -33,7 +33,8 @@ pub(super) enum SessionEvent {
     Failed(StreamError),
 }
 
-/// The events of a read session, ending with `End` or `Failed`.
+/// The events of a read session, ending with `End` or `Failed`, or with neither when the server
+/// shuts down: `End` tells a client its read is over (SSE's `[DONE]`), which it is not.
 pub(super) fn events(
     service: Arc<crate::service::StreamService>,
     stream: Arc<Stream>,
@@ -106,6 +107,7 @@ pub(super) fn events(
                         return;
                     }
                     Wake::Moved(seen) if seen.tail.seq > next => break,
+                    Wake::Ended if service.shutdown_signal().is_cancelled() => return,
                     // Closed through Durable Streams: no record will ever follow.
                     Wake::Moved(_) | Wake::Ended => {
                         yield SessionEvent::End;
@@ -166,4 +168,44 @@ fn ping(tail: S2Position) -> Bytes {
 fn error_event(error: StreamError) -> Bytes {
     let S2Error { body, .. } = S2Error::from(error);
     Bytes::from(format!("event: error\ndata: {body}\n\n"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::service::{CreateRequest, ServiceConfig, StreamService};
+    use crate::storage::MemoryEngine;
+
+    #[tokio::test]
+    async fn a_session_waiting_at_the_tail_ends_without_end_when_the_server_shuts_down() {
+        let service =
+            StreamService::open(Arc::new(MemoryEngine::new()), ServiceConfig::default()).unwrap();
+        let create = CreateRequest {
+            name: "s".into(),
+            content_type: Some("text/plain".into()),
+            ..Default::default()
+        };
+        service.create(create).await.unwrap();
+        let stream = service.find("s", false).await.unwrap();
+        let session = Session {
+            start: 0,
+            limits: S2Limits::default(),
+            may_follow: true,
+            idle: None,
+            resume: None,
+            key: None,
+        };
+        let events = events(service.clone(), stream, session);
+        futures::pin_mut!(events);
+        assert!(
+            matches!(events.next().await, Some(SessionEvent::Heartbeat(_))),
+            "caught up"
+        );
+        service.begin_shutdown();
+        let last = tokio::time::timeout(Duration::from_secs(5), events.next()).await;
+        assert!(
+            matches!(last.expect("it ends"), None),
+            "no End: the client resumes elsewhere"
+        );
+    }
 }
