@@ -194,3 +194,13 @@ def test_reads_of_an_encrypted_stream_meter_the_plaintext_as_appends_do(cbasin, 
     with cbasin.sse(name, headers=with_key(key), seq_num=0, count=2) as s:
         events = s.expect_ok().rest()
     assert event_id(batches(events)[-1]) == (1, 2, first + second)
+
+
+def test_an_auto_creating_append_or_read_without_a_key_creates_no_stream(c):
+    b = Basin.create(c, config={"stream_cipher": CIPHER, "create_stream_on_append": True,
+                                "create_stream_on_read": True})
+    expect_error(b.append("auto", ["x"], status=400), 400, "bad_header")
+    expect_error(b.read("auto", status=400, seq_num=0), 400, "bad_header")
+    assert c.get(s2.stream_path("auto"), headers=b.headers()).status_code == 404
+    b.ack("auto", ["sealed"], headers=with_key(new_key()))
+    assert c.get(s2.stream_path("auto"), headers=b.headers()).status_code == 200

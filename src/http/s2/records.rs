@@ -31,11 +31,15 @@ enum Opening {
 }
 
 /// Finds the stream of a records request, creating it when the basin is configured to.
+///
+/// `keyed`: whether the request carries an encryption key. In a basin that seals its streams, an
+/// append or a read without one is refused for the missing key before it creates anything.
 async fn records_stream(
     app: &AppState,
     headers: &HeaderMap,
     name: &str,
     opening: Opening,
+    keyed: bool,
 ) -> Result<Arc<Stream>, S2Error> {
     let basin = basin_of(headers)?;
     valid_stream(&basin, name)?;
@@ -48,12 +52,22 @@ async fn records_stream(
         Opening::Append => config.create_stream_on_append,
         Opening::Read | Opening::CheckTail => config.create_stream_on_read,
     };
+    let refused_for_its_key =
+        config.stream_cipher.is_some() && !keyed && opening != Opening::CheckTail;
     // `null`: no config asked for, so the basin's default.
     let requested = requested.unwrap_or(Value::Null);
-    Ok(app
+    let create = auto && !refused_for_its_key;
+    match app
         .service
-        .s2_stream(&basin, name, auto.then_some(&requested))
-        .await?)
+        .s2_stream(&basin, name, create.then_some(&requested))
+        .await
+    {
+        // It would have been created, sealed, for records that could not be sealed.
+        Err(StreamError::NotFound) if auto && refused_for_its_key => {
+            Err(StreamError::KeyRequired.into())
+        }
+        found => Ok(found?),
+    }
 }
 
 /// The `s2-stream-config` header: the config a stream this request auto-creates gets. It is
@@ -77,7 +91,7 @@ pub(super) async fn check_tail(
     headers: HeaderMap,
 ) -> Response {
     let result = async {
-        let stream = records_stream(&app, &headers, &name, Opening::CheckTail).await?;
+        let stream = records_stream(&app, &headers, &name, Opening::CheckTail, false).await?;
         Ok::<_, S2Error>(json_response(
             StatusCode::OK,
             json!({ "tail": position_json(app.service.tail_position(&stream)) }),
@@ -232,7 +246,7 @@ async fn append_session(
     body: Body,
 ) -> S2Result {
     let key = key_of(headers)?;
-    let stream = records_stream(app, headers, name, Opening::Append).await?;
+    let stream = records_stream(app, headers, name, Opening::Append, key.is_some()).await?;
     // Refused before the session opens, where the refusal can still redirect.
     StreamService::writable(&stream)?;
     Ok(s2s::append_session(app, headers, stream, key, guard, body))
@@ -255,7 +269,7 @@ async fn append(
     let append = guard.admit(append)?;
     // A header fault is refused before the lookup, which may create the stream.
     let key = key_of(headers)?;
-    let stream = records_stream(app, headers, name, Opening::Append).await?;
+    let stream = records_stream(app, headers, name, Opening::Append, key.is_some()).await?;
     let ack = app.service.s2_append(&stream, append, key.as_ref()).await?;
     if wants_protobuf(headers) {
         return Ok(s2s::protobuf_response(&s2s::ack_message(&ack)));
@@ -369,7 +383,7 @@ async fn read(app: &AppState, name: &str, query: Option<&str>, headers: &HeaderM
         ),
         _ => None,
     };
-    let stream = records_stream(app, headers, name, Opening::Read).await?;
+    let stream = records_stream(app, headers, name, Opening::Read, key.is_some()).await?;
     let bounded = request.limits.count.is_some()
         || request.limits.bytes.is_some()
         || request.limits.until.is_some();
