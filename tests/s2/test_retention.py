@@ -57,6 +57,15 @@ def test_a_bounded_read_below_the_tail_of_trimmed_records_is_empty_not_416(c, ba
         assert r.status_code == 200, r.text
         assert time.monotonic() < deadline, r.text
         time.sleep(0.05)
+    # The same start named from the tail (the trim record was the third): below it, so empty.
+    r = c.get(f"/v1/streams/{stream}/records", params={"tail_offset": 2, "count": 5},
+              headers=basin.headers())
+    assert r.status_code == 200, r.text
+    assert r.json()["records"] == []
+    # At the tail is still 416.
+    r = c.get(f"/v1/streams/{stream}/records", params={"tail_offset": 0, "count": 5},
+              headers=basin.headers())
+    assert r.status_code == 416, r.text
 
 
 def test_delete_on_empty_deletes_a_stream_once_it_has_been_empty_for_its_min_age(c):

@@ -414,7 +414,8 @@ async fn read(app: &AppState, name: &str, query: Option<&str>, headers: &HeaderM
     // moved up to the first retained record); only a start at or past the tail is 416.
     let asked = match requested {
         S2Start::SeqNum(seq) => seq.min(start),
-        _ => start,
+        S2Start::TailOffset(back) => durable.tail.seq.saturating_sub(back).min(start),
+        S2Start::Timestamp(_) => start,
     };
     if asked >= durable.tail.seq && !may_follow && !exhausted {
         return Err(StreamError::BeyondTail {
