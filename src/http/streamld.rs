@@ -31,6 +31,7 @@ use crate::model::access::Operation;
 use crate::model::names;
 use crate::model::streamld::{self, GapSignal, Message, SnapshotRef, StreamDeleted, StreamState};
 use crate::service::{FrameView, LiveFrame, Principal, ReplicatedState, Stream, StreamError, Wake};
+use crate::storage::StorageError;
 
 /// Messages queued per session before its pumps wait for the replica.
 const SESSION_QUEUE: usize = 256;
@@ -628,12 +629,19 @@ async fn stream_pump(app: AppState, queue: Outbox, origin: String, key: String, 
         }
     };
     // A pump ends on its own only when the replica must act (a gap, a deletion) or its
-    // session or subscription is over; anything else leaves the replica waiting.
-    if let Err(e) = pump(&app, &queue, &url, &stream, cursor).await
-        && !queue.is_closed()
-    {
-        tracing::warn!(stream = %key, error = %e, "replication pump failed; ending its session");
-        queue.fail();
+    // session or subscription is over; anything else leaves the replica waiting. A read that
+    // failed on I/O may succeed when the replica joins again; corrupt data would not, and ending
+    // the session for it would only cut every other stream's catch-up short, again and again.
+    match pump(&app, &queue, &url, &stream, cursor).await {
+        Err(_) if queue.is_closed() => {}
+        Err(StreamError::Storage(StorageError::Io(e))) => {
+            tracing::warn!(stream = %key, error = %e, "replication read failed; ending its session");
+            queue.fail();
+        }
+        Err(e) => {
+            tracing::error!(stream = %key, error = %e, "replication of this stream stopped");
+        }
+        Ok(()) => {}
     }
 }
 
@@ -950,7 +958,7 @@ mod tests {
             Result<Vec<crate::model::Record>, crate::storage::StorageError>,
         > {
             if self.failing.load(std::sync::atomic::Ordering::Relaxed) {
-                let failed = crate::storage::StorageError::Io("a test's disk".into());
+                let failed = StorageError::Io("a test's disk".into());
                 return Box::pin(futures::future::ready(Err(failed)));
             }
             self.inner.read(id, from, until, max_bytes)
@@ -1017,18 +1025,9 @@ mod tests {
 
     #[tokio::test]
     async fn a_close_made_while_a_stream_state_waits_for_room_goes_out_after_it() {
-        use crate::service::{AppendRequest, CreateRequest, ServiceConfig, StreamService};
-        use crate::storage::MemoryEngine;
+        use crate::service::AppendRequest;
 
-        let service =
-            StreamService::open(Arc::new(MemoryEngine::new()), ServiceConfig::default()).unwrap();
-        let create = CreateRequest {
-            name: "s".into(),
-            content_type: Some("text/plain".into()),
-            ..Default::default()
-        };
-        service.create(create).await.unwrap();
-        let stream = service.find("s", false).await.unwrap();
+        let (service, stream) = crate::service::one_text_stream().await;
         let app = app_over(service.clone());
         // A session's queue with no room: the pump's first state waits.
         let (queue, mut sent) = mpsc::channel(1);

@@ -61,11 +61,13 @@ impl Record {
     }
 }
 
-/// The bytes of a record's header names and values.
+/// What a record's headers hold in memory: their names and values, and each header's own place
+/// (a header of one byte takes far more than one).
 pub fn headers_len(headers: &[(Bytes, Bytes)]) -> usize {
+    let each = std::mem::size_of::<(Bytes, Bytes)>();
     headers
         .iter()
-        .map(|(name, value)| name.len() + value.len())
+        .map(|(name, value)| each + name.len() + value.len())
         .sum()
 }
 

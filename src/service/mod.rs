@@ -22,6 +22,8 @@ mod stream;
 
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+pub(crate) use tests::one_text_stream;
 mod tokens;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
@@ -698,7 +700,6 @@ impl StreamService {
         Ok((stream, changes))
     }
 
-    /// Drops the registry entry of `stream`, if the name still maps to it.
     /// The service as its own owner holds it.
     fn me(&self) -> Arc<StreamService> {
         self.me
@@ -706,6 +707,7 @@ impl StreamService {
             .expect("a service is only reached through the Arc that owns it")
     }
 
+    /// Drops the registry entry of `stream`, if the name still maps to it.
     fn forget(&self, stream: &Arc<Stream>) {
         let mut registry = self.lock_registry();
         if registry

@@ -322,6 +322,12 @@ impl StreamService {
         self.shutdown.cancel();
     }
 
+    /// Whether the server has begun shutting down: set before [`Self::shutdown_signal`] is
+    /// cancelled, and before any live wait ends for it.
+    pub fn is_stopping(&self) -> bool {
+        self.stopping.load(Ordering::Relaxed)
+    }
+
     /// Cancelled once the server starts shutting down.
     pub fn shutdown_signal(&self) -> CancellationToken {
         self.shutdown.clone()

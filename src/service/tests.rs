@@ -705,7 +705,8 @@ async fn a_read_through_a_fork_keeps_to_its_byte_budget_across_the_fork_point() 
     );
 }
 
-async fn one_text_stream() -> (Arc<StreamService>, Arc<Stream>) {
+/// A service in memory holding one empty `text/plain` stream, `s`: where many tests start.
+pub(crate) async fn one_text_stream() -> (Arc<StreamService>, Arc<Stream>) {
     let service =
         StreamService::open(Arc::new(MemoryEngine::new()), ServiceConfig::default()).unwrap();
     service.create(create_text("s")).await.unwrap();

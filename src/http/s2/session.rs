@@ -107,7 +107,7 @@ pub(super) fn events(
                         return;
                     }
                     Wake::Moved(seen) if seen.tail.seq > next => break,
-                    Wake::Ended if service.shutdown_signal().is_cancelled() => return,
+                    Wake::Ended if service.is_stopping() => return,
                     // Closed through Durable Streams: no record will ever follow.
                     Wake::Moved(_) | Wake::Ended => {
                         yield SessionEvent::End;
@@ -173,20 +173,10 @@ fn error_event(error: StreamError) -> Bytes {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::service::{CreateRequest, ServiceConfig, StreamService};
-    use crate::storage::MemoryEngine;
 
     #[tokio::test]
     async fn a_session_waiting_at_the_tail_ends_without_end_when_the_server_shuts_down() {
-        let service =
-            StreamService::open(Arc::new(MemoryEngine::new()), ServiceConfig::default()).unwrap();
-        let create = CreateRequest {
-            name: "s".into(),
-            content_type: Some("text/plain".into()),
-            ..Default::default()
-        };
-        service.create(create).await.unwrap();
-        let stream = service.find("s", false).await.unwrap();
+        let (service, stream) = crate::service::one_text_stream().await;
         let session = Session {
             start: 0,
             limits: S2Limits::default(),
