@@ -933,10 +933,10 @@ mod tests {
         }
     }
 
-    /// A memory engine whose reads fail once `failing` is set.
+    /// A memory engine whose reads fail with `failure` once it is set.
     struct FailingReads {
         inner: crate::storage::MemoryEngine,
-        failing: std::sync::atomic::AtomicBool,
+        failure: std::sync::Mutex<Option<StorageError>>,
     }
 
     impl crate::storage::Engine for FailingReads {
@@ -957,9 +957,8 @@ mod tests {
             'static,
             Result<Vec<crate::model::Record>, crate::storage::StorageError>,
         > {
-            if self.failing.load(std::sync::atomic::Ordering::Relaxed) {
-                let failed = StorageError::Io("a test's disk".into());
-                return Box::pin(futures::future::ready(Err(failed)));
+            if let Some(failure) = self.failure.lock().unwrap().clone() {
+                return Box::pin(futures::future::ready(Err(failure)));
             }
             self.inner.read(id, from, until, max_bytes)
         }
@@ -977,13 +976,14 @@ mod tests {
         }
     }
 
-    #[tokio::test]
-    async fn a_stream_that_cannot_be_read_ends_its_replication_session() {
+    /// Follows stream `s`, whose one record cannot be read (`failure`), as a replication session
+    /// would: whether the pump asks for the session to end, once the pump has stopped.
+    async fn session_ended_by(failure: StorageError) -> bool {
         use crate::service::{AppendRequest, CreateRequest, ServiceConfig, StreamService};
 
         let engine = Arc::new(FailingReads {
             inner: crate::storage::MemoryEngine::new(),
-            failing: false.into(),
+            failure: std::sync::Mutex::new(None),
         });
         let writer = StreamService::open(engine.clone(), ServiceConfig::default()).unwrap();
         let create = CreateRequest {
@@ -1000,9 +1000,7 @@ mod tests {
         writer.append("s", append).await.unwrap();
         // Opened again, with nothing in its caches: its records are read from the engine.
         let service = StreamService::open(engine.clone(), ServiceConfig::default()).unwrap();
-        engine
-            .failing
-            .store(true, std::sync::atomic::Ordering::Relaxed);
+        *engine.failure.lock().unwrap() = Some(failure);
 
         let (queue, _sent) = mpsc::channel(16);
         let outbox = outbox_of(queue);
@@ -1011,16 +1009,31 @@ mod tests {
             after: 0,
             last_timestamp: None,
         };
-        let pumping = tokio::spawn(stream_pump(
+        let pumping = stream_pump(
             app_over(service),
             outbox,
             "http://up".into(),
             "s".into(),
             cursor,
-        ));
-        let ended = tokio::time::timeout(Duration::from_secs(5), failed.cancelled()).await;
-        assert!(ended.is_ok(), "the session is told to end");
-        pumping.abort();
+        );
+        let stopped = tokio::time::timeout(Duration::from_secs(5), pumping).await;
+        assert!(stopped.is_ok(), "the pump stops");
+        failed.is_cancelled()
+    }
+
+    #[tokio::test]
+    async fn a_stream_that_cannot_be_read_for_an_io_error_ends_its_replication_session() {
+        let failure = StorageError::Io("a test's disk".into());
+        assert!(session_ended_by(failure).await, "the replica joins again");
+    }
+
+    #[tokio::test]
+    async fn a_stream_whose_data_is_corrupt_stops_alone_and_the_session_goes_on() {
+        let failure = StorageError::Corrupt("a test's record".into());
+        assert!(
+            !session_ended_by(failure).await,
+            "the other streams of the session go on"
+        );
     }
 
     #[tokio::test]
