@@ -135,7 +135,8 @@ impl Held {
 /// The memory a cached record takes: with small records the record itself weighs about as much
 /// as its body, and a budget of body bytes alone would hold twice what it says.
 fn memory_of(record: &Record) -> usize {
-    std::mem::size_of::<Record>() + record.held_len()
+    let header_places = record.headers.len() * std::mem::size_of::<(bytes::Bytes, bytes::Bytes)>();
+    std::mem::size_of::<Record>() + header_places + record.held_len()
 }
 
 impl Drop for Held {
