@@ -136,16 +136,19 @@ pub struct StreamService {
     me: std::sync::Weak<StreamService>,
 }
 
-/// Runs `work` to its end on a task of its own, and waits for it. What follows a commit
-/// (publishing the change, readying or releasing a stream) must happen even when the request
-/// that submitted it goes away while the commit is in flight: a stream left unready, or a change
-/// submitted but never published, would hold every later request on it until a restart.
-async fn to_the_end<T: Send + 'static>(
+/// Starts `work` on a task of its own at once (not when the result is first awaited), and
+/// returns its result. What follows a commit (publishing the change, readying or releasing a
+/// stream) must happen even when the request that submitted it goes away while the commit is in
+/// flight: a stream left unready, or a change submitted but never published, would hold every
+/// later request on it until a restart.
+fn to_the_end<T: Send + 'static>(
     work: impl Future<Output = StreamResult<T>> + Send + 'static,
-) -> StreamResult<T> {
-    tokio::spawn(work)
-        .await
-        .unwrap_or_else(|_| Err(StorageError::Failed.into()))
+) -> impl Future<Output = StreamResult<T>> {
+    let task = tokio::spawn(work);
+    async move {
+        task.await
+            .unwrap_or_else(|_| Err(StorageError::Failed.into()))
+    }
 }
 
 /// Every stream by key, and every bucket. One lock, so that a stream is never created in a
