@@ -1102,6 +1102,92 @@ async fn a_single_stream_mirror_follows_its_stream_deleted_and_recreated_and_dro
     wait_for_status(&http, &mirror.url(&format!("/{BUCKET}/single")), 404).await;
 }
 
+/// Answers every HTTP request on `listener` with a bare 404, as a proxy in front of a server
+/// being redeployed may.
+async fn answer_404_to_everything(listener: tokio::net::TcpListener) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    loop {
+        let Ok((mut socket, _)) = listener.accept().await else {
+            return;
+        };
+        tokio::spawn(async move {
+            let mut request = Vec::new();
+            let mut buffer = [0u8; 4096];
+            while !request.windows(4).any(|w| w == b"\r\n\r\n") {
+                match socket.read(&mut buffer).await {
+                    Ok(0) | Err(_) => return,
+                    Ok(n) => request.extend_from_slice(&buffer[..n]),
+                }
+            }
+            let response =
+                "HTTP/1.1 404 Not Found\r\ncontent-length: 0\r\nconnection: close\r\n\r\n";
+            let _ = socket.write_all(response.as_bytes()).await;
+        });
+    }
+}
+
+/// Waits (up to 30 s) until the server log at `log` holds `needle` at least `times` times.
+async fn wait_for_log(log: &Path, needle: &str, times: usize) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let text = std::fs::read_to_string(log).unwrap_or_default();
+        if text.matches(needle).count() >= times {
+            return;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the log never said {needle:?} {times} times:\n{text}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_single_stream_mirror_keeps_its_copy_while_something_other_than_its_upstream_answers_404()
+{
+    let dir = tempfile::tempdir().unwrap();
+    let (up_data, mirror_log) = (dir.path().join("up"), dir.path().join("mirror.log"));
+    let http = client();
+    let up_args = |listen: &str| {
+        let data = up_data.to_str().unwrap().to_string();
+        vec![
+            "--data-dir".to_string(),
+            data,
+            "--listen".into(),
+            listen.into(),
+        ]
+    };
+    let upstream = Server::start(&strs(&up_args("127.0.0.1:0")));
+    let listen = upstream.base.trim_start_matches("http://").to_string();
+    create_bucket(&http, &upstream).await;
+    let source = upstream.url(&format!("/{BUCKET}/kept"));
+    assert_eq!(
+        put(&http, &source, "text/plain", "one;").await.status(),
+        201
+    );
+    let mirror = Server::start_logged(&["--memory", "--mirror-from", &source], &mirror_log);
+    let copy = mirror.url(&format!("/{BUCKET}/kept"));
+    wait_until_mirrored(&http, &upstream, &mirror, &["kept"]).await;
+
+    // The upstream goes away and a proxy answers 404 in its place: the mirror keeps asking,
+    // and keeps its copy meanwhile.
+    upstream.kill();
+    let proxy = tokio::net::TcpListener::bind(&listen).await.unwrap();
+    let proxy = tokio::spawn(answer_404_to_everything(proxy));
+    wait_for_log(&mirror_log, "does not exist (404", 2).await;
+    let (_, _, body) = view(&http, &copy).await;
+    assert_eq!(body, b"one;");
+
+    // The upstream is back: the copy goes on from where it was.
+    proxy.abort();
+    let _ = proxy.await;
+    let upstream = Server::start(&strs(&up_args(&listen)));
+    append(&http, &source, "text/plain", "two;").await;
+    wait_until_mirrored(&http, &upstream, &mirror, &["kept"]).await;
+    let (_, _, body) = view(&http, &copy).await;
+    assert_eq!(body, b"one;two;");
+}
+
 /// The first event a StreamLD SSE reader of `sse` gets, asking with `host` as its `Host`, and
 /// its response, still open.
 async fn first_sse_event(

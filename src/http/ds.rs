@@ -100,7 +100,12 @@ pub async fn stream_request(app: &AppState, key: String, request: Request) -> Re
         ))),
     };
     let mut response = result.unwrap_or_else(|failure| failure.into_response_at(uri));
-    if advertise && response.status().is_success() {
+    // A 404 or 410 names the endpoint too: there a mirror hears from this server itself whether
+    // the stream is gone, where a bare 404 may be a proxy's.
+    let status = response.status();
+    if advertise
+        && (status.is_success() || status == StatusCode::NOT_FOUND || status == StatusCode::GONE)
+    {
         // Worked out here, not up front: appends, the bulk of requests, never need it.
         let origin = Origin::of(headers, uri, &parts.extensions);
         set(

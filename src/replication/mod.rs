@@ -7,6 +7,7 @@
 //! start and snapshot, then follows again.
 
 use std::collections::{BTreeMap, HashMap};
+use std::ops::RangeInclusive;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -44,7 +45,7 @@ pub enum MirrorError {
     Http(#[from] reqwest::Error),
     #[error("upstream {0} advertises no StreamLD websocket-replication Link")]
     NoEndpoint(String),
-    #[error("upstream {0} does not exist (404)")]
+    #[error("upstream {0} does not exist (404 or 410)")]
     Missing(String),
     #[error("websocket: {0}")]
     WebSocket(#[from] tokio_tungstenite::tungstenite::Error),
@@ -243,22 +244,35 @@ fn bearer(token: &str) -> Result<reqwest::header::HeaderValue, MirrorError> {
     Ok(value)
 }
 
-/// Discovers the upstream's replication endpoint through its `Link` header.
-async fn discover(http: &reqwest::Client, upstream: &Upstream) -> Result<String, MirrorError> {
-    let response = http
-        .get(upstream.url())
-        .header("accept", "application/json")
-        .send()
-        .await?;
+/// What discovery found at the upstream URL.
+enum Discovered {
+    /// The target exists, followed through this replication endpoint.
+    Endpoint(String),
+    /// The upstream answered 404 or 410; with the endpoint, when the answer named one (the
+    /// upstream's own answer, not a proxy's), where its replication session says for certain.
+    Missing(Option<String>),
+}
+
+/// Discovers the upstream's replication endpoint through its `Link` header (on a `HEAD`: the
+/// mirror wants the headers, not the stream).
+async fn discover(http: &reqwest::Client, upstream: &Upstream) -> Result<Discovered, MirrorError> {
+    let response = http.head(upstream.url()).send().await?;
+    let endpoint = replication_link(response.headers());
     // 410: deleted while forks read through it, which a mirror does not follow.
     if matches!(
         response.status(),
         reqwest::StatusCode::NOT_FOUND | reqwest::StatusCode::GONE
     ) {
-        return Err(MirrorError::Missing(upstream.url()));
+        return Ok(Discovered::Missing(endpoint));
     }
-    let links = response
-        .headers()
+    endpoint
+        .map(Discovered::Endpoint)
+        .ok_or_else(|| MirrorError::NoEndpoint(upstream.url()))
+}
+
+/// The StreamLD WebSocket replication endpoint a response's `Link` headers name.
+fn replication_link(headers: &reqwest::header::HeaderMap) -> Option<String> {
+    let links = headers
         .get_all("link")
         .iter()
         .filter_map(|v| v.to_str().ok())
@@ -273,7 +287,6 @@ async fn discover(http: &reqwest::Client, upstream: &Upstream) -> Result<String,
                 .split_once('>')
                 .map(|(url, _)| url.trim().to_string())
         })
-        .ok_or_else(|| MirrorError::NoEndpoint(upstream.url()))
 }
 
 /// How a replication session ended without failing.
@@ -303,17 +316,16 @@ async fn follow_once(
 ) -> Result<Ended, MirrorError> {
     use tokio_tungstenite::tungstenite::client::IntoClientRequest as _;
     let http = connection.http;
-    let endpoint = match discover(http, upstream).await {
-        Err(MirrorError::Missing(url)) => {
-            // The one stream this mirror follows is gone upstream (it may come back later).
-            if let Some(stream) = &upstream.stream {
-                service
-                    .mirror_remove(&stream_key(&upstream.bucket, stream)?)
-                    .await?;
-            }
-            return Err(MirrorError::Missing(url));
-        }
-        endpoint => endpoint?,
+    let endpoint = match discover(http, upstream).await? {
+        Discovered::Endpoint(endpoint) => endpoint,
+        // The one stream this mirror follows may be gone upstream (and may come back later).
+        // Only the upstream's replication session says so for certain (`StreamDeleted`), so the
+        // mirror joins there to hear it while it still holds a copy; a 404 that names no
+        // endpoint may be a proxy's, during a redeploy, and the copy is kept.
+        Discovered::Missing(endpoint) => match endpoint {
+            Some(endpoint) if holds_copy(service, upstream).await? => endpoint,
+            _ => return Err(MirrorError::Missing(upstream.url())),
+        },
     };
     let mut request = endpoint.as_str().into_client_request()?;
     if let Some(value) = connection.authorization {
@@ -415,6 +427,21 @@ async fn follow_once(
         }
     }
     Ok(Ended::Closed)
+}
+
+/// Whether the mirror holds a copy of the one stream it follows.
+async fn holds_copy(service: &StreamService, upstream: &Upstream) -> Result<bool, MirrorError> {
+    let Some(stream) = &upstream.stream else {
+        return Ok(false);
+    };
+    match service
+        .find(&stream_key(&upstream.bucket, stream)?, false)
+        .await
+    {
+        Ok(_) => Ok(true),
+        Err(StreamError::NotFound | StreamError::Gone) => Ok(false),
+        Err(e) => Err(e.into()),
+    }
 }
 
 /// A message from the upstream; `None` for a type this mirror does not know, which a newer
@@ -653,25 +680,6 @@ impl Mirror<'_> {
         Ok(())
     }
 
-    /// The mirror of `url`, when it can go on from its own tail after a gap: its tail is among
-    /// the records the upstream still holds. So it is for a new mirror of a trimmed stream: the
-    /// join went out before the copy existed (cursor 0, behind the upstream's start), and the
-    /// copy was then made at the upstream's retained start.
-    async fn resumable(&self, url: &str) -> Result<Option<Arc<Stream>>, MirrorError> {
-        let Some(state) = self.states.get(url) else {
-            return Ok(None);
-        };
-        match self.service.find(&self.key_of(url)?, false).await {
-            Ok(stream) => {
-                let tail = stream.durable().tail.seq;
-                let held = state.retained_from.seq..=state.tail.seq;
-                Ok(held.contains(&tail).then_some(stream))
-            }
-            Err(StreamError::NotFound) => Ok(None),
-            Err(e) => Err(e.into()),
-        }
-    }
-
     /// Starts the mirror of `url` over from the upstream's last state: at its retained start,
     /// with its snapshot (fetched first: readers keep the old copy meanwhile).
     async fn rebuild_from_upstream(&self, url: &str) -> Result<Arc<Stream>, MirrorError> {
@@ -752,27 +760,31 @@ impl Mirror<'_> {
         }
     }
 
-    /// The upstream no longer holds what the mirror needs next: start the stream over from the
-    /// upstream's retained start (its snapshot covers what came before), and join again there.
+    /// The upstream no longer holds what the mirror needs next: join again from the copy's tail
+    /// or start the copy over from the upstream's state (see [`after_gap`]).
     async fn rebuild(&mut self, gap: GapSignal, sink: &mut Sink) -> Result<(), MirrorError> {
         let url = gap.stream.clone().unwrap_or_else(|| self.upstream.url());
-        let resumable = if gap.diverged {
-            tracing::warn!(stream = %url, "the upstream holds other records than the mirror's copy (restored from an older backup?): rebuilding the copy from the upstream");
-            None
-        } else {
-            self.resumable(&url).await?
+        let copy = match self.service.find(&self.key_of(&url)?, false).await {
+            Ok(stream) => Some(stream),
+            Err(StreamError::NotFound) => None,
+            Err(e) => return Err(e.into()),
         };
-        let stream = match resumable {
-            Some(stream) => {
-                tracing::info!(stream = %url, "gap: the mirror's tail is within what the upstream holds; joining again from it");
-                stream
+        let held = (self.states.get(&url)).map(|state| state.retained_from.seq..=state.tail.seq);
+        let copy_tail = copy.as_ref().map(|stream| stream.durable().tail.seq);
+        let (after, last_timestamp) = match after_gap(&gap, held, copy_tail) {
+            GapAction::JoinAgain => {
+                tracing::info!(stream = %url, oldest_available = ?gap.oldest_available, "gap: joining again from the copy's tail");
+                copy.map_or((0, None), |stream| cursor_of(&stream.durable()))
             }
-            None => {
-                tracing::info!(stream = %url, oldest_available = ?gap.oldest_available, "gap: rebuilding the mirror from the upstream");
-                self.rebuild_from_upstream(&url).await?
+            GapAction::Rebuild => {
+                if gap.diverged {
+                    tracing::warn!(stream = %url, "the upstream holds other records than the mirror's copy (restored from an older backup?): rebuilding the copy from the upstream");
+                } else {
+                    tracing::info!(stream = %url, oldest_available = ?gap.oldest_available, "gap: rebuilding the mirror from the upstream");
+                }
+                cursor_of(&self.rebuild_from_upstream(&url).await?.durable())
             }
         };
-        let (after, last_timestamp) = cursor_of(&stream.durable());
         let join = SubscriptionRequest {
             stream: url,
             after: Some(after),
@@ -782,6 +794,44 @@ impl Mirror<'_> {
         sink.send(WsMessage::Text(Message::Subscribe(join).to_json().into()))
             .await?;
         Ok(())
+    }
+}
+
+/// What a mirror does about a gap in one of its streams.
+#[derive(Debug, PartialEq, Eq)]
+enum GapAction {
+    /// Join again from the copy's tail; the upstream answers with its state as it is now, then
+    /// the records after the tail, or the gap again.
+    JoinAgain,
+    /// Start the copy over from the upstream's last state: at its retained start, with its
+    /// snapshot.
+    Rebuild,
+}
+
+/// What to do about `gap`, given the records the upstream held when it last sent its state
+/// (`held`, by ordinal) and the copy's tail.
+///
+/// The copy goes on from its tail when the upstream held it: so it is for a new copy of a
+/// trimmed stream, made at the upstream's retained start after its join went out with cursor 0.
+/// It also joins again when the gap is newer than the state, as when the upstream trimmed while
+/// it sent the records before: a rebuild from that state would start the copy over at a start
+/// the upstream no longer holds, behind the copy's own tail, and readers would see the stream
+/// go back. The join brings the state that explains the gap.
+fn after_gap(
+    gap: &GapSignal,
+    held: Option<RangeInclusive<u64>>,
+    copy_tail: Option<u64>,
+) -> GapAction {
+    let Some(held) = held.filter(|_| !gap.diverged) else {
+        return GapAction::Rebuild;
+    };
+    let copy_is_held = copy_tail.is_some_and(|tail| held.contains(&tail));
+    let state_is_older =
+        (gap.oldest_available).is_some_and(|oldest| oldest.saturating_sub(1) > *held.start());
+    if copy_is_held || state_is_older {
+        GapAction::JoinAgain
+    } else {
+        GapAction::Rebuild
     }
 }
 
@@ -815,6 +865,50 @@ mod tests {
         assert!(matches!(known_message(gap), Ok(Some(Message::Gap(_)))));
         assert!(known_message("not json").is_err());
         assert!(known_message(r#"{"@type": "GapSignal", "oldestAvailable": "x"}"#).is_err());
+    }
+
+    fn gap(oldest_seq: u64, diverged: bool) -> GapSignal {
+        GapSignal {
+            oldest_available: Some(streamld::sequence_of(oldest_seq)),
+            diverged,
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn a_gap_newer_than_the_state_held_joins_again_rather_than_rebuilding_the_copy_from_it() {
+        // The state said 0..=10; the copy went on to 15; the upstream then trimmed to 20.
+        assert_eq!(
+            after_gap(&gap(20, false), Some(0..=10), Some(15)),
+            GapAction::JoinAgain
+        );
+        // No copy yet: the join brings the state to make it from.
+        assert_eq!(
+            after_gap(&gap(20, false), Some(0..=10), None),
+            GapAction::JoinAgain
+        );
+    }
+
+    #[test]
+    fn a_gap_the_state_explains_rebuilds_the_copy_unless_the_copy_is_held() {
+        assert_eq!(
+            after_gap(&gap(20, false), Some(20..=30), Some(15)),
+            GapAction::Rebuild
+        );
+        assert_eq!(
+            after_gap(&gap(20, false), Some(20..=30), Some(20)),
+            GapAction::JoinAgain,
+            "a new copy made at the retained start goes on from there"
+        );
+        assert_eq!(
+            after_gap(&gap(20, true), Some(20..=30), Some(25)),
+            GapAction::Rebuild,
+            "a diverged copy is rebuilt wherever its tail is"
+        );
+        assert_eq!(
+            after_gap(&GapSignal::default(), None, Some(25)),
+            GapAction::Rebuild
+        );
     }
 
     #[test]
