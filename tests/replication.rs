@@ -820,14 +820,23 @@ async fn a_replica_that_sends_what_replication_does_not_take_is_told_why_it_is_c
         assert!(why.contains(reason), "{why}");
     }
 
-    // A bucket that does not exist is answered with a gap, as one the replica may not read.
+    // A bucket that does not exist is answered with a gap, as one the replica may not read,
+    // after the deletion of each stream the replica holds of it.
     let mut socket = connect_replica(&http, &upstream).await;
     let missing = upstream.url("/no-such-bucket");
     send_json(
         &mut socket,
-        serde_json::json!({"@type": "SubscriptionRequest", "stream": missing}),
+        serde_json::json!({"@type": "SubscriptionRequest", "stream": missing,
+            "runnel:cursors": {"a": 3, "b": 0}}),
     )
     .await;
+    for stream in ["a", "b"] {
+        let answer = next_json(&mut socket, Duration::from_secs(5))
+            .await
+            .expect("an answer");
+        assert_eq!(answer["@type"], "runnel:StreamDeleted", "{answer}");
+        assert_eq!(answer["stream"], format!("{missing}/{stream}"), "{answer}");
+    }
     let answer = next_json(&mut socket, Duration::from_secs(5))
         .await
         .expect("an answer");
@@ -1019,6 +1028,37 @@ async fn a_stream_deleted_upstream_while_a_bucket_mirror_is_down_is_removed_when
     let mirror = Server::start(&strs(&args));
     wait_until_mirrored(&http, &upstream, &mirror, &["kept"]).await;
     wait_for_status(&http, &mirror.url(&format!("/{BUCKET}/doomed")), 404).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bucket_deleted_upstream_while_its_mirror_is_down_is_emptied_on_the_mirror_when_it_returns()
+ {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("mirror");
+    let http = client();
+    let upstream = Server::start(&["--memory"]);
+    create_bucket(&http, &upstream).await;
+    for stream in ["first", "second"] {
+        let url = upstream.url(&format!("/{BUCKET}/{stream}"));
+        assert_eq!(put(&http, &url, "text/plain", "one;").await.status(), 201);
+    }
+    let args = durable_bucket_mirror(&data, &upstream);
+    mirror_then_kill(&http, &upstream, &args, &["first", "second"]).await;
+
+    // A bucket is deleted once empty.
+    for stream in ["first", "second"] {
+        let url = upstream.url(&format!("/{BUCKET}/{stream}"));
+        assert_eq!(http.delete(&url).send().await.unwrap().status(), 204);
+    }
+    let bucket = upstream.url(&format!("/{BUCKET}"));
+    let deleted = http.delete(&bucket).send().await.unwrap().status();
+    assert!(deleted.is_success(), "{deleted}");
+    wait_for_status(&http, &bucket, 404).await;
+
+    let mirror = Server::start(&strs(&args));
+    for stream in ["first", "second"] {
+        wait_for_status(&http, &mirror.url(&format!("/{BUCKET}/{stream}")), 404).await;
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -30,6 +30,7 @@ pub async fn bucket(
     origin: Origin,
     Extension(principal): Extension<Arc<Principal>>,
 ) -> Response {
+    let describes = matches!(method, Method::GET | Method::HEAD);
     let result = async {
         names::validate_bucket_id(&bucket).map_err(|e| Rejection::bad_request(e.to_string()))?;
         match method {
@@ -48,12 +49,7 @@ pub async fn bucket(
                     "streams": streams,
                     "created_at_ms": info.created_ms,
                 });
-                let mut response = json_response(StatusCode::OK, body.to_string());
-                let link = super::streamld::links(&origin, &format!("/{bucket}"), false);
-                if let Ok(value) = HeaderValue::from_str(&link) {
-                    response.headers_mut().insert(header::LINK, value);
-                }
-                Ok(response)
+                Ok(json_response(StatusCode::OK, body.to_string()))
             }
             Method::DELETE => {
                 app.service.delete_bucket(&bucket).await?;
@@ -65,9 +61,19 @@ pub async fn bucket(
             ))),
         }
     };
-    result
+    let mut response = result
         .await
-        .unwrap_or_else(|failure: Failure| failure.into_response_at(&uri))
+        .unwrap_or_else(|failure: Failure| failure.into_response_at(&uri));
+    // A 404 names the endpoint too: there a mirror of the bucket hears from this server itself
+    // that the bucket is gone, where a bare 404 may be a proxy's.
+    let status = response.status();
+    if describes && (status.is_success() || status == StatusCode::NOT_FOUND) {
+        let link = super::streamld::links(&origin, &format!("/{bucket}"), false);
+        if let Ok(value) = HeaderValue::from_str(&link) {
+            response.headers_mut().insert(header::LINK, value);
+        }
+    }
+    response
 }
 
 /// `/{bucket}/{stream}`: a stream, or the bucket's listing when the stream id is `streams`.

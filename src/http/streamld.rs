@@ -234,23 +234,37 @@ async fn session(app: AppState, principal: Arc<Principal>, socket: WebSocket, or
                 break;
             }
         };
-        // A bucket that does not exist is answered as a target the replica may not read.
-        let known = |target: &Target| match target {
-            Target::Bucket(bucket) => app.service.bucket_info(bucket).is_ok(),
-            Target::Stream(_) => true,
+        let not_served = GapSignal {
+            stream: Some(request.stream.clone()),
+            ..Default::default()
         };
         let Some(target) =
-            target_of(&request.stream).filter(|t| known(t) && may_replicate(&principal, t))
+            target_of(&request.stream).filter(|target| may_replicate(&principal, target))
         else {
-            let gap = GapSignal {
-                stream: Some(request.stream.clone()),
-                ..Default::default()
-            };
             let _ = queue
-                .send((CancellationToken::new(), Message::Gap(gap)))
+                .send((CancellationToken::new(), Message::Gap(not_served)))
                 .await;
             continue;
         };
+        // A bucket that does not exist is answered as a target the replica may not read, after
+        // the deletion of every stream the replica holds of it (it was away when the bucket
+        // went): a replica that may read the whole bucket learns nothing a GET would not say.
+        if let Target::Bucket(bucket) = &target
+            && app.service.bucket_info(bucket).is_err()
+        {
+            for name in request.cursors.iter().flat_map(|cursors| cursors.keys()) {
+                let Ok(key) = names::stream_key_in(bucket, name) else {
+                    continue;
+                };
+                let stream = streamld::stream_iri(&origin, &key);
+                let deleted = Message::Deleted(StreamDeleted { stream });
+                let _ = queue.send((CancellationToken::new(), deleted)).await;
+            }
+            let _ = queue
+                .send((CancellationToken::new(), Message::Gap(not_served)))
+                .await;
+            continue;
+        }
         if !subscriptions.has_room_for(&target) {
             refuse_with(
                 &mut refuse,

@@ -49,6 +49,10 @@ pub enum MirrorError {
     Missing(String),
     #[error("websocket: {0}")]
     WebSocket(#[from] tokio_tungstenite::tungstenite::Error),
+    #[error(
+        "upstream does not serve {0} to this mirror (it does not exist there, or the mirror's token may not read it)"
+    )]
+    NotServed(String),
     #[error("upstream sent an unusable message: {0}")]
     BadMessage(String),
     #[error("upstream no longer serves the snapshot of {0}")]
@@ -318,12 +322,12 @@ async fn follow_once(
     let http = connection.http;
     let endpoint = match discover(http, upstream).await? {
         Discovered::Endpoint(endpoint) => endpoint,
-        // The one stream this mirror follows may be gone upstream (and may come back later).
-        // Only the upstream's replication session says so for certain (`StreamDeleted`), so the
-        // mirror joins there to hear it while it still holds a copy; a 404 that names no
-        // endpoint may be a proxy's, during a redeploy, and the copy is kept.
+        // The stream or bucket this mirror follows may be gone upstream (and may come back
+        // later). Only the upstream's replication session says so for certain (`StreamDeleted`
+        // for each stream), so the mirror joins there to hear it while it still holds copies; a
+        // 404 that names no endpoint may be a proxy's, during a redeploy, and they are kept.
         Discovered::Missing(endpoint) => match endpoint {
-            Some(endpoint) if holds_copy(service, upstream).await? => endpoint,
+            Some(endpoint) if holds_copies(service, upstream).await? => endpoint,
             _ => return Err(MirrorError::Missing(upstream.url())),
         },
     };
@@ -429,10 +433,10 @@ async fn follow_once(
     Ok(Ended::Closed)
 }
 
-/// Whether the mirror holds a copy of the one stream it follows.
-async fn holds_copy(service: &StreamService, upstream: &Upstream) -> Result<bool, MirrorError> {
+/// Whether the mirror holds a copy of the stream it follows, or of any in the bucket it follows.
+async fn holds_copies(service: &StreamService, upstream: &Upstream) -> Result<bool, MirrorError> {
     let Some(stream) = &upstream.stream else {
-        return Ok(false);
+        return Ok(!service.bucket_streams(&upstream.bucket).is_empty());
     };
     match service
         .find(&stream_key(&upstream.bucket, stream)?, false)
@@ -764,6 +768,10 @@ impl Mirror<'_> {
     /// or start the copy over from the upstream's state (see [`after_gap`]).
     async fn rebuild(&mut self, gap: GapSignal, sink: &mut Sink) -> Result<(), MirrorError> {
         let url = gap.stream.clone().unwrap_or_else(|| self.upstream.url());
+        if gap.oldest_available.is_none() && !self.states.contains_key(&url) {
+            // Not a gap in a stream it sent: the upstream does not serve the target at all.
+            return Err(MirrorError::NotServed(url));
+        }
         let copy = match self.service.find(&self.key_of(&url)?, false).await {
             Ok(stream) => Some(stream),
             Err(StreamError::NotFound) => None,
