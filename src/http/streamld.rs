@@ -37,6 +37,8 @@ use crate::storage::StorageError;
 const SESSION_QUEUE: usize = 256;
 /// How long one message may take to reach a replica before the session gives up on it.
 const SEND_TIMEOUT: Duration = Duration::from_secs(30);
+/// The longest reason a WebSocket close frame carries (RFC 6455, 5.5: 125 bytes with the code).
+const MAX_CLOSE_REASON_BYTES: usize = 123;
 /// Records per frame batch read from storage.
 const READ_BATCH: u64 = 1000;
 /// How long a replica may stay connected without following anything.
@@ -330,11 +332,9 @@ fn is_too_long(error: &axum::Error) -> bool {
     false
 }
 
+/// Ends the session with `code`, saying why (cut to the 123 bytes a close frame has room for).
 fn refuse_with(refuse: &mut Option<oneshot::Sender<CloseFrame>>, code: u16, reason: String) {
-    let mut end = reason.len().min(123);
-    while !reason.is_char_boundary(end) {
-        end -= 1;
-    }
+    let end = reason.floor_char_boundary(MAX_CLOSE_REASON_BYTES);
     if let Some(refuse) = refuse.take() {
         let _ = refuse.send(CloseFrame {
             code,

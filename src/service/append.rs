@@ -385,12 +385,11 @@ impl StreamService {
             state.meta.closed,
         );
         let stream = Arc::clone(stream);
-        let published = tokio::spawn(async move {
+        Box::pin(super::to_the_end(async move {
             commit.await?;
             stream.publish_tail(tail, timestamp_ms, closed);
-            Ok(())
-        });
-        Box::pin(async move { published.await.map_err(|_| StorageError::Failed)? })
+            Ok::<_, StorageError>(())
+        }))
     }
 }
 

@@ -141,9 +141,9 @@ pub struct StreamService {
 /// stream) must happen even when the request that submitted it goes away while the commit is in
 /// flight: a stream left unready, or a change submitted but never published, would hold every
 /// later request on it until a restart.
-fn to_the_end<T: Send + 'static>(
-    work: impl Future<Output = StreamResult<T>> + Send + 'static,
-) -> impl Future<Output = StreamResult<T>> {
+fn to_the_end<T: Send + 'static, E: From<StorageError> + Send + 'static>(
+    work: impl Future<Output = Result<T, E>> + Send + 'static,
+) -> impl Future<Output = Result<T, E>> {
     let task = tokio::spawn(work);
     async move {
         task.await

@@ -88,11 +88,7 @@ impl S2Error {
     fn new(status: StatusCode, code: &str, message: impl std::fmt::Display) -> Self {
         let mut message = message.to_string();
         if message.len() > MAX_MESSAGE_BYTES {
-            let mut end = MAX_MESSAGE_BYTES;
-            while !message.is_char_boundary(end) {
-                end -= 1;
-            }
-            message.truncate(end);
+            message.truncate(message.floor_char_boundary(MAX_MESSAGE_BYTES));
             message.push('…');
         }
         S2Error::with_body(status, json!({ "code": code, "message": message }))
