@@ -53,23 +53,21 @@ impl Record {
         Offset::new(self.seq, self.pos)
     }
 
-    /// The bytes a read of this record holds in memory: its body and its headers. Read budgets
-    /// count these, not the body alone: an S2 record may carry a megabyte of headers and no
-    /// body, and a budget of bodies would let one read load a thousand of them.
+    /// The bytes a read counts this record as holding, against its budget and the read memory
+    /// (see [`held_len_of`]).
     pub fn held_len(&self) -> usize {
-        self.body.len() + headers_len(&self.headers)
+        held_len_of(&self.headers, self.body.len())
     }
 }
 
-/// The bytes of a record's header names and values. Never more than the record's S2 metered
-/// size, so that an S2 read's budget in these bytes still reaches its metered limit. (Each header
-/// also takes its own place in memory, up to 32 times its metered 2 bytes: the hot cache counts
-/// that too.)
-pub fn headers_len(headers: &[(Bytes, Bytes)]) -> usize {
-    headers
-        .iter()
-        .map(|(name, value)| name.len() + value.len())
-        .sum()
+/// The bytes a read counts a record of `headers` and a body of `body_len` bytes as holding: its
+/// S2 metered size (8 bytes for the record, 2 per header, and the bytes of the headers and the
+/// body). Not the body alone: an S2 record may carry a megabyte of headers and no body, and a
+/// budget of bodies would let one read load a thousand of them, or any number of empty records.
+/// Not more than the metered size either, so that an S2 read's budget still reaches its metered
+/// limit. (A record's place in memory weighs more than its 8 bytes: the hot cache counts it.)
+pub fn held_len_of(headers: &[(Bytes, Bytes)], body_len: usize) -> usize {
+    crate::model::s2::metered_size_of(headers, body_len) as usize
 }
 
 /// Lays out the bodies of one append unit after `tail`, stamped with `timestamp_ms`, which is

@@ -656,8 +656,9 @@ async fn retention_that_checked_a_snapshot_deleted_since_does_not_move() {
 #[tokio::test]
 async fn a_catch_up_read_carries_a_larger_chunk_than_a_live_read() {
     let config = ServiceConfig {
-        max_read_bytes: 100,
-        catch_up_read_bytes: 400,
+        // Each record of 50 bytes counts 58.
+        max_read_bytes: 2 * 58,
+        catch_up_read_bytes: 8 * 58,
         ..ServiceConfig::default()
     };
     let service = StreamService::open(Arc::new(MemoryEngine::new()), config).unwrap();
@@ -672,8 +673,8 @@ async fn a_catch_up_read_carries_a_larger_chunk_than_a_live_read() {
         .read_history_at(&stream, Offset::START, None)
         .await
         .unwrap();
-    assert_eq!(live.records.len(), 2, "a live read stops at 100 bytes");
-    assert_eq!(history.records.len(), 8, "a catch-up read at 400");
+    assert_eq!(live.records.len(), 2, "a live read stops at 116 bytes");
+    assert_eq!(history.records.len(), 8, "a catch-up read at 464");
     assert!(!history.up_to_date);
 }
 
@@ -994,7 +995,11 @@ async fn a_frame_is_shared_only_while_more_than_one_live_reader_waits() {
         stream.shared_frame(&DS, 0).is_none(),
         "a lone reader keeps nothing"
     );
-    assert_eq!(lease.bytes(), 1, "and the read keeps its lease");
+    assert_eq!(
+        lease.bytes(),
+        9,
+        "and the read keeps its lease (8 bytes a record)"
+    );
 
     let second = service.watch_tail(&stream, Duration::from_secs(60), None);
     let (frame, mut lease) = frame_from(&service, &stream, Offset::START).await;
@@ -2380,7 +2385,8 @@ async fn s2_reads_count_against_the_read_memory_and_get_less_of_it_when_others_h
     };
     let service = StreamService::open(Arc::new(MemoryEngine::new()), config).unwrap();
     service.create(create_text("s")).await.unwrap();
-    let body = "x".repeat(read_memory::MIN_LEASE / 2);
+    // Each record counts 8 bytes beside its body: 32 KiB.
+    let body = "x".repeat(read_memory::MIN_LEASE / 2 - 8);
     for _ in 0..10 {
         service.append("s", text(&body)).await.unwrap();
     }
@@ -2396,7 +2402,7 @@ async fn s2_reads_count_against_the_read_memory_and_get_less_of_it_when_others_h
     assert_eq!(alone.records.len(), 4, "the whole read memory, 128 KiB");
     assert_eq!(
         service.read_memory.held(),
-        4 * body.len(),
+        4 * (body.len() + 8),
         "held while the batch is"
     );
     drop(alone);

@@ -258,10 +258,11 @@ mod contract {
             engine.read(1, 1, 2, usize::MAX).await.unwrap(),
             records[1..2]
         );
+        // Each counts 8 bytes beside its body: 10, 11 and 9.
         assert_eq!(engine.read(1, 0, 3, 1).await.unwrap(), records[..1]);
-        assert_eq!(engine.read(1, 0, 3, 5).await.unwrap(), records[..2]);
+        assert_eq!(engine.read(1, 0, 3, 21).await.unwrap(), records[..2]);
         assert_eq!(
-            engine.read(1, 0, 3, 4).await.unwrap(),
+            engine.read(1, 0, 3, 20).await.unwrap(),
             records[..1],
             "a record that would take the read past its budget waits for the next read"
         );
@@ -391,11 +392,32 @@ mod contract {
             .await
             .unwrap();
         assert_eq!(engine.read(8, 0, 3, usize::MAX).await.unwrap(), records);
-        assert_eq!(engine.read(8, 0, 3, 2_000).await.unwrap(), records[..2]);
+        // Each is 1,010 bytes: 8 for the record, 2 for its header, 1,000 of header bytes.
+        assert_eq!(engine.read(8, 0, 3, 2_020).await.unwrap(), records[..2]);
         assert_eq!(
-            engine.read(8, 0, 3, 1_999).await.unwrap(),
+            engine.read(8, 0, 3, 2_019).await.unwrap(),
             records[..1],
             "records of empty bodies and large headers are not free to read"
+        );
+    }
+
+    pub async fn a_read_of_empty_records_is_bounded_by_its_budget(engine: &dyn Engine) {
+        let records = lay_out(Offset::START, 42, vec![Bytes::new(); 10_000]);
+        engine
+            .commit(vec![
+                Change::PutStream(9, Box::new(meta("e", Offset::new(10_000, 0)))),
+                Change::PutRecords(9, records.clone(), None),
+            ])
+            .await
+            .unwrap();
+        assert_eq!(
+            engine.read(9, 0, 10_000, usize::MAX).await.unwrap(),
+            records
+        );
+        assert_eq!(
+            engine.read(9, 0, 10_000, 800).await.unwrap(),
+            records[..100],
+            "8 bytes each"
         );
     }
 
@@ -517,6 +539,12 @@ mod contract {
                 async fn a_read_budget_counts_header_bytes_too() {
                     let (engine, _dir) = $make;
                     super::a_read_budget_counts_header_bytes_too(&engine).await;
+                }
+
+                #[tokio::test]
+                async fn a_read_of_empty_records_is_bounded_by_its_budget() {
+                    let (engine, _dir) = $make;
+                    super::a_read_of_empty_records_is_bounded_by_its_budget(&engine).await;
                 }
 
                 #[tokio::test]

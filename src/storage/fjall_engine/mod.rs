@@ -30,7 +30,7 @@ use super::{
     StreamId,
 };
 use crate::model::Record;
-use crate::model::record::headers_len;
+use crate::model::record::held_len_of;
 
 use body_files::{BodyFiles, STAGE_BYTES, SnapshotFile};
 use space::FreeSpace;
@@ -291,7 +291,7 @@ impl FjallEngine {
         let mut taken = Vec::new();
         let mut complete = true;
         for filed in wanted {
-            let held = filed.len as usize + headers_len(&filed.record.headers);
+            let held = held_len_of(&filed.record.headers, filed.len as usize);
             if filed.record.seq >= until || !budget.take_len(held) {
                 complete = false;
                 break;
@@ -995,7 +995,7 @@ mod tests {
             let read = engine.read(1, from, until, usize::MAX).await.unwrap();
             assert_eq!(read, records[from as usize..until.max(from) as usize]);
         }
-        let budgeted = engine.read(1, 10, 500, 3 * 1024).await.unwrap();
+        let budgeted = engine.read(1, 10, 500, 3 * (1024 + 8)).await.unwrap();
         assert_eq!(budgeted, records[10..13], "the budget stops mid-run");
         drop(engine);
         let engine = FjallEngine::open(dir.path(), SyncMode::None, 0).unwrap();
