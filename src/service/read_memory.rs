@@ -60,6 +60,27 @@ impl ReadLease {
         }
         self.bytes -= excess;
     }
+
+    /// `bytes` that hold this lease until the last of their clones is dropped: a response piece
+    /// rendered from the records read keeps their memory counted until it is sent.
+    pub fn with_bytes(self, bytes: impl AsRef<[u8]> + Send + 'static) -> bytes::Bytes {
+        bytes::Bytes::from_owner(Leased {
+            bytes,
+            _lease: self,
+        })
+    }
+}
+
+/// Bytes and the lease they hold.
+struct Leased<B> {
+    bytes: B,
+    _lease: ReadLease,
+}
+
+impl<B: AsRef<[u8]>> AsRef<[u8]> for Leased<B> {
+    fn as_ref(&self) -> &[u8] {
+        self.bytes.as_ref()
+    }
 }
 
 impl Drop for ReadLease {
@@ -92,6 +113,18 @@ mod tests {
         let small = memory.lease(100);
         assert_eq!(small.bytes(), 100, "never more than asked");
         drop((big, squeezed, floor, small));
+        assert_eq!(memory.held(), 0);
+    }
+
+    #[test]
+    fn bytes_holding_a_lease_give_it_back_when_the_last_of_them_goes() {
+        let memory = ReadMemory::new(10 * MIN_LEASE);
+        let bytes = memory.lease(1000).with_bytes(b"rendered".to_vec());
+        let piece = bytes.slice(2..);
+        drop(bytes);
+        assert_eq!(memory.held(), 1000, "a piece of them still holds it");
+        assert_eq!(&piece[..], b"ndered");
+        drop(piece);
         assert_eq!(memory.held(), 0);
     }
 

@@ -20,6 +20,7 @@ use tokio_util::io::StreamReader;
 use super::records::CommandGuard;
 use super::session::{self, Session, SessionEvent};
 use super::*;
+use crate::service::ReadLease;
 use crate::service::S2Ack;
 
 pub(super) const CONTENT_TYPE: &str = "s2s/proto";
@@ -221,21 +222,11 @@ pub(super) fn read_session(
     let frames = async_stream::stream! {
         futures::pin_mut!(events);
         while let Some(event) = events.next().await {
-            let message = match event {
-                SessionEvent::Batch { batch, .. } => batch_message(&batch),
-                SessionEvent::Heartbeat(tail) => proto::ReadBatch { records: Vec::new(), tail: Some(position(tail)) },
-                SessionEvent::End => return,
-                SessionEvent::Failed(error) => {
-                    yield Ok::<Bytes, std::io::Error>(terminal(error.into()));
-                    return;
-                }
-            };
-            let mut pieces = Vec::new();
-            let framed = batch_frames(compression, message, &mut pieces);
+            let (pieces, goes_on) = session_frames(event, compression);
             for piece in pieces {
-                yield Ok(piece);
+                yield Ok::<Bytes, std::io::Error>(piece);
             }
-            if framed.is_err() {
+            if !goes_on {
                 return;
             }
         }
@@ -275,6 +266,30 @@ fn batch_frames(
             Err(())
         }
     }
+}
+
+/// One session event's frames, and whether the session goes on after them.
+fn session_frames(event: SessionEvent, compression: CompressionAlgorithm) -> (Vec<Bytes>, bool) {
+    let mut lease = ReadLease::default();
+    let message = match event {
+        SessionEvent::Batch { mut batch, .. } => {
+            lease = std::mem::take(&mut batch.lease);
+            batch_message(&batch)
+        }
+        SessionEvent::Heartbeat(tail) => proto::ReadBatch {
+            records: Vec::new(),
+            tail: Some(position(tail)),
+        },
+        SessionEvent::End => return (Vec::new(), false),
+        SessionEvent::Failed(error) => return (vec![terminal(error.into())], false),
+    };
+    let mut pieces = Vec::new();
+    let framed = batch_frames(compression, message, &mut pieces);
+    // The read's memory stays counted until the batch's last piece is sent.
+    if let Some(last) = pieces.pop() {
+        pieces.push(lease.with_bytes(last));
+    }
+    (pieces, framed.is_ok())
 }
 
 /// A `ReadBatch`'s frame, in pieces: uncompressed, the larger record bodies are not copied (a
@@ -408,6 +423,22 @@ pub(super) fn append_session(
 mod tests {
     use super::*;
     use tokio_util::codec::Decoder as _;
+
+    #[tokio::test]
+    async fn an_s2s_batch_holds_its_read_memory_until_its_last_frame_is_sent() {
+        let (service, stream, session) = session::tests::session_over_one_record().await;
+        let events = session::events(service.clone(), stream, session);
+        futures::pin_mut!(events);
+        let batch = events.next().await.expect("a batch");
+        let (frames, goes_on) = session_frames(batch, CompressionAlgorithm::None);
+        assert!(goes_on && !frames.is_empty());
+        assert!(
+            service.read_memory_held() > 0,
+            "held while it waits to be sent"
+        );
+        drop(frames);
+        assert_eq!(service.read_memory_held(), 0, "given back once sent");
+    }
 
     fn read_batch(bodies: &[usize]) -> proto::ReadBatch {
         let records = bodies

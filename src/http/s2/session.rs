@@ -128,22 +128,27 @@ pub(super) fn sse(
     session: Session,
     format: Format,
 ) -> Response {
-    let rendered = events(app.service.clone(), stream, session).map(move |event| {
-        Ok::<Bytes, std::io::Error>(match event {
-            SessionEvent::Batch { batch, id } => {
-                let json = batch_json(&batch, format);
-                let mut event = Vec::with_capacity(json.len() + 40);
-                event.extend_from_slice(format!("event: batch\nid: {id}\ndata: ").as_bytes());
-                event.extend_from_slice(&json);
-                event.extend_from_slice(b"\n\n");
-                Bytes::from(event)
-            }
-            SessionEvent::Heartbeat(tail) => ping(tail),
-            SessionEvent::End => Bytes::from_static(b"data: [DONE]\n\n"),
-            SessionEvent::Failed(error) => error_event(error),
-        })
-    });
+    let rendered = events(app.service.clone(), stream, session)
+        .map(move |event| Ok::<Bytes, std::io::Error>(sse_event(event, format)));
     streaming_response(Body::from_stream(rendered), "text/event-stream")
+}
+
+/// One session event as SSE.
+fn sse_event(event: SessionEvent, format: Format) -> Bytes {
+    match event {
+        SessionEvent::Batch { mut batch, id } => {
+            let json = batch_json(&batch, format);
+            let mut event = Vec::with_capacity(json.len() + 40);
+            event.extend_from_slice(format!("event: batch\nid: {id}\ndata: ").as_bytes());
+            event.extend_from_slice(&json);
+            event.extend_from_slice(b"\n\n");
+            // The read's memory stays counted until the event is sent.
+            std::mem::take(&mut batch.lease).with_bytes(event)
+        }
+        SessionEvent::Heartbeat(tail) => ping(tail),
+        SessionEvent::End => Bytes::from_static(b"data: [DONE]\n\n"),
+        SessionEvent::Failed(error) => error_event(error),
+    }
 }
 
 /// A 200 response whose body is a live session, kept out of caches and proxy buffers.
@@ -171,8 +176,45 @@ fn error_event(error: StreamError) -> Bytes {
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
+
+    /// A session over a stream holding one record, and the service it reads.
+    pub(in crate::http::s2) async fn session_over_one_record()
+    -> (Arc<crate::service::StreamService>, Arc<Stream>, Session) {
+        let (service, stream) = crate::service::one_text_stream().await;
+        let append = crate::service::AppendRequest {
+            content_type: Some("text/plain"),
+            body: Bytes::from_static(b"a record"),
+            ..Default::default()
+        };
+        service.append("s", append).await.unwrap();
+        let session = Session {
+            start: 0,
+            limits: S2Limits::default(),
+            may_follow: false,
+            idle: None,
+            resume: None,
+            key: None,
+        };
+        (service, stream, session)
+    }
+
+    #[tokio::test]
+    async fn an_sse_batch_holds_its_read_memory_until_it_is_sent() {
+        let (service, stream, session) = session_over_one_record().await;
+        let events = events(service.clone(), stream, session);
+        futures::pin_mut!(events);
+        let batch = events.next().await.expect("a batch");
+        assert!(matches!(batch, SessionEvent::Batch { .. }));
+        let rendered = sse_event(batch, Format::Raw);
+        assert!(
+            service.read_memory_held() > 0,
+            "held while it waits to be sent"
+        );
+        drop(rendered);
+        assert_eq!(service.read_memory_held(), 0, "given back once sent");
+    }
 
     #[tokio::test]
     async fn a_session_waiting_at_the_tail_ends_without_end_when_the_server_shuts_down() {
