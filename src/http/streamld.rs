@@ -854,6 +854,11 @@ pub async fn sse(
                 if next < durable.first.seq {
                     return;
                 }
+                // Catching up reads on without waiting: a long backlog (or writers faster than
+                // this reader) must not keep the connection open past its bound.
+                if tokio::time::Instant::now() >= deadline {
+                    return;
+                }
                 if let Some(frame) = stream.shared_frame(&view, next) {
                     next = frame.next.seq;
                     yield Ok::<Bytes, std::io::Error>(frame.bytes);

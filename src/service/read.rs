@@ -394,6 +394,12 @@ impl TailWatch {
             match self.wait(moved).await {
                 // The stream's sender outlives every reader holding the stream.
                 Woke::Stopping | Woke::Tail(Err(_)) => return Wake::Ended,
+                // The tail is looked at before the timer: on a stream that moves faster than
+                // its reader sends, the timer is never looked at, so the deadline is checked
+                // here too, or the reader would outlive it for as long as the writes go on.
+                Woke::Tail(Ok(_)) if self.deadline.is_some_and(|d| Instant::now() >= d) => {
+                    return Wake::Ended;
+                }
                 Woke::Tail(Ok(durable)) => return Wake::Moved(durable),
                 Woke::Timer => {}
             }

@@ -1065,6 +1065,17 @@ async fn a_tail_watch_wakes_when_the_tail_moves_and_ends_at_its_deadline() {
 }
 
 #[tokio::test]
+async fn a_tail_watch_past_its_deadline_ends_even_while_the_tail_keeps_moving() {
+    let (service, stream) = one_text_stream().await;
+    let deadline = tokio::time::Instant::now() + Duration::from_millis(20);
+    let mut watch = service.watch_tail(&stream, Duration::from_secs(60), Some(deadline));
+    tokio::time::sleep_until(deadline).await;
+    // A writer faster than the reader: each time the reader waits, the tail has moved already.
+    service.append("s", text("a")).await.unwrap();
+    assert!(matches!(watch.next(Offset::START).await, Wake::Ended));
+}
+
+#[tokio::test]
 async fn a_tail_watch_ends_when_the_server_shuts_down() {
     let (service, stream) = one_text_stream().await;
     let mut watch = service.watch_tail(&stream, Duration::from_secs(60), None);
