@@ -52,13 +52,17 @@ impl ReadLease {
         self.bytes
     }
 
-    /// Gives back what the read did not use.
+    /// Holds what the read used: gives back the rest, or counts the more it took (a read
+    /// always takes its first record whole, however large: 64 MiB on a lease of 1 MiB).
     pub fn keep(&mut self, used: usize) {
-        let excess = self.bytes.saturating_sub(used);
         if let Some(memory) = &self.memory {
-            memory.held.fetch_sub(excess, Ordering::Relaxed);
+            if used < self.bytes {
+                memory.held.fetch_sub(self.bytes - used, Ordering::Relaxed);
+            } else {
+                memory.held.fetch_add(used - self.bytes, Ordering::Relaxed);
+            }
         }
-        self.bytes -= excess;
+        self.bytes = used;
     }
 
     /// `bytes` that hold this lease until the last of their clones is dropped: a response piece
@@ -113,6 +117,21 @@ mod tests {
         let small = memory.lease(100);
         assert_eq!(small.bytes(), 100, "never more than asked");
         drop((big, squeezed, floor, small));
+        assert_eq!(memory.held(), 0);
+    }
+
+    #[test]
+    fn a_read_of_one_record_larger_than_its_lease_counts_the_whole_record() {
+        let memory = ReadMemory::new(10 * MIN_LEASE);
+        let mut lease = memory.lease(MIN_LEASE);
+        lease.keep(64 * MIN_LEASE);
+        assert_eq!(
+            (lease.bytes(), memory.held()),
+            (64 * MIN_LEASE, 64 * MIN_LEASE)
+        );
+        let next = memory.lease(MIN_LEASE);
+        assert_eq!(next.bytes(), MIN_LEASE, "later reads still get the floor");
+        drop((lease, next));
         assert_eq!(memory.held(), 0);
     }
 
