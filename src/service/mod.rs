@@ -369,9 +369,10 @@ impl StreamService {
         let plan = match &request.fork {
             Some(fork) => match self.plan_fork(fork).await {
                 Ok(plan) => Some(plan),
-                // Forks outlive their source: a retry of a fork's creation made before its
-                // source went is answered as the first request was.
-                Err(e @ (StreamError::ForkSourceGone | StreamError::ForkSourceNotFound)) => {
+                // A fork made as asked is answered as its creation was, whatever happened to its
+                // source since: deleted (forks outlive it), or trimmed, or given a later
+                // snapshot, past where a new fork could start.
+                Err(e) => {
                     return match self.existing_fork(&request.name, fork).await {
                         Some(info) => Ok(CreateOutcome {
                             records: (info.tail.seq, info.tail.seq),
@@ -381,7 +382,6 @@ impl StreamService {
                         None => Err(e),
                     };
                 }
-                Err(e) => return Err(e),
             },
             None => None,
         };

@@ -7,7 +7,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from helpers import (JSON_CT, OCTET, TEXT, append, check, create_bucket, create_stream, head,
-                     next_offset, peek, read, read_bytes, spath, unique)
+                     next_offset, peek, read, read_bytes, retain, snapshot, spath, unique)
 
 LISTING_KEYS = {"bucket_id", "prefix", "stream_count", "streams", "next_cursor", "has_more"}
 ENTRY_KEYS = {"stream_id", "status", "content_type", "tail_offset", "next_offset",
@@ -528,6 +528,27 @@ def test_s1_6_a_retried_fork_creation_is_200_even_after_its_source_was_deleted(c
     # Another fork of the deleted source is still refused.
     check(c.put(spath(bucket, "late"), headers=fork_headers), (404, 409, 410))
     assert read_bytes(c, fork) == b"hello world"
+
+
+def test_s1_6_a_retried_fork_creation_is_200_after_its_source_took_a_later_snapshot(c, bucket):
+    # The source's history is trimmed to its snapshot, so a new fork must start at or after it;
+    # a fork made before the snapshot moved on is still the fork a retry asked for.
+    src = spath(bucket, "src")
+    create_stream(c, src, TEXT, body=b"a")
+    offsets = []
+    for _ in range(10):
+        offsets.append(next_offset(c, src))
+        append(c, src, b"b", TEXT)
+    snapshot(c, src, offsets[3], b"three", TEXT)
+    retain(c, src, offsets[3])
+    fork_headers = {"Content-Type": TEXT, "Stream-Forked-From": f"/{bucket}/src",
+                    "Stream-Fork-Offset": offsets[5]}
+    fork = spath(bucket, "fork")
+    check(c.put(fork, headers=fork_headers), 201)
+    snapshot(c, src, offsets[7], b"seven", TEXT)
+    check(c.put(fork, headers=fork_headers), 200)
+    # A new fork there is refused: the records before the snapshot are gone from the source.
+    check(c.put(spath(bucket, "late"), headers=fork_headers), 409)
 
 
 def test_s1_6_fork_from_missing_source_is_404(c, bucket):
