@@ -333,14 +333,18 @@ pub(super) fn advertise_records(response: &mut Response) {
     set(response, "stream-extensions", records::EXTENSION_TOKEN);
 }
 
-/// `Stream-Record-First` / `Stream-Record-Next`: the retained records of a JSON stream.
+/// `Stream-Record-First` / `Stream-Record-Next`: the retained records of a JSON stream. With
+/// them the extension's token: a client must not rely on record headers without it.
 pub(super) fn set_record_bounds(response: &mut Response, first: u64, next: u64) {
+    advertise_records(response);
     set_number(response, "stream-record-first", first);
     set_number(response, "stream-record-next", next);
 }
 
-/// `Stream-Record-Start` / `Stream-Record-Next` of an operation that created records.
+/// `Stream-Record-Start` / `Stream-Record-Next` of an operation that created records, with the
+/// extension's token.
 pub(super) fn set_record_range(response: &mut Response, (start, next): (u64, u64)) {
+    advertise_records(response);
     set_number(response, "stream-record-start", start);
     set_number(response, "stream-record-next", next);
 }

@@ -11,6 +11,7 @@ use super::text_error;
 use crate::model::Offset;
 use crate::model::headers::HeaderError;
 use crate::model::producer::ProducerError;
+use crate::model::records::EXTENSION_TOKEN;
 use crate::service::StreamError;
 use crate::storage::StorageError;
 
@@ -106,20 +107,27 @@ pub fn describe(error: &StreamError) -> (StatusCode, Vec<(&'static str, String)>
             StatusCode::GONE,
             vec![("stream-retained-offset", first.to_string())],
         ),
+        // Record headers come with the extension's token: a client must not rely on them
+        // without it (seed 000 §6).
         StreamError::RecordRetained { first, next } => (
             StatusCode::GONE,
             vec![
+                ("stream-extensions", EXTENSION_TOKEN.into()),
                 ("stream-record-first", first.to_string()),
                 ("stream-record-next", next.to_string()),
             ],
         ),
         StreamError::RecordBeyondTail { next } => (
             StatusCode::BAD_REQUEST,
-            vec![("stream-record-next", next.to_string())],
+            vec![
+                ("stream-extensions", EXTENSION_TOKEN.into()),
+                ("stream-record-next", next.to_string()),
+            ],
         ),
         StreamError::RecordMismatch { next, tail, .. } => (
             StatusCode::PRECONDITION_FAILED,
             vec![
+                ("stream-extensions", EXTENSION_TOKEN.into()),
                 ("stream-record-next", next.to_string()),
                 ("stream-next-offset", tail.to_string()),
             ],

@@ -352,7 +352,13 @@ async fn append_batch(app: &AppState, key: &str, headers: &HeaderMap, body: Body
         other => Rejection::bad_request(other.to_string()),
     })?;
     let results = app.service.append_batch(key, &content_type, frames).await?;
-    Ok(json_response(StatusCode::OK, batch_results_json(&results)))
+    let mut response = json_response(StatusCode::OK, batch_results_json(&results));
+    // Record ranges in the results come with the extension's token.
+    let record_aware = |r: &StreamResult<AppendAck>| r.as_ref().is_ok_and(|ack| ack.record_aware);
+    if results.iter().any(record_aware) {
+        advertise_records(&mut response);
+    }
+    Ok(response)
 }
 
 /// The JSON array of per-frame results. A success is written by hand: a 512-frame batch built

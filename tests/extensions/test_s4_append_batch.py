@@ -6,9 +6,9 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from helpers import (ALL_BYTES, JSON_CT, OCTET, TEXT, append, append_all, check, create_stream,
-                     describe, frames, head, multipart, next_offset, raw_request, read, read_bytes,
-                     spath, unique)
+from helpers import (ALL_BYTES, JSON_CT, OCTET, RECORDS_TOKEN, TEXT, append, append_all, check,
+                     create_stream, describe, extension_tokens, frames, head, multipart,
+                     next_offset, raw_request, read, read_bytes, spath, unique)
 
 
 def batch(c, path, body, content_type=OCTET, headers=None, status=200):
@@ -59,7 +59,10 @@ def test_s4_3_batch_acknowledges_every_frame_in_order(c, bucket):
 
 def test_s4_3_byte_stream_acks_have_no_record_fields(c, bucket):
     path = new_stream(c, bucket)
-    for ack in batch(c, path, frames(b"a", b"b")):
+    r = c.post(f"{path}/append-batch", content=frames(b"a", b"b"), headers={"Content-Type": OCTET})
+    check(r, 200)
+    assert RECORDS_TOKEN not in extension_tokens(r)
+    for ack in r.json():
         assert "stream_record_start" not in ack and "stream_record_next" not in ack
 
 
@@ -109,7 +112,11 @@ def test_s4_4_batch_wakes_a_long_poll_reader(c, bucket):
 
 def test_s6_11_json_frames_are_separate_records_with_ranges(c, bucket):
     path = new_stream(c, bucket, JSON_CT)
-    acks = batch(c, path, frames('{"a":1}', '{"b":2}'), JSON_CT)
+    r = c.post(f"{path}/append-batch", content=frames('{"a":1}', '{"b":2}'),
+               headers={"Content-Type": JSON_CT})
+    check(r, 200)
+    assert RECORDS_TOKEN in extension_tokens(r), "record ranges come with the token"
+    acks = r.json()
     for ack in acks:
         assert_ok(ack)
     assert [(a["stream_record_start"], a["stream_record_next"]) for a in acks] == [(0, 1), (1, 2)]

@@ -228,6 +228,7 @@ def test_s6_4_record_match_mismatch_is_412_with_tail_headers(c, surface, expecte
     r = check(c.post(path, content="3", headers={"Content-Type": JSON_CT,
                                                  "Stream-Record-Match": expected}), 412)
     assert int_header(r, "stream-record-next") == 2
+    assert RECORDS_TOKEN in extension_tokens(r), "record headers come with the token"
     assert r.headers["stream-next-offset"] == tail
     assert first_next(c, path) == (0, 2)
     assert read(c, path).json() == [1, 2]
@@ -319,6 +320,7 @@ def test_s6_6_record_above_tail_is_400_with_record_next(c, surface, beyond):
     jstream(c, path, [1, 2, 3])
     r = check(c.get(path, params={"record": str(beyond)}), 400)
     assert int_header(r, "stream-record-next") == 3
+    assert RECORDS_TOKEN in extension_tokens(r), "record headers come with the token"
 
 
 def test_s6_6_record_below_first_is_410_with_headers(c, bucket):
@@ -329,6 +331,7 @@ def test_s6_6_record_below_first_is_410_with_headers(c, bucket):
         r = check(c.get(path, params={"record": gone}), 410)
         assert int_header(r, "stream-record-first") == 3
         assert int_header(r, "stream-record-next") == 5
+        assert RECORDS_TOKEN in extension_tokens(r), "record headers come with the token"
     assert ndjson(rec_read(c, path, record="3")) == [4, 5]
 
 
@@ -748,6 +751,9 @@ def test_s6_10_snapshot_at_a_record_boundary_inside_one_append_is_accepted(c, bu
     snapshot(c, path, o1, b'{"a":1}', JSON_CT)
     retain(c, path, o1)
     assert first_next(c, path) == (1, 3)
+    shown = check(c.get(f"{path}/snapshot/{o1}"), 200)
+    assert int_header(shown, "stream-record-next") == 1
+    assert RECORDS_TOKEN in extension_tokens(shown), "record headers come with the token"
     assert read(c, path, offset="-1").json() == [{"b": 2}, {"c": 3}]
     assert ndjson(rec_read(c, path, record="1")) == [{"b": 2}, {"c": 3}]
 
