@@ -2,9 +2,11 @@
 //! from memory. Bodies are shared `Bytes`, never copied per reader.
 //!
 //! Each stream keeps at most `per_stream_bytes` / `per_stream_records`; all streams together stay
-//! near `total_bytes`, because a stream that appends while the total is over budget evicts its
-//! own oldest records first. A stream always keeps its newest record. Bytes count what a record
-//! takes in memory, itself included, not only its body.
+//! within `total_bytes`, because a stream that appends while the total is over budget evicts its
+//! own oldest records first. Its newest record too: a record larger than a stream's share, or
+//! any while all caches are over budget, is read from storage instead (kept regardless, one
+//! large record per stream would hold memory without bound). Bytes count what a record takes in
+//! memory, itself included, not only its body.
 
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -112,12 +114,16 @@ impl TailCache {
             held.budget.used.fetch_add(size, Ordering::Relaxed);
             held.records.push_back(record.clone());
         }
-        while held.records.len() > 1
+        while !held.records.is_empty()
             && (held.bytes > limits.per_stream_bytes
                 || held.records.len() > limits.per_stream_records
                 || held.budget.used() > limits.total_bytes)
         {
             held.pop_oldest();
+        }
+        if held.records.is_empty() {
+            // Its queue's room goes too: it may have held thousands of records.
+            self.held = None;
         }
     }
 }
@@ -188,14 +194,45 @@ mod tests {
         a.push(&budget, &records(0, 10, 10));
         b.push(&budget, &records(0, 10, 10));
         assert!(budget.used() <= 15 * each);
-        assert_eq!(
-            b.read(9, 10, usize::MAX).unwrap().len(),
-            1,
-            "the newest record is always kept"
-        );
+        assert_eq!(b.read(5, 10, usize::MAX).unwrap().len(), 5);
         drop(a);
         drop(b);
         assert_eq!(budget.used(), 0, "dropped caches return their memory");
+    }
+
+    #[test]
+    fn while_all_caches_are_over_budget_an_appending_stream_keeps_not_even_its_newest_record() {
+        let each = memory_of(&records(0, 1, 10)[0]);
+        let budget = CacheBudget::new(CacheLimits {
+            per_stream_bytes: 10 * each,
+            per_stream_records: 100,
+            total_bytes: 10 * each,
+        });
+        let (mut a, mut b) = (TailCache::new(), TailCache::new());
+        a.push(&budget, &records(0, 10, 10));
+        b.push(&budget, &records(0, 1, 10));
+        assert_eq!(budget.used(), 10 * each, "within the total");
+        assert!(b.read(0, 1, usize::MAX).is_none(), "read from storage");
+        assert!(b.held.is_none(), "nothing held for it");
+    }
+
+    #[test]
+    fn a_record_larger_than_a_streams_share_is_not_kept() {
+        let budget = CacheBudget::new(CacheLimits {
+            per_stream_bytes: 1000,
+            per_stream_records: 100,
+            total_bytes: 1 << 20,
+        });
+        let mut cache = TailCache::new();
+        cache.push(&budget, &records(0, 1, 5000));
+        assert!(cache.read(0, 1, usize::MAX).is_none());
+        assert_eq!(budget.used(), 0);
+        cache.push(&budget, &records(1, 1, 10));
+        assert_eq!(
+            cache.read(1, 2, usize::MAX).unwrap().len(),
+            1,
+            "small ones are"
+        );
     }
 
     #[test]
