@@ -102,17 +102,21 @@ impl Awaited {
         }
     }
 
-    /// Waits until it is durable; the stream going away first is `NotFound`.
+    /// Waits until it is durable; the stream going away first is `NotFound`, and its writes
+    /// failing first a storage failure (it never will be durable).
     async fn durable(self, stream: &Stream) -> StreamResult<Durable> {
         let mut rx = stream.subscribe();
         let durable = *rx
-            .wait_for(|d| self.reached(d) || d.removed)
+            .wait_for(|d| self.reached(d) || d.removed || d.write_failed)
             .await
             .map_err(|_| StreamError::NotFound)?;
-        if durable.removed {
-            return Err(StreamError::NotFound);
+        if self.reached(&durable) {
+            Ok(durable)
+        } else if durable.removed {
+            Err(StreamError::NotFound)
+        } else {
+            Err(StorageError::Failed.into())
         }
-        Ok(durable)
     }
 }
 
@@ -386,9 +390,12 @@ impl StreamService {
         );
         let stream = Arc::clone(stream);
         Box::pin(super::to_the_end(async move {
-            commit.await?;
+            if let Err(e) = commit.await {
+                stream.publish_write_failure();
+                return Err(e);
+            }
             stream.publish_tail(tail, timestamp_ms, closed);
-            Ok::<_, StorageError>(())
+            Ok(())
         }))
     }
 }

@@ -679,6 +679,7 @@ impl StreamService {
             ready: false,
             removed: false,
             soft_deleted: false,
+            write_failed: false,
         };
         let stream = Arc::new(Stream::new(
             id,
@@ -969,6 +970,7 @@ impl Rebuild {
             ready: true,
             removed: false,
             soft_deleted: recovered.meta.soft_deleted,
+            write_failed: false,
         };
         let soft_deleted = recovered.meta.soft_deleted;
         let untrimmed = recovered.meta.retained_from.seq > recovered.trimmed_before;

@@ -34,6 +34,9 @@ pub struct Durable {
     /// The stream was deleted while forks still read through it: gone for its own readers
     /// (410), kept for its forks.
     pub soft_deleted: bool,
+    /// A write to the stream failed in storage, which then takes no more writes: what was
+    /// submitted after the durable tail never will be durable, and nothing waits for it.
+    pub write_failed: bool,
 }
 
 impl Durable {
@@ -247,6 +250,11 @@ impl Stream {
         });
     }
 
+    /// Marks the stream's writes failed (see [`Durable::write_failed`]).
+    pub(super) fn publish_write_failure(&self) {
+        self.publish(|d| d.write_failed = true);
+    }
+
     /// Marks a metadata change over (committed, or failed with the storage), waking replication
     /// sessions and the readers waiting in [`Self::meta_settled`].
     pub(super) fn publish_meta_change(&self) {
@@ -386,6 +394,7 @@ pub(super) mod tests {
             ready: true,
             removed: false,
             soft_deleted: false,
+            write_failed: false,
         }
     }
 

@@ -1064,6 +1064,80 @@ async fn a_tail_watch_wakes_when_the_tail_moves_and_ends_at_its_deadline() {
     );
 }
 
+/// A memory engine whose commits wait for the test's gate and, once `fail` is set, fail as a
+/// storage whose write failed does.
+struct FailingCommits {
+    inner: MemoryEngine,
+    gate: Arc<Semaphore>,
+    fail: Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl Wrapping for FailingCommits {
+    fn inner(&self) -> &dyn Engine {
+        &self.inner
+    }
+
+    fn on_commit(&self, changes: Vec<Change>) -> BoxFuture<'static, Result<(), StorageError>> {
+        let failing = self.fail.load(std::sync::atomic::Ordering::SeqCst);
+        let commit = (!failing).then(|| self.inner.commit(changes));
+        let gate = self.gate.clone();
+        async move {
+            gate.acquire()
+                .await
+                .map_err(|_| StorageError::Failed)?
+                .forget();
+            match commit {
+                Some(commit) => commit.await,
+                None => Err(StorageError::Io("the disk went away".into())),
+            }
+        }
+        .boxed()
+    }
+}
+
+#[tokio::test]
+async fn a_retry_waiting_for_an_append_whose_write_fails_is_told_so_rather_than_waiting_forever() {
+    let gate = Arc::new(Semaphore::new(1));
+    let fail = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let engine = FailingCommits {
+        inner: MemoryEngine::new(),
+        gate: gate.clone(),
+        fail: fail.clone(),
+    };
+    let service = StreamService::open(Arc::new(engine), ServiceConfig::default()).unwrap();
+    service.create(create_text("s")).await.unwrap();
+    let stream = service.find("s", false).await.unwrap();
+    fail.store(true, std::sync::atomic::Ordering::SeqCst);
+    let producer_append = || AppendRequest {
+        producer: Some(crate::model::producer::ProducerClaim {
+            id: "p".into(),
+            epoch: 0,
+            seq: 0,
+        }),
+        ..text("once")
+    };
+    let first = tokio::spawn({
+        let service = service.clone();
+        async move { service.append("s", producer_append()).await }
+    });
+    // Decided (the producer's state moved on), its write waiting at the gate.
+    while stream.lock().meta.tail.seq == 0 {
+        tokio::task::yield_now().await;
+    }
+    let retry = tokio::spawn({
+        let service = service.clone();
+        async move { service.append("s", producer_append()).await }
+    });
+    gate.add_permits(1);
+    assert!(first.await.unwrap().is_err(), "the write failed");
+    let retried = tokio::time::timeout(Duration::from_secs(10), retry).await;
+    let retried = retried.expect("the retry is answered").unwrap();
+    assert!(
+        matches!(retried, Err(StreamError::Storage(_))),
+        "{retried:?}"
+    );
+}
+
 #[tokio::test]
 async fn a_tail_watch_past_its_deadline_ends_even_while_the_tail_keeps_moving() {
     let (service, stream) = one_text_stream().await;

@@ -413,7 +413,12 @@ impl Engine for FjallEngine {
         .boxed()
     }
 
+    /// No room once a write failed: the writer takes no more, and a request refused here waits
+    /// for nothing.
     fn room(&self) -> Result<(), StorageError> {
+        if self.failed.load(Ordering::Acquire) {
+            return Err(StorageError::Failed);
+        }
         if self.space.has_room.load(Ordering::Acquire) {
             Ok(())
         } else {
