@@ -88,7 +88,10 @@ impl Stream {
         let durable = self.durable();
         let state = self.lock();
         let frame = &state.shared_frames.get(view)?.frame;
+        // Not below a retention move: a read of its own would tell that reader its records
+        // are gone (while the tail stays where the frame ends).
         let current = frame.start.seq == start
+            && frame.start >= durable.first
             && frame.next == durable.tail
             && frame.closed == durable.closed;
         (current && frame.view == *view).then(|| frame.clone())

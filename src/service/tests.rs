@@ -1015,6 +1015,31 @@ async fn a_frame_is_shared_only_while_more_than_one_live_reader_waits() {
     );
 }
 
+#[tokio::test]
+async fn a_shared_frame_is_not_given_to_a_reader_below_a_retention_move() {
+    let (service, stream) = one_text_stream().await;
+    service.append("s", text("a")).await.unwrap();
+    let at = service.append("s", text("b")).await.unwrap().tail;
+    let _readers = [0, 1].map(|_| service.watch_tail(&stream, Duration::from_secs(60), None));
+    let (frame, mut lease) = frame_from(&service, &stream, Offset::START).await;
+    stream.share_frame(frame, &mut lease);
+    assert!(stream.shared_frame(&DS, 0).is_some());
+    let blob = Bytes::from_static(b"ab");
+    let snapshot_at = Position::Offset(at);
+    service
+        .publish_snapshot("s", snapshot_at, "text/plain".into(), blob, None)
+        .await
+        .unwrap();
+    service
+        .move_retention(&stream, at, RetentionMove::KeepSnapshot)
+        .await
+        .unwrap();
+    assert!(
+        stream.shared_frame(&DS, 0).is_none(),
+        "a reader there is told its records are gone, as a read of its own would be"
+    );
+}
+
 // These use real time: paused time needs tokio's `test-util`, and a dev-only tokio feature would
 // make every build compile tokio and its dependents twice. Bounds are lower bounds (timers never
 // fire early) or generous.
