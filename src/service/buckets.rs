@@ -183,29 +183,40 @@ impl StreamService {
         shown: impl Fn(&str) -> bool,
     ) -> StreamResult<Listing> {
         let key_prefix = bucket_prefix(bucket);
-        let candidates: Vec<Arc<Stream>> = {
-            let registry = self.lock_registry();
-            if !registry.buckets.contains_key(bucket) {
-                return Err(StreamError::BucketNotFound);
-            }
-            let start = format!("{key_prefix}{prefix}");
-            registry
-                .streams_from(&start)
-                .take_while(|(key, _)| key.starts_with(&start))
-                .filter(|(key, _)| {
-                    let id = &key[key_prefix.len()..];
-                    after.is_none_or(|a| id > a) && shown(id)
-                })
-                .map(|(_, stream)| stream.clone())
-                .collect()
-        };
+        let start = format!("{key_prefix}{prefix}");
         let now = now_ms();
-        let mut streams: Vec<StreamSummary> = candidates
-            .iter()
-            .filter(|s| visible(s, now))
-            .take(limit + 1)
-            .map(|s| summary(s, &key_prefix))
-            .collect();
+        let mut streams = Vec::new();
+        // The key the page goes on after.
+        let mut cursor = after.map(|after| format!("{key_prefix}{after}"));
+        // A page's worth of candidates at a time, beginning at the cursor: the registry lock
+        // (which every request takes) is never held over the whole bucket.
+        loop {
+            let candidates: Vec<Arc<Stream>> = {
+                let registry = self.lock_registry();
+                if !registry.buckets.contains_key(bucket) {
+                    return Err(StreamError::BucketNotFound);
+                }
+                let begin = cursor.as_deref().map_or(start.as_str(), |c| c.max(&start));
+                registry
+                    .streams_from(begin)
+                    .take_while(|(key, _)| key.starts_with(&start))
+                    .filter(|(key, _)| {
+                        cursor.as_deref().is_none_or(|c| &***key > c)
+                            && shown(&key[key_prefix.len()..])
+                    })
+                    .take(limit + 1)
+                    .map(|(_, stream)| stream.clone())
+                    .collect()
+            };
+            // Fewer than asked for: the bucket has no more.
+            let last_batch = candidates.len() <= limit;
+            cursor = candidates.last().map(|stream| stream.name.to_string());
+            let shown_now = candidates.iter().filter(|s| visible(s, now));
+            streams.extend(shown_now.map(|s| summary(s, &key_prefix)));
+            if streams.len() > limit || last_batch {
+                break;
+            }
+        }
         let has_more = streams.len() > limit;
         streams.truncate(limit);
         Ok(Listing { streams, has_more })

@@ -1089,6 +1089,39 @@ async fn a_tail_watch_wakes_when_the_tail_moves_and_ends_at_its_deadline() {
     );
 }
 
+#[tokio::test]
+async fn a_listing_page_goes_on_past_streams_it_does_not_show() {
+    let (service, _) = one_text_stream().await;
+    service.create_bucket("pages", None, None).await.unwrap();
+    for name in ["a", "b", "c", "d"] {
+        service
+            .create(create_text(&format!("/pages/{name}")))
+            .await
+            .unwrap();
+    }
+    // Deleted while a fork reads through it: kept, but not listed.
+    let fork = CreateRequest {
+        fork: Some(ForkRequest {
+            source: "/pages/b".into(),
+            offset: None,
+            sub_offset: 0,
+        }),
+        ..create_text("s-fork")
+    };
+    service.create(fork).await.unwrap();
+    service.delete("/pages/b").await.unwrap();
+    let page = |after: Option<&'static str>| {
+        let listing = service
+            .list_streams("pages", "", after, 1, |_| true)
+            .unwrap();
+        let ids: Vec<String> = listing.streams.into_iter().map(|s| s.stream_id).collect();
+        (ids, listing.has_more)
+    };
+    assert_eq!(page(None), (vec!["a".to_string()], true));
+    assert_eq!(page(Some("a")), (vec!["c".to_string()], true));
+    assert_eq!(page(Some("c")), (vec!["d".to_string()], false));
+}
+
 /// A memory engine whose commits wait for the test's gate and, once `fail` is set, fail as a
 /// storage whose write failed does.
 struct FailingCommits {
