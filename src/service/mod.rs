@@ -373,14 +373,15 @@ impl StreamService {
                 // source since: deleted (forks outlive it), or trimmed, or given a later
                 // snapshot, past where a new fork could start.
                 Err(e) => {
-                    return match self.existing_fork(&request.name, fork).await {
-                        Some(info) => Ok(CreateOutcome {
-                            records: (info.tail.seq, info.tail.seq),
-                            info,
-                            created: false,
-                        }),
-                        None => Err(e),
+                    let Some(existing) = self.existing_fork(&request.name, fork).await else {
+                        return Err(e);
                     };
+                    let info = self.confirm_existing_fork(&existing, &request).await?;
+                    return Ok(CreateOutcome {
+                        records: (info.tail.seq, info.tail.seq),
+                        info,
+                        created: false,
+                    });
                 }
             },
             None => None,
@@ -465,7 +466,7 @@ impl StreamService {
 
     /// The stream `name`, when it is a fork made as `fork` asks (same source, offset when one
     /// is given, and sub-offset).
-    async fn existing_fork(&self, name: &str, fork: &ForkRequest) -> Option<StreamInfo> {
+    async fn existing_fork(&self, name: &str, fork: &ForkRequest) -> Option<Arc<Stream>> {
         let existing = self.lock_registry().streams.get(name).cloned()?;
         if !existing.wait_ready().await {
             return None;
@@ -481,7 +482,27 @@ impl StreamService {
                         && o.sub_offset == fork.sub_offset
                 })
         };
-        same.then(|| self.info(&existing))
+        same.then_some(existing)
+    }
+
+    /// Confirms `existing`, a fork made as `request` asks, when its source can no longer be
+    /// planned from: what the request gives must match it, as for any repeated creation; what a
+    /// fork inherits from its source and the request leaves out is the fork's own.
+    async fn confirm_existing_fork(
+        &self,
+        existing: &Arc<Stream>,
+        request: &CreateRequest,
+    ) -> StreamResult<StreamInfo> {
+        let mut requested = requested_config(request, None)?;
+        if request.content_type.is_none() {
+            requested.content_type = existing.content_type.to_string();
+        }
+        if request.ttl_secs.is_none() && request.expires_at_ms.is_none() {
+            let state = existing.lock();
+            requested.ttl_secs = state.meta.ttl_secs;
+            requested.expires_at_ms = state.meta.expires_at_ms;
+        }
+        self.confirm_existing(existing, &requested).await
     }
 
     async fn confirm_existing(

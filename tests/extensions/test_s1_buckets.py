@@ -547,6 +547,9 @@ def test_s1_6_a_retried_fork_creation_is_200_after_its_source_took_a_later_snaps
     check(c.put(fork, headers=fork_headers), 201)
     snapshot(c, src, offsets[7], b"seven", TEXT)
     check(c.put(fork, headers=fork_headers), 200)
+    # As for any repeated creation, what the request gives must match the fork.
+    check(c.put(fork, headers={**fork_headers, "Content-Type": OCTET}), 409)
+    check(c.put(fork, headers={**fork_headers, "Stream-TTL": "60"}), 409)
     # A new fork there is refused: the records before the snapshot are gone from the source.
     check(c.put(spath(bucket, "late"), headers=fork_headers), 409)
 

@@ -83,8 +83,10 @@ pub(super) fn events(
                 remaining.count = remaining.count.map(|c| c.saturating_sub(batch.records.len() as u64));
                 remaining.bytes = remaining.bytes.map(|b| b.saturating_sub(batch.metered));
                 let id = EventId { last_seq: last.seq, count, bytes };
-                idle_deadline = idle.map(|d| Instant::now() + d);
                 yield SessionEvent::Batch { batch, id };
+                // Idle from when the client took the batch: a client slow to take one is not
+                // idle, and its session is not ended with records waiting.
+                idle_deadline = idle.map(|d| Instant::now() + d);
             }
             if limit_reached || (at_tail && !may_follow) {
                 yield SessionEvent::End;
@@ -198,6 +200,38 @@ pub(super) mod tests {
             key: None,
         };
         (service, stream, session)
+    }
+
+    #[tokio::test]
+    async fn a_session_whose_client_took_long_over_a_batch_is_not_idle_and_goes_on() {
+        let (service, stream, session) = session_over_one_record().await;
+        let session = Session {
+            may_follow: true,
+            idle: Some(Duration::from_millis(50)),
+            ..session
+        };
+        let events = events(service.clone(), stream, session);
+        futures::pin_mut!(events);
+        assert!(matches!(
+            events.next().await,
+            Some(SessionEvent::Batch { .. })
+        ));
+        // The client takes longer than the idle bound over the batch, and a record comes.
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let append = crate::service::AppendRequest {
+            content_type: Some("text/plain"),
+            body: Bytes::from_static(b"another"),
+            ..Default::default()
+        };
+        service.append("s", append).await.unwrap();
+        assert!(matches!(
+            events.next().await,
+            Some(SessionEvent::Heartbeat(_))
+        ));
+        assert!(
+            matches!(events.next().await, Some(SessionEvent::Batch { .. })),
+            "the record goes out; the session is not ended as idle"
+        );
     }
 
     #[tokio::test]
