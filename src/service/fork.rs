@@ -174,7 +174,7 @@ impl StreamService {
         if let Some(first) = unit.first_mut() {
             first.starts_unit = true;
         }
-        // The fork keeps these in its tail cache for as long as they are its newest records:
+        // The fork may keep these in its tail cache for as long as they are its newest records:
         // copied, so that they do not keep all of what they were read with (a buffer, or a
         // mapped file) for that long.
         for record in &mut unit {
