@@ -129,6 +129,72 @@ async fn an_idle_keep_alive_connection_is_closed_after_the_header_timeout() {
     assert!(closed_within(&mut stream, Duration::from_secs(5)).await);
 }
 
+/// Sends a GET for `path` on an HTTP/2 connection and takes its whole body.
+async fn h2_get(h2: &mut h2::client::SendRequest<bytes::Bytes>, server: &Server, path: &str) {
+    let request = axum::http::Request::get(server.url(path)).body(()).unwrap();
+    let (response, _) = h2.send_request(request, true).unwrap();
+    let response = response.await.unwrap();
+    assert_eq!(response.status(), 200);
+    let mut body = response.into_body();
+    while let Some(data) = body.data().await {
+        let data = data.unwrap();
+        body.flow_control().release_capacity(data.len()).unwrap();
+    }
+}
+
+#[tokio::test]
+async fn an_idle_http2_connection_is_told_to_go_away_after_the_header_timeout() {
+    let server = Server::start(&["--memory", "--header-read-timeout-secs", "1"]);
+    let (mut h2, connection) = http2_client(&server, 65_535).await;
+    h2_get(&mut h2, &server, "/healthz").await;
+    // Busy: a request every half second keeps it open past the timeout.
+    let started = Instant::now();
+    while started.elapsed() < Duration::from_secs(3) {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        h2_get(&mut h2, &server, "/healthz").await;
+    }
+    assert!(!connection.is_finished(), "a busy connection stays open");
+    let closed = tokio::time::timeout(Duration::from_secs(5), connection).await;
+    let closed = closed.expect("an idle HTTP/2 connection stays open past the header timeout");
+    assert!(
+        matches!(closed, Ok(Ok(()))),
+        "it is closed gracefully (GOAWAY), not reset: {closed:?}"
+    );
+}
+
+#[tokio::test]
+async fn an_http2_connection_with_a_live_read_open_is_not_idle() {
+    // A keep-alive event every 500 ms, and idle connections closed after 1 s (2 at most).
+    let args = [
+        "--memory",
+        "--header-read-timeout-secs",
+        "1",
+        "--send-timeout-secs",
+        "1",
+        "--long-poll-timeout-ms",
+        "500",
+    ];
+    let server = Server::start(&args);
+    create(&server, "/v1/stream/h2-open").await;
+    let (mut h2, connection) = http2_client(&server, 65_535).await;
+    let url = server.url("/v1/stream/h2-open?offset=-1&live=sse");
+    let (response, _) = h2
+        .send_request(axum::http::Request::get(url).body(()).unwrap(), true)
+        .unwrap();
+    let response = response.await.unwrap();
+    assert_eq!(response.status(), 200);
+    let mut body = response.into_body();
+    let started = Instant::now();
+    while started.elapsed() < Duration::from_secs(5) {
+        let data = tokio::time::timeout(Duration::from_secs(2), body.data())
+            .await
+            .expect("events keep coming");
+        let data = data.expect("the read goes on").unwrap();
+        body.flow_control().release_capacity(data.len()).unwrap();
+    }
+    assert!(!connection.is_finished(), "the connection stays open");
+}
+
 #[tokio::test]
 async fn a_request_body_that_stalls_gets_408_the_connection_closes_and_nothing_is_appended() {
     let server = Server::start(&["--memory", "--body-idle-timeout-secs", "1"]);
@@ -457,6 +523,36 @@ async fn an_http2_client_that_takes_nothing_of_a_large_response_loses_its_connec
         );
         drop(response);
     }
+}
+
+#[tokio::test]
+async fn an_http2_client_that_takes_nothing_of_a_small_response_loses_its_connection() {
+    let server = Server::start(&["--memory", "--send-timeout-secs", "1"]);
+    let path = "/v1/stream/h2-small-untaken";
+    create(&server, path).await;
+    let appended = client()
+        .post(server.url(path))
+        .header("content-type", "application/octet-stream")
+        .body(vec![7u8; 100])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(appended.status(), 204);
+    // Streams that open with no window: one client could hold as many such responses as it may
+    // open streams, on each of its connections.
+    let (mut h2, connection) = http2_client(&server, 0).await;
+    let request = axum::http::Request::get(server.url(&format!("{path}?offset=-1")))
+        .body(())
+        .unwrap();
+    let (response, _) = h2.send_request(request, true).unwrap();
+    let response = response.await.unwrap();
+    assert_eq!(response.status(), 200);
+    let closed = tokio::time::timeout(Duration::from_secs(10), connection).await;
+    assert!(
+        closed.is_ok(),
+        "a connection holding a 100-byte response it never takes stays open"
+    );
+    drop(response);
 }
 
 #[tokio::test]

@@ -7,7 +7,8 @@
 //! untaken live body ends, which frees its reader slot. An untaken finished response (a
 //! catch-up, a long-poll answered at once, a bootstrap, a snapshot: up to a read's 4 MiB each)
 //! costs its connection: hyper keeps what a stream it is not sending holds until the connection
-//! goes, so the connection is closed, as an HTTP/1.1 one would be.
+//! goes, so the connection is closed, as an HTTP/1.1 one would be. Small responses too: one
+//! costs little, but a client may hold as many as it may open streams, on every connection.
 
 use std::pin::Pin;
 use std::sync::Arc;
@@ -88,10 +89,6 @@ pub trait CloseConnection: Send + Sync {
 #[derive(Clone)]
 pub struct ConnectionHandle(pub Arc<dyn CloseConnection>);
 
-/// Finished responses from this size on (or of a size not known ahead) are watched. Smaller ones
-/// fit in the initial window HTTP/2 gives every stream (64 KiB), and cost little if held.
-const WATCHED_FROM: u64 = 64 << 10;
-
 /// The most a watched body hands the connection at once: HTTP/2's usual frame, so pieces add no
 /// frames. The connection puts a piece in its send buffer once the client's window has room
 /// (for at least a byte), and then asks for the next. Handed a whole record of megabytes, it
@@ -107,11 +104,7 @@ pub(super) fn watch_finished(
     send_timeout: Duration,
     connection: ConnectionHandle,
 ) -> Response {
-    let body = response.body();
-    let small = http_body::Body::size_hint(body)
-        .upper()
-        .is_some_and(|upper| upper < WATCHED_FROM);
-    if http_body::Body::is_end_stream(body) || small {
+    if http_body::Body::is_end_stream(response.body()) {
         return response;
     }
     let taking = Taking::new();

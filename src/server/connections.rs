@@ -2,22 +2,27 @@
 //! by ALPN) on one port, with the limits that keep hostile or broken clients from exhausting the
 //! server, and a graceful drain on shutdown.
 
+use std::future::Future;
 use std::path::Path;
+use std::pin::Pin;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::task::{Context, Poll};
 use std::time::Duration;
 
+use axum::body::Body;
+use axum::response::Response;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
-use hyper_util::server::conn::auto::Builder;
-use hyper_util::server::graceful::GracefulShutdown;
+use hyper_util::server::conn::auto::{Builder, UpgradeableConnection};
 use hyper_util::service::TowerToHyperService;
 use rustls_pki_types::pem::PemObject;
 use rustls_pki_types::{CertificateDer, PrivateKeyDer};
 use tokio::net::TcpListener;
-use tokio::sync::Semaphore;
+use tokio::sync::{Notify, Semaphore};
 use tokio_rustls::TlsAcceptor;
 use tokio_rustls::rustls;
 use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
 
 use super::file_sending::FileSending;
 use super::watched::Watched;
@@ -33,8 +38,8 @@ const ACCEPT_BACKOFF: Duration = Duration::from_millis(50);
 /// Limits on connections and request heads.
 #[derive(Clone, Debug)]
 pub struct ConnectionLimits {
-    /// How long a client may take to send a request's headers, and how long an idle HTTP/1.1
-    /// keep-alive connection stays open waiting for the next request.
+    /// How long a client may take to send a request's headers, and how long an idle connection
+    /// stays open waiting for the next request (over HTTP/2, one with no request open is idle).
     pub header_read_timeout: Duration,
     /// The largest request head (HTTP/1.1) or header list (HTTP/2); larger ones get 431.
     pub max_header_bytes: usize,
@@ -99,7 +104,7 @@ pub async fn serve(
     shutdown: CancellationToken,
 ) {
     let builder = Arc::new(http_builder(&limits));
-    let graceful = GracefulShutdown::new();
+    let connections = TaskTracker::new();
     let slots = Arc::new(Semaphore::new(limits.max_connections));
     loop {
         let accepted = tokio::select! {
@@ -126,14 +131,14 @@ pub async fn serve(
             FileSending::new(tcp)
         };
         let (tcp, stall) = Watched::new(tcp, Some(socket), slot);
-        let begun = Arc::new(AtomicBool::new(false));
-        let service = NotingFirst {
+        let requests = Arc::new(Requests::default());
+        let service = NotingRequests {
             inner: TowerToHyperService::new(if tls.is_some() {
                 app.over_tls()
             } else {
                 app.clone()
             }),
-            begun: begun.clone(),
+            requests: requests.clone(),
             connection: ConnectionHandle(stall.clone()),
         };
         // hyper's header timeout starts once it knows the connection's HTTP version, which a
@@ -145,16 +150,21 @@ pub async fn serve(
                 Duration::ZERO
             };
         let builder = builder.clone();
-        let watcher = graceful.watcher();
         let tls = tls.clone();
-        let send_timeout = limits.send_timeout;
-        tokio::spawn(async move {
-            let serving = async move {
+        let shutdown = shutdown.clone();
+        let (send_timeout, idle_timeout) = (limits.send_timeout, limits.header_read_timeout);
+        connections.spawn(async move {
+            let closing = Closing {
+                shutdown: &shutdown,
+                idle: requests.idle_over_http2(idle_timeout),
+                idle_grace: send_timeout,
+            };
+            let serving = async {
                 match tls {
                     None => {
                         let connection =
                             builder.serve_connection_with_upgrades(TokioIo::new(tcp), service);
-                        watcher.watch(connection.into_owned()).await
+                        closing.drive(connection).await
                     }
                     Some(acceptor) => {
                         let handshake =
@@ -172,7 +182,7 @@ pub async fn serve(
                         };
                         let connection =
                             builder.serve_connection_with_upgrades(TokioIo::new(stream), service);
-                        watcher.watch(connection.into_owned()).await
+                        closing.drive(connection).await
                     }
                 }
             };
@@ -187,14 +197,15 @@ pub async fn serve(
                 () = stall.stalled(send_timeout) => {
                     tracing::debug!(%peer, "the client read nothing for the send timeout; closing");
                 }
-                () = no_request_by(first_request_by, &begun) => {
+                () = requests.none_by(first_request_by) => {
                     tracing::debug!(%peer, "no request began within the header timeout; closing");
                 }
             }
         });
     }
     drop(listener);
-    if tokio::time::timeout(limits.shutdown_timeout, graceful.shutdown())
+    connections.close();
+    if tokio::time::timeout(limits.shutdown_timeout, connections.wait())
         .await
         .is_err()
     {
@@ -205,39 +216,193 @@ pub async fn serve(
     }
 }
 
-/// Resolves once `timeout` has passed without the connection beginning a request.
-async fn no_request_by(timeout: Duration, begun: &AtomicBool) {
-    tokio::time::sleep(timeout).await;
-    if begun.load(Ordering::Relaxed) {
-        std::future::pending::<()>().await;
+/// When a connection is asked to close: at shutdown, or once `idle` resolves.
+struct Closing<'a, F> {
+    shutdown: &'a CancellationToken,
+    idle: F,
+    /// How long a connection closing for idleness may take to send what its client has not
+    /// taken yet (shutdown has its own timeout).
+    idle_grace: Duration,
+}
+
+impl<F: Future<Output = ()>> Closing<'_, F> {
+    /// Serves `connection` until it ends. Asked to close, it finishes what it has begun and
+    /// takes no more: over HTTP/2 it tells the client so (GOAWAY), which then opens a new
+    /// connection for its next request rather than losing it to a reset.
+    async fn drive<I>(
+        self,
+        connection: UpgradeableConnection<'_, I, Service, TokioExecutor>,
+    ) -> Result<(), Box<dyn std::error::Error + Send + Sync>>
+    where
+        I: hyper::rt::Read + hyper::rt::Write + Unpin + Send + 'static,
+    {
+        let mut connection = std::pin::pin!(connection);
+        let grace = tokio::select! {
+            served = connection.as_mut() => return served,
+            () = self.shutdown.cancelled() => None,
+            () = self.idle => Some(self.idle_grace),
+        };
+        connection.as_mut().graceful_shutdown();
+        let Some(grace) = grace else {
+            return connection.await;
+        };
+        tracing::debug!("an HTTP/2 connection had no request for the header timeout; closing");
+        // A response whose body has ended can still wait on a client that opens no window.
+        tokio::time::timeout(grace, connection)
+            .await
+            .unwrap_or(Ok(()))
     }
 }
 
-/// A connection's service, noting that the connection has begun a request, and giving HTTP/2
-/// requests their connection, which a client that leaves a response untaken loses.
+/// What a connection's requests are doing: whether one has begun, and over HTTP/2 how many are
+/// open, which tells an idle HTTP/2 connection from a busy one (hyper closes idle HTTP/1.1
+/// connections itself).
+#[derive(Default)]
+struct Requests {
+    /// Requests begun on the connection.
+    begun: AtomicU64,
+    /// HTTP/2 requests whose response has not ended.
+    open: AtomicUsize,
+    /// Told of the first HTTP/2 request, from which the connection is watched for idleness.
+    http2: Notify,
+}
+
+impl Requests {
+    fn begin(self: &Arc<Self>, version: hyper::Version) -> Option<Open> {
+        let before = self.begun.fetch_add(1, Ordering::Relaxed);
+        if version != hyper::Version::HTTP_2 {
+            return None;
+        }
+        self.open.fetch_add(1, Ordering::Relaxed);
+        if before == 0 {
+            self.http2.notify_one();
+        }
+        Some(Open(self.clone()))
+    }
+
+    /// Resolves once `timeout` has passed without the connection beginning a request.
+    async fn none_by(&self, timeout: Duration) {
+        tokio::time::sleep(timeout).await;
+        if self.begun.load(Ordering::Relaxed) > 0 {
+            std::future::pending::<()>().await;
+        }
+    }
+
+    /// Resolves once an HTTP/2 connection has had no request open, and begun none, for
+    /// `timeout` (noticed within twice that: it looks once per `timeout`). Never resolves for an
+    /// HTTP/1.1 connection.
+    async fn idle_over_http2(&self, timeout: Duration) {
+        self.http2.notified().await;
+        let mut quiet_since = None;
+        loop {
+            tokio::time::sleep(timeout).await;
+            let begun = self.begun.load(Ordering::Relaxed);
+            if self.open.load(Ordering::Relaxed) > 0 {
+                quiet_since = None;
+            } else if quiet_since == Some(begun) {
+                return;
+            } else {
+                quiet_since = Some(begun);
+            }
+        }
+    }
+}
+
+/// An HTTP/2 request whose response has not ended: held by its response's body, or by the
+/// request until it has a response.
+struct Open(Arc<Requests>);
+
+impl Drop for Open {
+    fn drop(&mut self) {
+        self.0.open.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// The service a connection runs.
+type Service = NotingRequests<TowerToHyperService<Handler>>;
+
+/// A connection's service, noting the requests that begin and, over HTTP/2, when their responses
+/// end; and giving HTTP/2 requests their connection, which a client that leaves a response
+/// untaken loses.
 #[derive(Clone)]
-struct NotingFirst<S> {
+struct NotingRequests<S> {
     inner: S,
-    begun: Arc<AtomicBool>,
+    requests: Arc<Requests>,
     connection: ConnectionHandle,
 }
 
-impl<S, B> hyper::service::Service<hyper::Request<B>> for NotingFirst<S>
+impl<S, B> hyper::service::Service<hyper::Request<B>> for NotingRequests<S>
 where
-    S: hyper::service::Service<hyper::Request<B>>,
+    S: hyper::service::Service<hyper::Request<B>, Response = Response>,
 {
-    type Response = S::Response;
+    type Response = Response;
     type Error = S::Error;
-    type Future = S::Future;
+    type Future = Answering<S::Future>;
 
     fn call(&self, mut request: hyper::Request<B>) -> Self::Future {
-        self.begun.store(true, Ordering::Relaxed);
+        let open = self.requests.begin(request.version());
         // HTTP/1.1 requests go without: their stalls fill the socket, which is watched, and an
         // extension costs an allocation on every request.
-        if request.version() == hyper::Version::HTTP_2 {
+        if open.is_some() {
             request.extensions_mut().insert(self.connection.clone());
         }
-        self.inner.call(request)
+        Answering {
+            response: self.inner.call(request),
+            open,
+        }
+    }
+}
+
+pin_project_lite::pin_project! {
+    /// A request's response on its way; over HTTP/2 its body holds the request open until it
+    /// ends.
+    struct Answering<F> {
+        #[pin]
+        response: F,
+        open: Option<Open>,
+    }
+}
+
+impl<F, E> Future for Answering<F>
+where
+    F: Future<Output = Result<Response, E>>,
+{
+    type Output = Result<Response, E>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = self.project();
+        let answered = std::task::ready!(this.response.poll(cx));
+        Poll::Ready(match this.open.take() {
+            None => answered,
+            Some(open) => answered
+                .map(|response| response.map(|body| Body::new(HoldingOpen { body, _open: open }))),
+        })
+    }
+}
+
+/// A response body that keeps its HTTP/2 request counted as open for as long as it lives.
+struct HoldingOpen {
+    body: Body,
+    _open: Open,
+}
+
+impl http_body::Body for HoldingOpen {
+    type Data = bytes::Bytes;
+    type Error = axum::Error;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<http_body::Frame<bytes::Bytes>, axum::Error>>> {
+        Pin::new(&mut self.get_mut().body).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.body.size_hint()
     }
 }
 
