@@ -88,8 +88,8 @@ pub struct ServeArgs {
     /// PEM private key for --tls-cert.
     #[arg(long, env = "RUNNEL_TLS_KEY", requires = "tls_cert")]
     pub tls_key: Option<PathBuf>,
-    /// How long a client may take to send a request's headers; also how long an idle HTTP/1.1
-    /// connection is kept open [default: 10].
+    /// How long a client may take to send a request's headers; also how long an idle connection
+    /// is kept open (HTTP/2: one with no request open) [default: 10].
     #[arg(long, env = "RUNNEL_HEADER_READ_TIMEOUT_SECS")]
     pub header_read_timeout_secs: Option<u64>,
     /// How long a request body may send nothing before the request is refused with 408 (S2

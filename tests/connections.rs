@@ -1,7 +1,7 @@
 //! Connections under hostile or broken clients, TLS, and graceful shutdown: slowloris clients are
-//! cut off, oversized heads get 431, connections beyond the limit are closed, a stalled live
-//! reader costs bounded memory, never slows writers and frees its slot (over HTTP/2 too, where a
-//! client leaving a large response untaken loses its connection),
+//! cut off, idle connections closed, oversized heads get 431, connections beyond the limit are
+//! closed, a stalled live reader costs bounded memory, never slows writers and frees its slot
+//! (over HTTP/2 too, where a client leaving a response untaken loses its connection),
 //! SIGTERM drains cleanly, and the process faults its memory in base pages.
 
 mod common;
@@ -156,9 +156,12 @@ async fn an_idle_http2_connection_is_told_to_go_away_after_the_header_timeout() 
     assert!(!connection.is_finished(), "a busy connection stays open");
     let closed = tokio::time::timeout(Duration::from_secs(5), connection).await;
     let closed = closed.expect("an idle HTTP/2 connection stays open past the header timeout");
+    assert!(matches!(closed, Ok(Ok(()))), "{closed:?}");
+    // Told to go away, the client knows its next request needs a new connection.
+    let refused = h2.ready().await.err().expect("no more requests on it");
     assert!(
-        matches!(closed, Ok(Ok(()))),
-        "it is closed gracefully (GOAWAY), not reset: {closed:?}"
+        refused.is_go_away() && refused.reason() == Some(h2::Reason::NO_ERROR),
+        "it is closed gracefully (GOAWAY), not dropped: {refused:?}"
     );
 }
 
