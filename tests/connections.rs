@@ -158,7 +158,7 @@ async fn an_idle_http2_connection_is_told_to_go_away_after_the_header_timeout() 
     let closed = closed.expect("an idle HTTP/2 connection stays open past the header timeout");
     assert!(matches!(closed, Ok(Ok(()))), "{closed:?}");
     // Told to go away, the client knows its next request needs a new connection.
-    let refused = h2.ready().await.err().expect("no more requests on it");
+    let refused = h2.ready().await.expect_err("no more requests on it");
     assert!(
         refused.is_go_away() && refused.reason() == Some(h2::Reason::NO_ERROR),
         "it is closed gracefully (GOAWAY), not dropped: {refused:?}"
