@@ -762,7 +762,8 @@ async fn long_poll(app: &AppState, read: &Read) -> Handled {
             .await?;
     }
     let head = ChunkHead::of(&chunk);
-    let mut response = if chunk.records.is_empty() {
+    // Only S2 command records are as good as none: no data, at a later offset.
+    let mut response = if visible(&chunk.records).next().is_none() {
         let mut response = empty(StatusCode::NO_CONTENT);
         set(&mut response, "cache-control", "no-store");
         response

@@ -90,9 +90,7 @@ pub fn respond(app: &AppState, read: Read) -> Response {
                         break;
                     }
                     if !chunk.up_to_date {
-                        // Catching up reads on without waiting, so the connection's end is
-                        // checked here too: a long backlog does not keep it open past its bound.
-                        if Instant::now() >= deadline {
+                        if tail.past_deadline() {
                             break;
                         }
                         continue;
@@ -162,6 +160,11 @@ fn chunk_events(
     cursor: u64,
 ) -> (Vec<u8>, Option<usize>) {
     let mut events = Vec::new();
+    if visible(&chunk.records).next().is_none() {
+        // Only S2 command records: nothing to show, but the reader moves past them.
+        write_control_event(&mut events, read, Reached::from(chunk), cursor);
+        return (events, None);
+    }
     if envelope {
         let shown: Vec<_> = visible(&chunk.records).collect();
         for (i, record) in shown.iter().enumerate() {

@@ -854,9 +854,7 @@ pub async fn sse(
                 if next < durable.first.seq {
                     return;
                 }
-                // Catching up reads on without waiting: a long backlog (or writers faster than
-                // this reader) must not keep the connection open past its bound.
-                if tokio::time::Instant::now() >= deadline {
+                if tail.past_deadline() {
                     return;
                 }
                 if let Some(frame) = stream.shared_frame(&view, next) {

@@ -387,6 +387,14 @@ impl TailWatch {
         self.deadline = deadline;
     }
 
+    /// Whether the reader's time is up. A reader catching up reads on without waiting, so it
+    /// asks this between reads: a long backlog, or writers faster than it, must not keep it
+    /// open past its bound.
+    pub fn past_deadline(&self) -> bool {
+        self.deadline
+            .is_some_and(|deadline| Instant::now() >= deadline)
+    }
+
     /// Waits for the tail to move past `offset`, for an idle period to pass, or for the end.
     pub async fn next(&mut self, offset: Offset) -> Wake {
         let moved = |d: &Durable| d.tail.seq > offset.seq || d.closed || d.deleted();
@@ -397,16 +405,14 @@ impl TailWatch {
                 // The tail is looked at before the timer: on a stream that moves faster than
                 // its reader sends, the timer is never looked at, so the deadline is checked
                 // here too, or the reader would outlive it for as long as the writes go on.
-                Woke::Tail(Ok(_)) if self.deadline.is_some_and(|d| Instant::now() >= d) => {
-                    return Wake::Ended;
-                }
+                Woke::Tail(Ok(_)) if self.past_deadline() => return Wake::Ended,
                 Woke::Tail(Ok(durable)) => return Wake::Moved(durable),
                 Woke::Timer => {}
             }
-            let now = Instant::now();
-            if self.deadline.is_some_and(|deadline| now >= deadline) {
+            if self.past_deadline() {
                 return Wake::Ended;
             }
+            let now = Instant::now();
             let idle = now >= self.last_sent + self.idle_after;
             if idle {
                 self.last_sent = now;

@@ -158,6 +158,66 @@ def test_durable_streams_long_poll_sees_an_s2_append(server, c, basin, stream):
     assert r.content == b"after"
 
 
+def test_a_durable_streams_long_poll_woken_by_a_command_record_is_204_past_it(server, c, basin,
+                                                                              stream):
+    basin.ack(stream, ["before"])
+    offset = ds_head(c, basin.name, stream).headers["stream-next-offset"]
+
+    def poll():
+        with server.client() as other:
+            return other.get(ds_path(basin.name, stream),
+                             params={"offset": offset, "live": "long-poll"})
+
+    reader = Background(poll)
+    basin.ack(stream, [fence("f")])
+    r = check(reader.result(), 204)
+    assert r.content == b""
+    after = ds_head(c, basin.name, stream).headers["stream-next-offset"]
+    assert after != offset
+    assert r.headers["stream-next-offset"] == after
+
+
+def sse_events(lines):
+    """(event type, data lines joined) for each event of a Durable Streams SSE body."""
+    kind, data = None, []
+    for line in lines:
+        if line == "":
+            if kind is not None:
+                yield kind, "\n".join(data)
+            kind, data = None, []
+        elif line.startswith("event:"):
+            kind = line[len("event:"):].strip()
+        elif line.startswith("data:"):
+            data.append(line[len("data:"):])
+
+
+def test_a_durable_streams_sse_reader_gets_no_empty_data_event_for_a_command_record(
+        c, basin, stream):
+    basin.ack(stream, ["before"])
+    offset = ds_head(c, basin.name, stream).headers["stream-next-offset"]
+    seen = []
+    with c.stream("GET", ds_path(basin.name, stream),
+                  params={"offset": offset, "live": "sse"}) as r:
+        check(r, 200)
+        events = sse_events(r.iter_lines())
+        fenced = False
+        for kind, data in events:
+            seen.append((kind, data))
+            if kind == "control" and not fenced:
+                basin.ack(stream, [fence("f")])
+                fenced = True
+            elif kind == "control" and json.loads(data)["streamNextOffset"] != offset:
+                # Past the fence: it told the reader where it is now, and showed nothing.
+                ds_append(c, basin.name, stream, b"after")
+                break
+        for kind, data in events:
+            seen.append((kind, data))
+            if kind == "data":
+                break
+    data = [unb64(d) for kind, d in seen if kind == "data"]
+    assert data == [b"after"], seen
+
+
 # --- JSON streams ----------------------------------------------------------------------------
 
 def json_stream(c, basin, name="j", initial=None):
