@@ -104,19 +104,15 @@ impl StreamService {
         bucket: &str,
         shown: impl Fn(&str) -> bool,
     ) -> StreamResult<usize> {
+        self.with_bucket(bucket, |_| Ok(()))?;
         let key_prefix = bucket_prefix(bucket);
-        let members = {
-            let registry = self.lock_registry();
-            if !registry.buckets.contains_key(bucket) {
-                return Err(StreamError::BucketNotFound);
-            }
-            members(&registry, bucket)
-        };
         let now = now_ms();
-        Ok(members
-            .iter()
-            .filter(|s| shown(&s.name[key_prefix.len()..]) && visible(s, now))
-            .count())
+        let counted = self.streams_where(
+            |registry| &registry.streams,
+            &key_prefix,
+            |s| (shown(&s.name[key_prefix.len()..]) && visible(s, now)).then_some(()),
+        );
+        Ok(counted.len())
     }
 
     /// Deletes an empty bucket. Streams kept only for their forks still count: their data lives on.
@@ -129,7 +125,9 @@ impl StreamService {
             if !registry.buckets.contains_key(bucket) {
                 return Err(StreamError::BucketNotFound);
             }
-            if !members(&registry, bucket).is_empty() {
+            let prefix = bucket_prefix(bucket);
+            let first_member = registry.streams_from(&prefix).next();
+            if first_member.is_some_and(|(key, _)| key.starts_with(&prefix)) {
                 return Err(StreamError::Conflict("bucket is not empty"));
             }
             registry.buckets.remove(bucket);
@@ -221,15 +219,6 @@ impl StreamService {
         streams.truncate(limit);
         Ok(Listing { streams, has_more })
     }
-}
-
-fn members(registry: &super::Registry, bucket: &str) -> Vec<Arc<Stream>> {
-    let prefix = bucket_prefix(bucket);
-    registry
-        .streams_from(&prefix)
-        .take_while(|(key, _)| key.starts_with(&prefix))
-        .map(|(_, s)| s.clone())
-        .collect()
 }
 
 /// Whether clients can see the stream: not deleted, not expired.

@@ -156,10 +156,68 @@ fn to_the_end<T: Send + 'static, E: From<StorageError> + Send + 'static>(
 struct Registry {
     /// Keyed by the stream's own name (one allocation for both).
     streams: BTreeMap<Arc<str>, Arc<Stream>>,
+    /// The streams that may expire (a TTL or an expiry time), which the expiry sweep walks
+    /// several times a second: a server of a million streams, few of them with a TTL, must not
+    /// walk them all that often.
+    expiring: BTreeMap<Arc<str>, Arc<Stream>>,
     buckets: BTreeMap<String, BucketMeta>,
 }
 
+/// How many streams a walk over the registry looks at per hold of its lock, which every request
+/// takes: about a tenth of a millisecond's work.
+const WALKED_AT_ONCE: usize = 1024;
+
+/// A walk over registered streams, in key order, in batches (see `StreamService::streams_where`).
+struct Walk<'a, T> {
+    /// Only streams whose keys start with this.
+    prefix: &'a str,
+    /// The last key walked.
+    after: Option<Arc<str>>,
+    picked: Vec<T>,
+}
+
+impl<'a, T> Walk<'a, T> {
+    fn new(prefix: &'a str) -> Self {
+        Walk {
+            prefix,
+            after: None,
+            picked: Vec::new(),
+        }
+    }
+}
+
 impl Registry {
+    fn new(
+        streams: BTreeMap<Arc<str>, Arc<Stream>>,
+        buckets: BTreeMap<String, BucketMeta>,
+    ) -> Registry {
+        let expiring = streams
+            .iter()
+            .filter(|(_, stream)| stream.may_expire)
+            .map(|(name, stream)| (name.clone(), stream.clone()))
+            .collect();
+        Registry {
+            streams,
+            expiring,
+            buckets,
+        }
+    }
+
+    /// Registers `stream` under its name, in place of any stream registered under it.
+    fn insert(&mut self, stream: Arc<Stream>) {
+        if stream.may_expire {
+            self.expiring.insert(stream.name.clone(), stream.clone());
+        } else {
+            self.expiring.remove(&stream.name);
+        }
+        self.streams.insert(stream.name.clone(), stream);
+    }
+
+    fn remove(&mut self, name: &str) {
+        self.expiring.remove(name);
+        self.streams.remove(name);
+    }
+
     /// The streams whose keys sort at or after `start`, in key order.
     fn streams_from<'a>(
         &'a self,
@@ -255,10 +313,10 @@ impl StreamService {
         let service = Arc::new_cyclic(|me| StreamService {
             me: me.clone(),
             engine,
-            registry: Mutex::new(Registry {
+            registry: Mutex::new(Registry::new(
                 streams,
-                buckets: recovered.buckets.into_iter().collect(),
-            }),
+                recovered.buckets.into_iter().collect(),
+            )),
             next_id: AtomicU64::new(recovered.next_id),
             commit_permits: Arc::new(Semaphore::new(config.max_inflight_commits)),
             cache_budget: cache::CacheBudget::new(config.cache),
@@ -602,7 +660,7 @@ impl StreamService {
         }
         let (stream, changes) = self.build_stream(name, requested, plan, bodies, mirror, staged)?;
         let commit = self.engine.commit(changes);
-        registry.streams.insert(stream.name.clone(), stream.clone());
+        registry.insert(stream.clone());
         Ok(Some((stream, commit)))
     }
 
@@ -740,7 +798,7 @@ impl StreamService {
             .get(&stream.name)
             .is_some_and(|s| Arc::ptr_eq(s, stream))
         {
-            registry.streams.remove(&stream.name);
+            registry.remove(&stream.name);
         }
     }
 
@@ -852,30 +910,86 @@ impl StreamService {
 
     /// Bytes of stream data retained (appended and not trimmed), across all streams.
     pub fn retained_bytes(&self) -> u64 {
-        let streams: Vec<Arc<Stream>> = self.lock_registry().streams.values().cloned().collect();
-        streams
-            .iter()
-            .map(|s| {
+        let retained = self.streams_where(
+            |registry| &registry.streams,
+            "",
+            |s| {
                 let d = s.durable();
-                d.tail.pos.saturating_sub(d.first.pos)
-            })
-            .sum()
+                Some(d.tail.pos.saturating_sub(d.first.pos))
+            },
+        );
+        retained.iter().sum()
+    }
+
+    /// What `pick` makes of each stream of the registry's map `of` whose key starts with
+    /// `prefix`, that it picks, in key order. The walk takes the registry lock for
+    /// [`WALKED_AT_ONCE`] streams at a time, so a server of a million streams does not hold
+    /// every request up for the whole walk; a stream registered or removed meanwhile may be
+    /// seen or not.
+    fn streams_where<T>(
+        &self,
+        of: impl Fn(&Registry) -> &BTreeMap<Arc<str>, Arc<Stream>>,
+        prefix: &str,
+        mut pick: impl FnMut(&Arc<Stream>) -> Option<T>,
+    ) -> Vec<T> {
+        let mut walk = Walk::new(prefix);
+        while self.walk_on(&mut walk, &of, &mut pick) {}
+        walk.picked
+    }
+
+    /// [`Self::streams_where`] for the background tasks, which let the other tasks of their
+    /// thread run between batches: a walk of a million streams takes about 100 ms.
+    async fn streams_where_in_turn<T>(
+        &self,
+        of: impl Fn(&Registry) -> &BTreeMap<Arc<str>, Arc<Stream>>,
+        mut pick: impl FnMut(&Arc<Stream>) -> Option<T>,
+    ) -> Vec<T> {
+        let mut walk = Walk::new("");
+        while self.walk_on(&mut walk, &of, &mut pick) {
+            tokio::task::yield_now().await;
+        }
+        walk.picked
+    }
+
+    /// Takes `walk` one batch on; false once it has walked all its streams.
+    fn walk_on<T>(
+        &self,
+        walk: &mut Walk<'_, T>,
+        of: impl Fn(&Registry) -> &BTreeMap<Arc<str>, Arc<Stream>>,
+        mut pick: impl FnMut(&Arc<Stream>) -> Option<T>,
+    ) -> bool {
+        use std::ops::Bound;
+        let registry = self.lock_registry();
+        let last = walk.after.take();
+        let from = last
+            .as_deref()
+            .map_or(Bound::Included(walk.prefix), Bound::Excluded);
+        let keys = of(&registry).range::<str, _>((from, Bound::Unbounded));
+        let mut walked = 0;
+        for (name, stream) in keys.take_while(|(name, _)| name.starts_with(walk.prefix)) {
+            if walked == WALKED_AT_ONCE {
+                return true;
+            }
+            walked += 1;
+            walk.after = Some(name.clone());
+            walk.picked.extend(pick(stream));
+        }
+        false
     }
 
     /// Removes every stream whose TTL or expiry time has passed.
     pub async fn sweep_expired(&self) {
         let now = now_ms();
-        let candidates: Vec<Arc<Stream>> = self
-            .lock_registry()
-            .streams
-            .values()
-            .filter(|s| s.may_expire)
-            .filter(|s| {
-                let state = s.lock();
-                !state.removed && !state.meta.soft_deleted && s.expired(&state, now)
-            })
-            .cloned()
-            .collect();
+        let candidates = self
+            .streams_where_in_turn(
+                |registry| &registry.expiring,
+                |s| {
+                    let state = s.lock();
+                    (!state.removed && !state.meta.soft_deleted && s.expired(&state, now))
+                        .then(|| s.clone())
+                },
+            )
+            .await;
         for stream in candidates {
             let still_expired =
                 |state: &State| !state.meta.soft_deleted && stream.expired(state, now);

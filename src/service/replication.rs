@@ -362,13 +362,11 @@ impl StreamService {
 
     /// The replication lag of every mirrored stream: `(stream key, upstream, records, seconds)`.
     pub fn replication_lags(&self) -> Vec<(String, String, u64, u64)> {
-        let mirrored: Vec<Arc<Stream>> = self
-            .lock_registry()
-            .streams
-            .values()
-            .filter(|s| s.mirror_of.is_some())
-            .cloned()
-            .collect();
+        let mirrored = self.streams_where(
+            |registry| &registry.streams,
+            "",
+            |s| s.mirror_of.is_some().then(|| s.clone()),
+        );
         mirrored
             .iter()
             .filter_map(|s| {
@@ -437,7 +435,7 @@ impl StreamService {
         new.publish(|d| d.ready = true);
         {
             let mut registry = self.lock_registry();
-            registry.streams.insert(new.name.clone(), new.clone());
+            registry.insert(new.clone());
             // After the swap, so a reader that finds the old one removed looks again and finds
             // the new one.
             old.lock().removed = true;

@@ -603,19 +603,19 @@ impl StreamService {
     /// Applies the S2 stream configurations that act over time: retention ages, then
     /// delete-on-empty. Mirrors follow their upstream instead. Runs every few seconds.
     pub async fn enforce_s2_configs(&self) {
-        let configured: Vec<(Arc<Stream>, StreamConfig)> = {
-            let registry = self.lock_registry();
-            registry
-                .streams
-                .values()
-                .filter(|s| s.mirror_of.is_none())
-                .filter_map(|s| {
+        let configured = self
+            .streams_where_in_turn(
+                |registry| &registry.streams,
+                |s| {
+                    if s.mirror_of.is_some() {
+                        return None;
+                    }
                     let state = s.lock();
                     let config = state.meta.extra().s2_config.as_ref()?;
                     (!state.removed).then(|| (s.clone(), stream_config(Some(config))))
-                })
-                .collect()
-        };
+                },
+            )
+            .await;
         self.enforce_retention_ages(&configured).await;
         self.delete_empty_streams(&configured).await;
     }
@@ -732,15 +732,14 @@ impl StreamService {
     /// server stopped in between. Only then: while it runs, a pending trim may belong to a
     /// batch not yet durable, which the batch's own completion applies.
     pub async fn settle_pending_trims(&self) {
-        let pending: Vec<(Arc<Stream>, u64)> = {
-            let registry = self.lock_registry();
-            registry
-                .streams
-                .values()
-                .filter_map(|s| Some((s.clone(), s.lock().meta.extra().pending_trim?)))
-                .filter(|(s, seq)| *seq <= s.durable().tail.seq)
-                .collect()
-        };
+        let pending = self.streams_where(
+            |registry| &registry.streams,
+            "",
+            |s| {
+                let seq = s.lock().meta.extra().pending_trim?;
+                (seq <= s.durable().tail.seq).then(|| (s.clone(), seq))
+            },
+        );
         for (stream, seq) in pending {
             if let Err(e) = self.trim(&stream, seq).await {
                 tracing::warn!(stream = %stream.name, error = %e, "applying a trim command failed");

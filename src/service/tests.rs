@@ -2556,3 +2556,57 @@ async fn s2_reads_count_against_the_read_memory_and_get_less_of_it_when_others_h
     assert_eq!(squeezed.records.len(), 2, "the least any read gets, 64 KiB");
     drop(others);
 }
+
+#[tokio::test]
+async fn the_expiry_sweep_removes_expired_streams_past_a_batch_of_them_and_only_them() {
+    let service =
+        StreamService::open(Arc::new(MemoryEngine::new()), ServiceConfig::default()).unwrap();
+    let expiring = WALKED_AT_ONCE + 300;
+    for n in 0..expiring {
+        let request = CreateRequest {
+            ttl_secs: Some(1),
+            ..create_text(&format!("ttl-{n:05}"))
+        };
+        service.create(request).await.unwrap();
+    }
+    for n in 0..20 {
+        service
+            .create(create_text(&format!("kept-{n}")))
+            .await
+            .unwrap();
+    }
+    assert_eq!(service.lock_registry().expiring.len(), expiring);
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    service.sweep_expired().await;
+    assert_eq!(
+        service.counts().0,
+        20,
+        "only the streams without a TTL are left"
+    );
+    assert!(service.lock_registry().expiring.is_empty());
+}
+
+#[tokio::test]
+async fn a_bucket_count_walks_every_stream_of_its_bucket_and_no_other() {
+    let service =
+        StreamService::open(Arc::new(MemoryEngine::new()), ServiceConfig::default()).unwrap();
+    for bucket in ["buck", "buck-2"] {
+        service.create_bucket(bucket, None, None).await.unwrap();
+    }
+    let in_b = 2 * WALKED_AT_ONCE + 5;
+    for n in 0..in_b {
+        service
+            .create(create_text(&format!("/buck/s{n:05}")))
+            .await
+            .unwrap();
+    }
+    service.create(create_text("/buck-2/other")).await.unwrap();
+    assert_eq!(service.bucket_stream_count("buck", |_| true).unwrap(), in_b);
+    assert_eq!(
+        service
+            .bucket_stream_count("buck", |id| id.ends_with('7'))
+            .unwrap(),
+        (0..in_b).filter(|n| n % 10 == 7).count()
+    );
+    assert_eq!(service.bucket_stream_count("buck-2", |_| true).unwrap(), 1);
+}
