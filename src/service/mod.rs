@@ -965,12 +965,11 @@ impl StreamService {
             .as_deref()
             .map_or(Bound::Included(walk.prefix), Bound::Excluded);
         let keys = of(&registry).range::<str, _>((from, Bound::Unbounded));
-        let mut walked = 0;
-        for (name, stream) in keys.take_while(|(name, _)| name.starts_with(walk.prefix)) {
+        let keys = keys.take_while(|(name, _)| name.starts_with(walk.prefix));
+        for (walked, (name, stream)) in keys.enumerate() {
             if walked == WALKED_AT_ONCE {
                 return true;
             }
-            walked += 1;
             walk.after = Some(name.clone());
             walk.picked.extend(pick(stream));
         }
