@@ -147,10 +147,10 @@ async fn an_idle_http2_connection_is_told_to_go_away_after_the_header_timeout() 
     let server = Server::start(&["--memory", "--header-read-timeout-secs", "1"]);
     let (mut h2, connection) = http2_client(&server, 65_535).await;
     h2_get(&mut h2, &server, "/healthz").await;
-    // Busy: a request every half second keeps it open past the timeout.
+    // Busy: a request every quarter of a second keeps it open past the timeout.
     let started = Instant::now();
     while started.elapsed() < Duration::from_secs(3) {
-        tokio::time::sleep(Duration::from_millis(500)).await;
+        tokio::time::sleep(Duration::from_millis(250)).await;
         h2_get(&mut h2, &server, "/healthz").await;
     }
     assert!(!connection.is_finished(), "a busy connection stays open");

@@ -511,9 +511,10 @@ impl ChunkHead {
             next: chunk.next,
             up_to_date: chunk.up_to_date,
             closed: chunk.closed,
+            // Nothing shown (only command records, or none): an empty range where it ends.
             first_shown: visible(&chunk.records)
                 .next()
-                .map_or(chunk.start.seq, |r| r.seq),
+                .map_or(chunk.next.seq, |r| r.seq),
         }
     }
 

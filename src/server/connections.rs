@@ -156,7 +156,8 @@ pub async fn serve(
         connections.spawn(async move {
             let closing = Closing {
                 shutdown: &shutdown,
-                idle: requests.idle_over_http2(idle_timeout),
+                requests: &requests,
+                idle_timeout,
                 idle_grace: send_timeout,
             };
             let serving = async {
@@ -216,16 +217,18 @@ pub async fn serve(
     }
 }
 
-/// When a connection is asked to close: at shutdown, or once `idle` resolves.
-struct Closing<'a, F> {
+/// When a connection is asked to close: at shutdown, or once it has been idle (over HTTP/2)
+/// for its idle timeout.
+struct Closing<'a> {
     shutdown: &'a CancellationToken,
-    idle: F,
+    requests: &'a Requests,
+    idle_timeout: Duration,
     /// How long a connection closing for idleness may take to send what its client has not
     /// taken yet (shutdown has its own timeout).
     idle_grace: Duration,
 }
 
-impl<F: Future<Output = ()>> Closing<'_, F> {
+impl Closing<'_> {
     /// Serves `connection` until it ends. Asked to close, it finishes what it has begun and
     /// takes no more: over HTTP/2 it tells the client so (GOAWAY), which then opens a new
     /// connection for its next request rather than losing it to a reset.
@@ -237,20 +240,29 @@ impl<F: Future<Output = ()>> Closing<'_, F> {
         I: hyper::rt::Read + hyper::rt::Write + Unpin + Send + 'static,
     {
         let mut connection = std::pin::pin!(connection);
-        let grace = tokio::select! {
+        let idle = tokio::select! {
             served = connection.as_mut() => return served,
-            () = self.shutdown.cancelled() => None,
-            () = self.idle => Some(self.idle_grace),
+            () = self.shutdown.cancelled() => false,
+            () = self.requests.idle_over_http2(self.idle_timeout) => true,
         };
         connection.as_mut().graceful_shutdown();
-        let Some(grace) = grace else {
+        if !idle {
             return connection.await;
-        };
+        }
         tracing::debug!("an HTTP/2 connection had no request for the header timeout; closing");
-        // A response whose body has ended can still wait on a client that opens no window.
-        tokio::time::timeout(grace, connection)
-            .await
-            .unwrap_or(Ok(()))
+        // Requests the client sent before it heard the GOAWAY are still served, for as long as
+        // they take. Once none is open, what is left is a response whose body has ended but
+        // whose client opens no window for it.
+        loop {
+            tokio::select! {
+                served = connection.as_mut() => return served,
+                () = tokio::time::sleep(self.idle_grace) => {
+                    if !self.requests.any_open() {
+                        return Ok(());
+                    }
+                }
+            }
+        }
     }
 }
 
@@ -280,6 +292,10 @@ impl Requests {
         Some(Open(self.clone()))
     }
 
+    fn any_open(&self) -> bool {
+        self.open.load(Ordering::Relaxed) > 0
+    }
+
     /// Resolves once `timeout` has passed without the connection beginning a request.
     async fn none_by(&self, timeout: Duration) {
         tokio::time::sleep(timeout).await;
@@ -297,7 +313,7 @@ impl Requests {
         loop {
             tokio::time::sleep(timeout).await;
             let begun = self.begun.load(Ordering::Relaxed);
-            if self.open.load(Ordering::Relaxed) > 0 {
+            if self.any_open() {
                 quiet_since = None;
             } else if quiet_since == Some(begun) {
                 return;

@@ -910,15 +910,17 @@ impl StreamService {
 
     /// Bytes of stream data retained (appended and not trimmed), across all streams.
     pub fn retained_bytes(&self) -> u64 {
-        let retained = self.streams_where(
+        let mut retained = 0;
+        self.streams_where(
             |registry| &registry.streams,
             "",
-            |s| {
+            |s| -> Option<()> {
                 let d = s.durable();
-                Some(d.tail.pos.saturating_sub(d.first.pos))
+                retained += d.tail.pos.saturating_sub(d.first.pos);
+                None
             },
         );
-        retained.iter().sum()
+        retained
     }
 
     /// What `pick` makes of each stream of the registry's map `of` whose key starts with
@@ -966,11 +968,13 @@ impl StreamService {
             .map_or(Bound::Included(walk.prefix), Bound::Excluded);
         let keys = of(&registry).range::<str, _>((from, Bound::Unbounded));
         let keys = keys.take_while(|(name, _)| name.starts_with(walk.prefix));
+        let mut last: Option<&Arc<str>> = None;
         for (walked, (name, stream)) in keys.enumerate() {
             if walked == WALKED_AT_ONCE {
+                walk.after = last.cloned();
                 return true;
             }
-            walk.after = Some(name.clone());
+            last = Some(name);
             walk.picked.extend(pick(stream));
         }
         false

@@ -6,6 +6,7 @@ must be one JSON value and reads return the normalised JSON; seq_num N is the
 DS record ordinal N."""
 
 import json
+import time
 
 import pytest
 
@@ -164,17 +165,34 @@ def test_a_durable_streams_long_poll_woken_by_a_command_record_is_204_past_it(se
     offset = ds_head(c, basin.name, stream).headers["stream-next-offset"]
 
     def poll():
+        # Polled again when it times out before the fence arrives (the harness's long-polls
+        # last 500 ms): what matters is what the poll the fence ends gets.
         with server.client() as other:
-            return other.get(ds_path(basin.name, stream),
-                             params={"offset": offset, "live": "long-poll"})
+            while True:
+                r = other.get(ds_path(basin.name, stream),
+                              params={"offset": offset, "live": "long-poll"})
+                if r.status_code != 204 or r.headers["stream-next-offset"] != offset:
+                    return r
 
     reader = Background(poll)
+    # Appended while the poll waits, so the fence is what wakes it.
+    deadline = time.monotonic() + s2.WAIT_S
+    while live_readers(c) < 1:
+        assert time.monotonic() < deadline, "the long-poll never began waiting"
     basin.ack(stream, [fence("f")])
     r = check(reader.result(), 204)
     assert r.content == b""
     after = ds_head(c, basin.name, stream).headers["stream-next-offset"]
     assert after != offset
     assert r.headers["stream-next-offset"] == after
+
+
+def live_readers(c):
+    """`runnel_live_readers` from /metrics."""
+    for line in c.get("/metrics").text.splitlines():
+        if line.startswith("runnel_live_readers "):
+            return float(line.split()[1])
+    raise AssertionError("no runnel_live_readers in /metrics")
 
 
 def sse_events(lines):
