@@ -1,4 +1,5 @@
-//! A minimal keep-alive HTTP/1.1 client: one TCP connection per caller, one request in flight.
+//! A minimal keep-alive HTTP/1.1 (or, with `--http2`, h2c) client: one TCP connection per caller,
+//! one request in flight.
 //!
 //! Each closed-loop worker owns a `Conn`, so "one request in flight per stream" is exact and no
 //! pool or lock sits between the worker and its socket. A failed connection is re-dialled on the
@@ -9,8 +10,8 @@ use bytes::Bytes;
 use http::{HeaderMap, HeaderValue, Method, Request, StatusCode, Uri, header};
 use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
-use hyper::client::conn::http1::{self, SendRequest};
-use hyper_util::rt::TokioIo;
+use hyper::client::conn::{http1, http2};
+use hyper_util::rt::{TokioExecutor, TokioIo};
 use std::sync::Arc;
 use tokio::net::TcpStream;
 
@@ -20,10 +21,12 @@ pub struct Target {
     pub addr: String,
     pub authority: HeaderValue,
     pub prefix: String,
+    /// Speak HTTP/2 with prior knowledge (h2c) rather than HTTP/1.1.
+    pub http2: bool,
 }
 
 impl Target {
-    pub fn parse(url: &str) -> Result<Arc<Target>> {
+    pub fn parse(url: &str, http2: bool) -> Result<Arc<Target>> {
         let uri: Uri = url.parse().with_context(|| format!("bad --target {url}"))?;
         if uri.scheme_str() != Some("http") {
             bail!("--target must be an http:// URL");
@@ -43,6 +46,7 @@ impl Target {
             addr,
             authority: HeaderValue::from_str(auth.as_str())?,
             prefix,
+            http2,
         }))
     }
 
@@ -67,7 +71,38 @@ impl Response {
 /// One keep-alive connection.
 pub struct Conn {
     target: Arc<Target>,
-    sender: Option<SendRequest<Full<Bytes>>>,
+    sender: Option<Sender>,
+}
+
+enum Sender {
+    Http1(http1::SendRequest<Full<Bytes>>),
+    Http2(http2::SendRequest<Full<Bytes>>),
+}
+
+impl Sender {
+    fn is_closed(&self) -> bool {
+        match self {
+            Sender::Http1(s) => s.is_closed(),
+            Sender::Http2(s) => s.is_closed(),
+        }
+    }
+
+    async fn ready(&mut self) -> hyper::Result<()> {
+        match self {
+            Sender::Http1(s) => s.ready().await,
+            Sender::Http2(s) => s.ready().await,
+        }
+    }
+
+    async fn send_request(
+        &mut self,
+        req: Request<Full<Bytes>>,
+    ) -> hyper::Result<hyper::Response<Incoming>> {
+        match self {
+            Sender::Http1(s) => s.send_request(req).await,
+            Sender::Http2(s) => s.send_request(req).await,
+        }
+    }
 }
 
 impl Conn {
@@ -78,7 +113,7 @@ impl Conn {
         }
     }
 
-    async fn dial(&mut self) -> Result<&mut SendRequest<Full<Bytes>>> {
+    async fn dial(&mut self) -> Result<&mut Sender> {
         if self.sender.as_ref().is_some_and(|s| s.is_closed()) {
             self.sender = None;
         }
@@ -87,11 +122,20 @@ impl Conn {
                 .await
                 .with_context(|| format!("connect {}", self.target.addr))?;
             tcp.set_nodelay(true)?;
-            let (sender, conn) = http1::handshake(TokioIo::new(tcp)).await?;
-            tokio::spawn(async move {
-                let _ = conn.await;
+            let io = TokioIo::new(tcp);
+            self.sender = Some(if self.target.http2 {
+                let (sender, conn) = http2::handshake(TokioExecutor::new(), io).await?;
+                tokio::spawn(async move {
+                    let _ = conn.await;
+                });
+                Sender::Http2(sender)
+            } else {
+                let (sender, conn) = http1::handshake(io).await?;
+                tokio::spawn(async move {
+                    let _ = conn.await;
+                });
+                Sender::Http1(sender)
             });
-            self.sender = Some(sender);
         }
         if self.sender.as_mut().unwrap().ready().await.is_err() {
             self.sender = None;
@@ -108,7 +152,13 @@ impl Conn {
         headers: &[(&str, &str)],
         body: Bytes,
     ) -> Request<Full<Bytes>> {
-        let mut req = Request::builder().method(method).uri(path);
+        // HTTP/2 carries the scheme and authority in the request line's place.
+        let uri = if self.target.http2 {
+            format!("http://{}{path}", self.target.addr)
+        } else {
+            path.to_string()
+        };
+        let mut req = Request::builder().method(method).uri(uri);
         let h = req.headers_mut().unwrap();
         h.insert(header::HOST, self.target.authority.clone());
         for (k, v) in headers {
@@ -303,7 +353,7 @@ mod tests {
 
     #[test]
     fn target_with_prefix() {
-        let t = Target::parse("http://127.0.0.1:8080/pre/").unwrap();
+        let t = Target::parse("http://127.0.0.1:8080/pre/", false).unwrap();
         assert_eq!(t.addr, "127.0.0.1:8080");
         assert_eq!(t.path("/v1/stream/x"), "/pre/v1/stream/x");
     }

@@ -52,6 +52,10 @@ struct Cli {
     /// Bucket (bucket face) or basin (S2 face) to use; created if missing.
     #[arg(long, global = true, default_value = "runnel-bench")]
     bucket: String,
+    /// Speak HTTP/2 with prior knowledge (h2c) instead of HTTP/1.1, still one connection and
+    /// one request in flight per writer or reader.
+    #[arg(long, global = true)]
+    http2: bool,
     /// Stream-name prefix (default: unique per run).
     #[arg(long, global = true)]
     run_id: Option<String>,
@@ -167,7 +171,7 @@ async fn run(cli: Cli, threads: usize) -> Result<()> {
     if let Cmd::Noop { listen, sync_dir } = &cli.cmd {
         return noop::serve(listen, sync_dir.as_deref()).await;
     }
-    let target = client::Target::parse(&cli.target)?;
+    let target = client::Target::parse(&cli.target, cli.http2)?;
     let unix = SystemTime::now().duration_since(UNIX_EPOCH)?;
     let run = cli
         .run_id
