@@ -18,6 +18,7 @@ pub fn new_hist() -> Histogram<u64> {
 /// the latency it measures. The histogram is made only when the buffer first fills: 10,000
 /// writers each starting with their own zeroed 180 KB (1.8 GB of fresh memory) kept the client's
 /// core busy zeroing pages, and the writers waited.
+#[derive(Default)]
 pub struct Recorder {
     hist: Option<Histogram<u64>>,
     pending: Vec<u64>,
@@ -28,18 +29,6 @@ pub struct Recorder {
 
 /// Samples buffered before they are folded into the histogram.
 const PENDING_SAMPLES: usize = 4096;
-
-impl Default for Recorder {
-    fn default() -> Self {
-        Recorder {
-            hist: None,
-            pending: Vec::new(),
-            errors: 0,
-            bytes: 0,
-            first_errors: Vec::new(),
-        }
-    }
-}
 
 impl Recorder {
     pub fn record(&mut self, d: Duration) {
