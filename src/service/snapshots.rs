@@ -44,6 +44,11 @@ impl MetaWrite {
                 let stream = Arc::clone(stream);
                 super::to_the_end(async move {
                     let committed = commit.await;
+                    if committed.is_err() {
+                        // The change is in memory and maybe not on disk: no reader may take it
+                        // for settled (see `Stream::meta_settled`).
+                        stream.publish_write_failure();
+                    }
                     stream.publish_meta_change();
                     Ok(committed?)
                 })

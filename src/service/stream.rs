@@ -262,20 +262,27 @@ impl Stream {
     }
 
     /// Waits until the metadata changes submitted up to `submitted` (see
-    /// [`State::meta_submitted`]) are over; the stream going away first is `NotFound`.
+    /// [`State::meta_submitted`]) are durable; the stream going away first is `NotFound`. Once a
+    /// write to the stream has failed, its metadata in memory may hold a change that is not on
+    /// disk, which a restart would undo: it is shown to no one until then.
     pub(super) async fn meta_settled(&self, submitted: u64) -> Result<(), super::StreamError> {
         let now = self.durable();
-        if now.meta_version >= submitted {
-            return Ok(());
+        let settled = if now.meta_version >= submitted {
+            now
+        } else {
+            let mut rx = self.subscribe();
+            let waited = rx
+                .wait_for(|d| d.meta_version >= submitted || d.removed)
+                .await;
+            match waited {
+                Ok(d) if !d.removed => d.clone(),
+                _ => return Err(super::StreamError::NotFound),
+            }
+        };
+        if settled.write_failed {
+            return Err(StorageError::Failed.into());
         }
-        let mut rx = self.subscribe();
-        match rx
-            .wait_for(|d| d.meta_version >= submitted || d.removed)
-            .await
-        {
-            Ok(d) if !d.removed => Ok(()),
-            _ => Err(super::StreamError::NotFound),
-        }
+        Ok(())
     }
 
     /// Waits until the stream's creation is durable; false if it never will be.

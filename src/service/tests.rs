@@ -1197,6 +1197,32 @@ async fn a_retry_waiting_for_an_append_whose_write_fails_is_told_so_rather_than_
 }
 
 #[tokio::test]
+async fn a_metadata_change_whose_write_fails_is_shown_to_no_reader() {
+    let fail = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let engine = FailingCommits {
+        inner: MemoryEngine::new(),
+        gate: Arc::new(Semaphore::new(Semaphore::MAX_PERMITS)),
+        fail: fail.clone(),
+    };
+    let service = StreamService::open(Arc::new(engine), ServiceConfig::default()).unwrap();
+    service.create(create_text("s")).await.unwrap();
+    let attrs = |n: i64| serde_json::json!({ "n": n }).as_object().cloned();
+    service.set_attrs("s", attrs(1)).await.unwrap();
+    assert_eq!(service.attrs("s").await.unwrap(), attrs(1));
+    fail.store(true, std::sync::atomic::Ordering::SeqCst);
+    let refused = service.set_attrs("s", attrs(2)).await;
+    assert!(
+        matches!(refused, Err(StreamError::Storage(_))),
+        "{refused:?}"
+    );
+    let read = service.attrs("s").await;
+    assert!(
+        matches!(read, Err(StreamError::Storage(_))),
+        "a change that may not be on disk is not shown as the stream's: {read:?}"
+    );
+}
+
+#[tokio::test]
 async fn a_tail_watch_past_its_deadline_ends_even_while_the_tail_keeps_moving() {
     let (service, stream) = one_text_stream().await;
     let deadline = tokio::time::Instant::now() + Duration::from_millis(20);
