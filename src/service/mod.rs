@@ -759,6 +759,7 @@ impl StreamService {
             removed: false,
             soft_deleted: false,
             write_failed: false,
+            meta_write_failed: false,
         };
         let stream = Arc::new(Stream::new(
             id,
@@ -1109,6 +1110,7 @@ impl Rebuild {
             removed: false,
             soft_deleted: recovered.meta.soft_deleted,
             write_failed: false,
+            meta_write_failed: false,
         };
         let soft_deleted = recovered.meta.soft_deleted;
         let untrimmed = recovered.meta.retained_from.seq > recovered.trimmed_before;

@@ -338,6 +338,7 @@ impl StreamService {
                     d.first = d.first.max(first);
                 }
                 d.meta_version += 1;
+                d.meta_write_failed |= committed.is_err();
             });
         }
         Ok(committed?)

@@ -44,12 +44,7 @@ impl MetaWrite {
                 let stream = Arc::clone(stream);
                 super::to_the_end(async move {
                     let committed = commit.await;
-                    if committed.is_err() {
-                        // The change is in memory and maybe not on disk: no reader may take it
-                        // for settled (see `Stream::meta_settled`).
-                        stream.publish_write_failure();
-                    }
-                    stream.publish_meta_change();
+                    stream.publish_meta_change(committed.is_ok());
                     Ok(committed?)
                 })
                 .await
@@ -432,6 +427,7 @@ impl StreamService {
                         d.first = d.first.max(at);
                     }
                     d.meta_version += 1;
+                    d.meta_write_failed |= committed.is_err();
                 });
             }
             Ok(committed?)

@@ -37,6 +37,9 @@ pub struct Durable {
     /// A write to the stream failed in storage, which then takes no more writes: what was
     /// submitted after the durable tail never will be durable, and nothing waits for it.
     pub write_failed: bool,
+    /// A change of the stream's metadata failed in storage: its metadata in memory may hold
+    /// what is not on disk, which a restart would undo, so it is shown to no one until then.
+    pub meta_write_failed: bool,
 }
 
 impl Durable {
@@ -255,16 +258,18 @@ impl Stream {
         self.publish(|d| d.write_failed = true);
     }
 
-    /// Marks a metadata change over (committed, or failed with the storage), waking replication
+    /// Marks a metadata change over, `committed` or failed in storage, waking replication
     /// sessions and the readers waiting in [`Self::meta_settled`].
-    pub(super) fn publish_meta_change(&self) {
-        self.publish(|d| d.meta_version += 1);
+    pub(super) fn publish_meta_change(&self, committed: bool) {
+        self.publish(|d| {
+            d.meta_version += 1;
+            d.meta_write_failed |= !committed;
+        });
     }
 
     /// Waits until the metadata changes submitted up to `submitted` (see
-    /// [`State::meta_submitted`]) are durable; the stream going away first is `NotFound`. Once a
-    /// write to the stream has failed, its metadata in memory may hold a change that is not on
-    /// disk, which a restart would undo: it is shown to no one until then.
+    /// [`State::meta_submitted`]) are durable; the stream going away first is `NotFound`, and
+    /// a failed metadata write (see [`Durable::meta_write_failed`]) a storage error.
     pub(super) async fn meta_settled(&self, submitted: u64) -> Result<(), super::StreamError> {
         let now = self.durable();
         let settled = if now.meta_version >= submitted {
@@ -275,11 +280,11 @@ impl Stream {
                 .wait_for(|d| d.meta_version >= submitted || d.removed)
                 .await;
             match waited {
-                Ok(d) if !d.removed => d.clone(),
+                Ok(d) if !d.removed => *d,
                 _ => return Err(super::StreamError::NotFound),
             }
         };
-        if settled.write_failed {
+        if settled.meta_write_failed {
             return Err(StorageError::Failed.into());
         }
         Ok(())
@@ -402,6 +407,7 @@ pub(super) mod tests {
             removed: false,
             soft_deleted: false,
             write_failed: false,
+            meta_write_failed: false,
         }
     }
 

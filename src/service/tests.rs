@@ -1210,6 +1210,12 @@ async fn a_metadata_change_whose_write_fails_is_shown_to_no_reader() {
     service.set_attrs("s", attrs(1)).await.unwrap();
     assert_eq!(service.attrs("s").await.unwrap(), attrs(1));
     fail.store(true, std::sync::atomic::Ordering::SeqCst);
+    assert!(service.append("s", text("lost")).await.is_err());
+    assert_eq!(
+        service.attrs("s").await.unwrap(),
+        attrs(1),
+        "a failed append leaves the metadata as it was, and shown"
+    );
     let refused = service.set_attrs("s", attrs(2)).await;
     assert!(
         matches!(refused, Err(StreamError::Storage(_))),
