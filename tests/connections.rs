@@ -512,20 +512,30 @@ async fn an_http2_client_that_takes_nothing_of_a_large_response_loses_its_connec
         } else {
             http2_client(&server, window).await
         };
-        let request = axum::http::Request::get(server.url(&format!("{path}?{query}")))
-            .body(())
-            .unwrap();
-        let (response, _) = h2.send_request(request, true).unwrap();
-        let response = response.await.unwrap();
-        assert_eq!(response.status(), 200);
         // Its other streams and pings go on, so only the untaken body shows the stall.
-        let closed = tokio::time::timeout(Duration::from_secs(10), connection).await;
         assert!(
-            closed.is_ok(),
+            closes_when_left_untaken(&server, &mut h2, connection, &format!("{path}?{query}"))
+                .await,
             "a connection holding a 1 MiB response it never takes stays open ({query})"
         );
-        drop(response);
     }
+}
+
+/// Asks for `path` on `h2`, takes none of the response, and tells whether the server then
+/// closed the connection within 10 s.
+async fn closes_when_left_untaken(
+    server: &Server,
+    h2: &mut h2::client::SendRequest<bytes::Bytes>,
+    connection: tokio::task::JoinHandle<Result<(), h2::Error>>,
+    path: &str,
+) -> bool {
+    let request = axum::http::Request::get(server.url(path)).body(()).unwrap();
+    let (response, _) = h2.send_request(request, true).unwrap();
+    let response = response.await.unwrap();
+    assert_eq!(response.status(), 200);
+    let closed = tokio::time::timeout(Duration::from_secs(10), connection).await;
+    drop(response);
+    closed.is_ok()
 }
 
 #[tokio::test]
@@ -544,18 +554,10 @@ async fn an_http2_client_that_takes_nothing_of_a_small_response_loses_its_connec
     // Streams that open with no window: one client could hold as many such responses as it may
     // open streams, on each of its connections.
     let (mut h2, connection) = http2_client(&server, 0).await;
-    let request = axum::http::Request::get(server.url(&format!("{path}?offset=-1")))
-        .body(())
-        .unwrap();
-    let (response, _) = h2.send_request(request, true).unwrap();
-    let response = response.await.unwrap();
-    assert_eq!(response.status(), 200);
-    let closed = tokio::time::timeout(Duration::from_secs(10), connection).await;
     assert!(
-        closed.is_ok(),
+        closes_when_left_untaken(&server, &mut h2, connection, &format!("{path}?offset=-1")).await,
         "a connection holding a 100-byte response it never takes stays open"
     );
-    drop(response);
 }
 
 #[tokio::test]

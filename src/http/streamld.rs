@@ -675,7 +675,7 @@ async fn pump(
     // and a change made meanwhile must go out after it, not count as told.
     let described = |d: &crate::service::Durable| (d.meta_version, d.closed, d.first);
     let mut told = described(&stream.durable());
-    let state = app.service.replicated_state(stream);
+    let state = app.service.replicated_state(stream)?;
     send(state_message(url, &state)).await?;
     // A replica applies a close only once it holds every record before it: a closed stream's
     // state goes out again after the backlog.
@@ -753,7 +753,7 @@ async fn pump(
         }
         if described(&durable) != told {
             told = described(&durable);
-            send(state_message(url, &app.service.replicated_state(stream))).await?;
+            send(state_message(url, &app.service.replicated_state(stream)?)).await?;
         }
         if watch.changed().await.is_err() {
             return send(Message::Deleted(StreamDeleted {

@@ -583,7 +583,7 @@ impl Mirror<'_> {
         };
         self.states.insert(message.stream.clone(), state.clone());
         let stream = self.stream(&message.stream).await?;
-        let local = self.service.replicated_state(&stream);
+        let local = self.service.replicated_state(&stream)?;
         if local.cipher != state.cipher {
             // A copy made before ciphers were replicated holds sealed bodies as plain ones.
             return self

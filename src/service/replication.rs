@@ -11,7 +11,7 @@ use tokio::sync::broadcast;
 use super::{CreateRequest, Stream, StreamError, StreamResult, StreamService};
 use crate::model::stream::SnapshotInfo;
 use crate::model::{Offset, Record, names};
-use crate::storage::{Change, StreamId};
+use crate::storage::{Change, StorageError, StreamId};
 
 /// How many stream arrivals a bucket replication session may fall behind before it must look
 /// at the whole bucket again.
@@ -182,11 +182,16 @@ impl StreamService {
             .collect()
     }
 
-    /// The durable state of a stream beside its records.
-    pub fn replicated_state(&self, stream: &Stream) -> ReplicatedState {
+    /// The durable state of a stream beside its records; a storage error once a metadata change
+    /// to it has failed in storage, as what memory holds may not be on disk (see
+    /// [`super::Durable::meta_write_failed`]).
+    pub fn replicated_state(&self, stream: &Stream) -> StreamResult<ReplicatedState> {
         let durable = stream.durable();
+        if durable.meta_write_failed {
+            return Err(StorageError::Failed.into());
+        }
         let state = stream.lock();
-        ReplicatedState {
+        Ok(ReplicatedState {
             content_type: stream.content_type.to_string(),
             closed: durable.closed,
             attrs: state.meta.extra().attrs.clone(),
@@ -198,7 +203,7 @@ impl StreamService {
             created_ms: state.meta.created_ms,
             cipher: state.meta.extra().cipher.clone(),
             key_fingerprint: state.meta.extra().key_fingerprint.clone(),
-        }
+        })
     }
 
     /// The mirror of `key`, created in one step to match the upstream's `state` when it does

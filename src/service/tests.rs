@@ -1226,6 +1226,14 @@ async fn a_metadata_change_whose_write_fails_is_shown_to_no_reader() {
         matches!(read, Err(StreamError::Storage(_))),
         "a change that may not be on disk is not shown as the stream's: {read:?}"
     );
+    let stream = service.find("s", false).await.unwrap();
+    assert!(
+        matches!(
+            service.replicated_state(&stream),
+            Err(StreamError::Storage(_))
+        ),
+        "nor sent to mirrors"
+    );
 }
 
 #[tokio::test]
