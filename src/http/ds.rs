@@ -732,6 +732,12 @@ pub(super) fn visible(records: &[Record]) -> impl Iterator<Item = &Record> {
     records.iter().filter(|r| !r.command)
 }
 
+/// Whether Durable Streams readers see nothing of `records` (none, or only command records): an
+/// answer with no data, at the offset past them.
+pub(super) fn shows_nothing(records: &[Record]) -> bool {
+    visible(records).next().is_none()
+}
+
 pub(super) fn next_cursor(client: Option<u64>) -> u64 {
     cursor::next_cursor(
         crate::service::now_ms(),
@@ -763,8 +769,7 @@ async fn long_poll(app: &AppState, read: &Read) -> Handled {
             .await?;
     }
     let head = ChunkHead::of(&chunk);
-    // Only S2 command records are as good as none: no data, at a later offset.
-    let mut response = if visible(&chunk.records).next().is_none() {
+    let mut response = if shows_nothing(&chunk.records) {
         let mut response = empty(StatusCode::NO_CONTENT);
         set(&mut response, "cache-control", "no-store");
         response

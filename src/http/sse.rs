@@ -10,7 +10,7 @@ use bytes::Bytes;
 use tokio::time::Instant;
 
 use super::AppState;
-use super::ds::{Read, canonical_body, next_cursor, visible};
+use super::ds::{Read, canonical_body, next_cursor, shows_nothing, visible};
 use crate::model::Offset;
 use crate::model::content_type::sse_needs_base64;
 use crate::model::records::{self, ReadView, RecordView};
@@ -160,8 +160,7 @@ fn chunk_events(
     cursor: u64,
 ) -> (Vec<u8>, Option<usize>) {
     let mut events = Vec::new();
-    if visible(&chunk.records).next().is_none() {
-        // Only S2 command records: nothing to show, but the reader moves past them.
+    if shows_nothing(&chunk.records) {
         write_control_event(&mut events, read, Reached::from(chunk), cursor);
         return (events, None);
     }

@@ -337,13 +337,9 @@ impl StreamService {
                 let state = stream.lock();
                 (state.meta.closed, state.meta.retained_from)
             };
-            stream.publish(|d| {
-                if committed.is_ok() {
-                    d.closed |= closed;
-                    d.first = d.first.max(first);
-                }
-                d.meta_version += 1;
-                d.meta_write_failed |= committed.is_err();
+            stream.publish_meta_change(committed.is_ok(), |d| {
+                d.closed |= closed;
+                d.first = d.first.max(first);
             });
         }
         Ok(committed?)

@@ -44,7 +44,7 @@ impl MetaWrite {
                 let stream = Arc::clone(stream);
                 super::to_the_end(async move {
                     let committed = commit.await;
-                    stream.publish_meta_change(committed.is_ok());
+                    stream.publish_meta_change(committed.is_ok(), |_| {});
                     Ok(committed?)
                 })
                 .await
@@ -422,13 +422,7 @@ impl StreamService {
         super::to_the_end(async move {
             let committed = commit.await;
             if moved {
-                stream.publish(|d| {
-                    if committed.is_ok() {
-                        d.first = d.first.max(at);
-                    }
-                    d.meta_version += 1;
-                    d.meta_write_failed |= committed.is_err();
-                });
+                stream.publish_meta_change(committed.is_ok(), |d| d.first = d.first.max(at));
             }
             Ok(committed?)
         })

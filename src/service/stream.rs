@@ -259,9 +259,13 @@ impl Stream {
     }
 
     /// Marks a metadata change over, `committed` or failed in storage, waking replication
-    /// sessions and the readers waiting in [`Self::meta_settled`].
-    pub(super) fn publish_meta_change(&self, committed: bool) {
+    /// sessions and the readers waiting in [`Self::meta_settled`]. `applied` makes what a
+    /// committed change changes in the published state, in the same publication.
+    pub(super) fn publish_meta_change(&self, committed: bool, applied: impl FnOnce(&mut Durable)) {
         self.publish(|d| {
+            if committed {
+                applied(d);
+            }
             d.meta_version += 1;
             d.meta_write_failed |= !committed;
         });
