@@ -1,7 +1,8 @@
-//! Bearer-token authentication and authorization for every face (`--auth`). Each request is
-//! classified as one of S2's operations on a resource (a basin, a stream, a token, the account)
-//! and checked against the caller's scope before any handler runs, so the answer never depends
-//! on whether the resource exists: a token without access to a bucket learns nothing about it.
+//! Bearer-token authentication and authorization for every face (`--auth`). Each request's
+//! route says which of S2's operations on which resource (a basin, a stream, a token, the
+//! account) it is ([`Route::access`]), and that is checked against the caller's scope before
+//! any handler runs, so the answer never depends on whether the resource exists: a token
+//! without access to a bucket learns nothing about it.
 //!
 //! Operations whose resource is named in the body (creating a basin or stream through S2,
 //! issuing a token) and listings are narrowed further by their handlers with the `Principal`
@@ -12,11 +13,11 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use axum::extract::Request;
-use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, header};
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::Response;
-use percent_encoding::percent_decode_str;
 
 use super::AppState;
+use super::route::{Access, Face, Route};
 use crate::model::access::{self, Operation, Resource};
 use crate::model::names;
 use crate::service::{Principal, TokenError};
@@ -134,7 +135,7 @@ impl Budget<'_> {
 
 /// Takes a request from `budget` under `--rate-limit`; `Err` is the 429 to send when it is
 /// spent.
-fn within_rate(auth: &AuthConfig, budget: Budget, path: &str) -> Result<(), Box<Response>> {
+fn within_rate(auth: &AuthConfig, budget: Budget, face: Face) -> Result<(), Box<Response>> {
     let Some(rate) = auth.rate_limit else {
         return Ok(());
     };
@@ -143,7 +144,7 @@ fn within_rate(auth: &AuthConfig, budget: Budget, path: &str) -> Result<(), Box<
     };
     let whose = budget.whose();
     let mut response = refusal(
-        path,
+        face,
         StatusCode::TOO_MANY_REQUESTS,
         "rate_limited",
         &format!("over {rate} requests per second {whose}"),
@@ -153,137 +154,6 @@ fn within_rate(auth: &AuthConfig, budget: Budget, path: &str) -> Result<(), Box<
         response.headers_mut().insert(header::RETRY_AFTER, value);
     }
     Err(Box::new(response))
-}
-
-/// What a request asks to do.
-#[derive(Debug, PartialEq, Eq)]
-enum Access {
-    /// No token needed (health checks, CORS preflights).
-    Public,
-    /// Any valid token (the handler narrows further, or the route does not exist).
-    Authenticated,
-    Operation(Operation, Target),
-}
-
-/// The resource of an operation, with owned names.
-#[derive(Debug, PartialEq, Eq)]
-enum Target {
-    Account,
-    Basin(String),
-    Stream(String, String),
-    AccessToken(String),
-}
-
-impl Target {
-    fn resource(&self) -> Resource<'_> {
-        match self {
-            Target::Account => Resource::Account,
-            Target::Basin(b) => Resource::Basin(b),
-            Target::Stream(b, s) => Resource::Stream {
-                basin: b,
-                stream: s,
-            },
-            Target::AccessToken(id) => Resource::AccessToken(id),
-        }
-    }
-}
-
-fn decoded(segment: &str) -> String {
-    percent_decode_str(segment).decode_utf8_lossy().into_owned()
-}
-
-/// Classifies a request by route and method. Base-surface streams (`/v1/stream/…`) live in the
-/// basin named `""`.
-fn classify(method: &Method, path: &str, headers: &HeaderMap) -> Access {
-    use Operation::*;
-    if method == Method::OPTIONS || path == "/healthz" || path == "/readyz" {
-        return Access::Public;
-    }
-    let read = method == Method::GET || method == Method::HEAD;
-    let op = |op: Operation, target: Target| Access::Operation(op, target);
-    let s2_basin = || super::s2::basin_name(headers).unwrap_or_default();
-    if path == "/metrics" {
-        return op(AccountMetrics, Target::Account);
-    }
-    if let Some(rest) = path.strip_prefix("/v1/stream/") {
-        let stream = Target::Stream(String::new(), decoded(rest));
-        return op(stream_op(method), stream);
-    }
-    let segments: Vec<&str> = path.trim_start_matches('/').split('/').collect();
-    match segments.as_slice() {
-        ["v1", "streamld", "replication"] => Access::Authenticated,
-        ["v1", "basins"] if read => op(ListBasins, Target::Account),
-        ["v1", "basins"] => Access::Authenticated,
-        ["v1", "basins", basin] => {
-            let basin = Target::Basin(decoded(basin));
-            match *method {
-                Method::GET | Method::HEAD => op(GetBasinConfig, basin),
-                Method::PUT => op(CreateBasin, basin),
-                Method::PATCH => op(ReconfigureBasin, basin),
-                Method::DELETE => op(DeleteBasin, basin),
-                _ => Access::Authenticated,
-            }
-        }
-        ["v1", "streams"] if read => op(ListStreams, Target::Basin(s2_basin())),
-        ["v1", "streams"] => Access::Authenticated,
-        ["v1", "streams", stream, tail @ ..] => {
-            let target = Target::Stream(s2_basin(), decoded(stream));
-            match (tail, method.clone()) {
-                ([], Method::GET | Method::HEAD) => op(GetStreamConfig, target),
-                ([], Method::PUT) => op(CreateStream, target),
-                ([], Method::PATCH) => op(ReconfigureStream, target),
-                ([], Method::DELETE) => op(DeleteStream, target),
-                (["records"], Method::POST) => op(Append, target),
-                (["records"], _) => op(Read, target),
-                (["records", "tail"], _) => op(CheckTail, target),
-                _ => Access::Authenticated,
-            }
-        }
-        ["v1", "metrics" | "locations", ..] => Access::Authenticated,
-        ["v1", "access-tokens"] if read => op(ListAccessTokens, Target::Account),
-        ["v1", "access-tokens"] => Access::Authenticated,
-        ["v1", "access-tokens", id] => match *method {
-            Method::DELETE => op(RevokeAccessToken, Target::AccessToken(decoded(id))),
-            _ => Access::Authenticated,
-        },
-        [bucket] if !bucket.is_empty() => {
-            let basin = Target::Basin(decoded(bucket));
-            match *method {
-                Method::PUT => op(CreateBasin, basin),
-                Method::DELETE => op(DeleteBasin, basin),
-                _ => op(GetBasinConfig, basin),
-            }
-        }
-        [bucket, stream] if read && decoded(stream) == "streams" => {
-            op(ListStreams, Target::Basin(decoded(bucket)))
-        }
-        [bucket, stream] => op(
-            stream_op(method),
-            Target::Stream(decoded(bucket), decoded(stream)),
-        ),
-        [bucket, stream, extension, ..] => {
-            let target = Target::Stream(decoded(bucket), decoded(stream));
-            let op_ = match (decoded(extension).as_str(), read) {
-                ("attrs", true) => GetStreamConfig,
-                ("attrs", false) => ReconfigureStream,
-                ("retention", _) => Trim,
-                (_, true) => Read,
-                (_, false) => Append,
-            };
-            op(op_, target)
-        }
-        _ => Access::Authenticated,
-    }
-}
-
-/// A Durable Streams stream request's operation.
-fn stream_op(method: &Method) -> Operation {
-    match *method {
-        Method::PUT => Operation::CreateStream,
-        Method::POST => Operation::Append,
-        Method::DELETE => Operation::DeleteStream,
-        _ => Operation::Read,
-    }
 }
 
 /// Whether the caller may read the stream stored under `key`, for a request that names it
@@ -312,8 +182,8 @@ fn bearer(headers: &HeaderMap) -> Option<&str> {
 }
 
 /// The error response of a refused request, in the face's own style.
-fn refusal(path: &str, status: StatusCode, code: &str, message: &str) -> Response {
-    let mut response = super::refusal(path, status, code, message);
+fn refusal(face: Face, status: StatusCode, code: &str, message: &str) -> Response {
+    let mut response = super::refusal(face, status, code, message);
     if status == StatusCode::UNAUTHORIZED {
         response.headers_mut().insert(
             header::WWW_AUTHENTICATE,
@@ -323,23 +193,32 @@ fn refusal(path: &str, status: StatusCode, code: &str, message: &str) -> Respons
     response
 }
 
-/// Authenticates, rate-limits and authorizes, then hands the principal on in the request's
-/// extensions (the operator when authentication is off, or the route public). `Err` is the
-/// refusal to send instead (boxed: refusals are rare, and the `Ok` path stays small).
-pub fn authorize(app: &AppState, request: &mut Request) -> Result<(), Box<Response>> {
+/// Authenticates, rate-limits and authorizes a request on `route`, and returns its principal
+/// (the operator when authentication is off, or the route public), which it also leaves in the
+/// request's extensions for the handlers. `Err` is the refusal to send instead (boxed: refusals
+/// are rare, and the `Ok` path stays small).
+pub fn authorize(
+    app: &AppState,
+    route: &Route,
+    request: &mut Request,
+) -> Result<Arc<Principal>, Box<Response>> {
+    let principal = authenticate(app, route, request)?;
+    request.extensions_mut().insert(principal.clone());
+    Ok(principal)
+}
+
+fn authenticate(
+    app: &AppState,
+    route: &Route,
+    request: &Request,
+) -> Result<Arc<Principal>, Box<Response>> {
     let Some(auth) = app.config.auth.as_ref() else {
-        request
-            .extensions_mut()
-            .insert(Principal::shared_operator());
-        return Ok(());
+        return Ok(Principal::shared_operator());
     };
-    let path = request.uri().path().to_string();
-    let access = classify(request.method(), &path, request.headers());
+    let face = route.face();
+    let access = route.access(request.method(), request.headers());
     if access == Access::Public {
-        request
-            .extensions_mut()
-            .insert(Principal::shared_operator());
-        return Ok(());
+        return Ok(Principal::shared_operator());
     }
     if request
         .headers()
@@ -349,7 +228,7 @@ pub fn authorize(app: &AppState, request: &mut Request) -> Result<(), Box<Respon
         .is_some()
     {
         return Err(Box::new(refusal(
-            &path,
+            face,
             StatusCode::BAD_REQUEST,
             "bad_header",
             "send one Authorization header, not several",
@@ -357,7 +236,7 @@ pub fn authorize(app: &AppState, request: &mut Request) -> Result<(), Box<Respon
     }
     let Some(secret) = bearer(request.headers()) else {
         return Err(Box::new(refusal(
-            &path,
+            face,
             StatusCode::UNAUTHORIZED,
             "unauthenticated",
             "send an access token: Authorization: Bearer <token>",
@@ -372,10 +251,10 @@ pub fn authorize(app: &AppState, request: &mut Request) -> Result<(), Box<Respon
                 // Guesses share one budget, so they cannot be made at any rate. An expired
                 // token is told so at once, so its client renews it rather than retrying.
                 if e == TokenError::Unknown {
-                    within_rate(auth, Budget::UnknownTokens, &path)?;
+                    within_rate(auth, Budget::UnknownTokens, face)?;
                 }
                 return Err(Box::new(refusal(
-                    &path,
+                    face,
                     StatusCode::UNAUTHORIZED,
                     "unauthenticated",
                     &e.to_string(),
@@ -389,105 +268,24 @@ pub fn authorize(app: &AppState, request: &mut Request) -> Result<(), Box<Respon
             .rate_budget
             .as_deref()
             .map_or(Budget::Operator, Budget::Token),
-        &path,
+        face,
     )?;
     if let Access::Operation(op, target) = &access
         && !principal.scope.allows(*op, target.resource())
     {
         return Err(Box::new(refusal(
-            &path,
+            face,
             StatusCode::FORBIDDEN,
             "permission_denied",
             "the access token does not permit this operation on this resource",
         )));
     }
-    request.extensions_mut().insert(principal);
-    Ok(())
+    Ok(principal)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn class(method: Method, path: &str) -> Access {
-        let mut headers = HeaderMap::new();
-        headers.insert("s2-basin", HeaderValue::from_static("logs-basin"));
-        classify(&method, path, &headers)
-    }
-
-    #[test]
-    fn requests_on_every_face_map_to_s2_operations() {
-        use Operation::*;
-        let stream = |b: &str, s: &str| Target::Stream(b.into(), s.into());
-        let cases = [
-            (Method::GET, "/v1/stream/a%2Fb", Read, stream("", "a/b")),
-            (Method::POST, "/v1/stream/x", Append, stream("", "x")),
-            (Method::PUT, "/bkt1/s", CreateStream, stream("bkt1", "s")),
-            (Method::DELETE, "/bkt1/s", DeleteStream, stream("bkt1", "s")),
-            (
-                Method::POST,
-                "/bkt1/s/append-batch",
-                Append,
-                stream("bkt1", "s"),
-            ),
-            (Method::GET, "/bkt1/s/bootstrap", Read, stream("bkt1", "s")),
-            (
-                Method::PUT,
-                "/bkt1/s/retention/5",
-                Trim,
-                stream("bkt1", "s"),
-            ),
-            (
-                Method::PUT,
-                "/bkt1/s/attrs",
-                ReconfigureStream,
-                stream("bkt1", "s"),
-            ),
-            (
-                Method::POST,
-                "/v1/streams/a%2Fb/records",
-                Append,
-                stream("logs-basin", "a/b"),
-            ),
-            (
-                Method::GET,
-                "/v1/streams/s/records/tail",
-                CheckTail,
-                stream("logs-basin", "s"),
-            ),
-            (
-                Method::GET,
-                "/bkt1/streams",
-                ListStreams,
-                Target::Basin("bkt1".into()),
-            ),
-            (
-                Method::PUT,
-                "/bkt1",
-                CreateBasin,
-                Target::Basin("bkt1".into()),
-            ),
-            (Method::GET, "/metrics", AccountMetrics, Target::Account),
-            (
-                Method::DELETE,
-                "/v1/access-tokens/t1",
-                RevokeAccessToken,
-                Target::AccessToken("t1".into()),
-            ),
-        ];
-        for (method, path, op, target) in cases {
-            assert_eq!(
-                class(method.clone(), path),
-                Access::Operation(op, target),
-                "{method} {path}"
-            );
-        }
-        assert_eq!(class(Method::GET, "/healthz"), Access::Public);
-        assert_eq!(class(Method::OPTIONS, "/bkt1/s"), Access::Public);
-        assert_eq!(class(Method::POST, "/v1/basins"), Access::Authenticated);
-        assert_eq!(class(Method::GET, "/v1/metrics/b/s"), Access::Authenticated);
-        assert_eq!(class(Method::GET, "/v1/locations"), Access::Authenticated);
-    }
 
     #[test]
     fn the_rate_limiter_allows_a_burst_then_refuses_until_refilled() {

@@ -4,8 +4,8 @@
 
 use std::sync::Arc;
 
-use axum::extract::{Extension, Path, Request, State};
-use axum::http::{HeaderValue, Method, StatusCode, Uri, header};
+use axum::extract::Request;
+use axum::http::{HeaderValue, Method, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use serde_json::json;
 
@@ -13,7 +13,7 @@ use super::error::{Failure, Handled, empty};
 use super::origin::Origin;
 use super::request::{Query, Rejection};
 use super::{AppState, ds, text_error};
-use crate::model::names::{self, RESERVED_STREAM_ID};
+use crate::model::names;
 use crate::service::Principal;
 
 /// The default and largest page of a bucket listing.
@@ -23,13 +23,14 @@ const BUCKET_METHODS: &str = "GET, PUT, DELETE, OPTIONS";
 
 /// `/{bucket}`: create, describe, delete.
 pub async fn bucket(
-    State(app): State<AppState>,
-    Path(bucket): Path<String>,
-    method: Method,
-    uri: Uri,
-    origin: Origin,
-    Extension(principal): Extension<Arc<Principal>>,
+    app: AppState,
+    principal: Arc<Principal>,
+    bucket: String,
+    request: Request,
 ) -> Response {
+    let (parts, _) = request.into_parts();
+    let origin = Origin::of(&parts.headers, &parts.uri, &parts.extensions);
+    let (method, uri) = (parts.method, parts.uri);
     let describes = matches!(method, Method::GET | Method::HEAD);
     let result = async {
         names::validate_bucket_id(&bucket).map_err(|e| Rejection::bad_request(e.to_string()))?;
@@ -76,27 +77,16 @@ pub async fn bucket(
     response
 }
 
-/// `/{bucket}/{stream}`: a stream, or the bucket's listing when the stream id is `streams`.
-pub async fn stream(
-    State(app): State<AppState>,
-    Path((bucket, stream)): Path<(String, String)>,
-    Extension(principal): Extension<Arc<Principal>>,
-    request: Request,
-) -> Response {
-    if stream == RESERVED_STREAM_ID {
-        return match *request.method() {
-            Method::GET | Method::HEAD => list(&app, &principal, &bucket, request.uri().query())
-                .unwrap_or_else(|f| f.into_response()),
-            Method::OPTIONS => ds::preflight(),
-            _ => text_error(
-                StatusCode::BAD_REQUEST,
-                &names::NameError::Reserved.to_string(),
-            ),
-        };
-    }
-    match names::bucket_stream_key(&bucket, &stream) {
-        Ok(key) => ds::stream_request(&app, key, request).await,
-        Err(e) => text_error(StatusCode::BAD_REQUEST, &e.to_string()),
+/// `/{bucket}/streams`: the bucket's listing (a stream cannot have that id).
+pub fn listing(app: &AppState, principal: &Principal, bucket: &str, request: &Request) -> Response {
+    match *request.method() {
+        Method::GET | Method::HEAD => list(app, principal, bucket, request.uri().query())
+            .unwrap_or_else(|f| f.into_response()),
+        Method::OPTIONS => ds::preflight(),
+        _ => text_error(
+            StatusCode::BAD_REQUEST,
+            &names::NameError::Reserved.to_string(),
+        ),
     }
 }
 

@@ -3,7 +3,7 @@
 use std::sync::Arc;
 
 use axum::body::Body;
-use axum::extract::{Request, State};
+use axum::extract::Request;
 use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, Uri, header};
 use axum::response::{IntoResponse, Response};
 
@@ -12,7 +12,7 @@ use super::gather::{Gather, Pieces};
 use super::header_names;
 use super::origin::Origin;
 use super::request::{self, Query, Rejection};
-use super::{AppState, sse, text_error};
+use super::{AppState, sse};
 use crate::model::headers as hv;
 use crate::model::records::{self, ReadParams, ReadView, RecordView};
 use crate::model::{Offset, ReadFrom, Record, attrs, cursor, names};
@@ -35,37 +35,6 @@ const ALLOWED_HEADERS: &str = "Content-Type, Authorization, If-None-Match, Strea
 
 /// Catch-up chunks that end before the tail never change, so shared caches may keep them.
 const CACHE_HISTORIC: &str = "public, max-age=60, stale-while-revalidate=300";
-
-/// The base protocol's route, and the prefix it matches (the two must agree).
-pub const BASE_ROUTE: &str = "/v1/stream/{*path}";
-const BASE_PREFIX: &str = "/v1/stream/";
-
-/// `/v1/stream/{path}`: a base-protocol stream.
-pub async fn base_stream(State(app): State<AppState>, request: Request) -> Response {
-    base_stream_request(&app, request).await
-}
-
-/// Whether `request` is for the base protocol's route; the router would match it there.
-pub fn is_base_stream(request: &Request) -> bool {
-    request
-        .uri()
-        .path()
-        .strip_prefix(BASE_PREFIX)
-        .is_some_and(|path| !path.is_empty())
-}
-
-/// A request on the base protocol's route, which [`is_base_stream`] says it is.
-pub async fn base_stream_request(app: &AppState, request: Request) -> Response {
-    let raw = request.uri().path().strip_prefix(BASE_PREFIX).unwrap_or("");
-    let path = match names::decode_path(raw) {
-        Ok(path) => path,
-        Err(e) => return text_error(StatusCode::BAD_REQUEST, &e.to_string()),
-    };
-    match names::base_stream_key(&path) {
-        Ok(key) => stream_request(app, key, request).await,
-        Err(e) => text_error(StatusCode::BAD_REQUEST, &e.to_string()),
-    }
-}
 
 /// Every base-protocol operation on the stream `key`, whichever surface addressed it. Takes the
 /// request whole: extracting the URI and headers separately would copy them on every append.

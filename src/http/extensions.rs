@@ -3,12 +3,12 @@
 //! `/append-batch` and `/attrs`.
 
 use axum::body::Body;
-use axum::extract::{Path, State};
 use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, Uri, header};
 use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
 use serde_json::json;
 
+use super::AppState;
 use super::buckets::json_response;
 use super::ds::{self, advertise_records, set_record_bounds};
 use super::error::{self, Failure, Handled, empty, set};
@@ -16,112 +16,93 @@ use super::gather::Gather;
 use super::header_names;
 use super::origin::Origin;
 use super::request::{self, Query, Rejection};
-use super::{AppState, text_error};
+use super::route::Extension;
 use crate::model::batch::{self, FrameError};
 use crate::model::content_type::{self, DEFAULT_CONTENT_TYPE};
 use crate::model::headers::{self as hv, parse_canonical_u64};
 use crate::model::{Offset, attrs, names};
 use crate::service::{AppendAck, Bootstrap, Position, StreamError, StreamResult};
 
-/// `/{bucket}/{stream}/{extension}`
-pub async fn extension(
-    State(app): State<AppState>,
-    Path((bucket, stream, extension)): Path<(String, String, String)>,
+/// An extension endpoint of the stream `stream` of `bucket`.
+pub async fn serve(
+    app: &AppState,
+    bucket: &str,
+    stream: &str,
+    extension: Extension,
     request: axum::extract::Request,
 ) -> Response {
     let (parts, body) = request.into_parts();
-    let origin = Origin::of(&parts.headers, &parts.uri, &parts.extensions);
-    let (method, uri, headers) = (parts.method, parts.uri, parts.headers);
-    let query = uri.query().map(str::to_string);
+    let (method, uri, headers) = (parts.method, &parts.uri, &parts.headers);
+    let query = uri.query();
     let result = async {
-        let key = stream_key(&bucket, &stream)?;
-        match (extension.as_str(), method) {
-            ("snapshot", Method::GET | Method::HEAD) => latest_snapshot(&app, &key, &uri).await,
-            ("snapshot", Method::PUT) => {
-                let at = record_position(query.as_deref())?;
-                publish_snapshot(&app, &key, at, &headers, body).await
+        let key = stream_key(bucket, stream)?;
+        let at_offset = |offset: &str| {
+            Offset::parse_token(offset)
+                .map_err(|e| Rejection::bad_request(format!("{e} (in the path)")))
+        };
+        match (&extension, &method) {
+            (Extension::Snapshot, &Method::GET | &Method::HEAD) => {
+                latest_snapshot(app, &key, uri).await
             }
-            ("retention", Method::PUT) => {
-                let at = record_position(query.as_deref())?;
-                set_retention(&app, &key, at).await
+            (Extension::Snapshot, &Method::PUT) => {
+                let at = record_position(query)?;
+                publish_snapshot(app, &key, at, headers, body).await
             }
-            ("bootstrap", Method::GET) => bootstrap(&app, &key, query.as_deref()).await,
-            ("append-batch", Method::POST) => append_batch(&app, &key, &headers, body).await,
-            ("attrs", Method::GET) => read_attrs(&app, &key).await,
-            ("streamld", Method::GET) => {
+            (Extension::SnapshotAt(offset), &Method::PUT) => {
+                let at = Position::Offset(at_offset(offset)?);
+                publish_snapshot(app, &key, at, headers, body).await
+            }
+            (Extension::SnapshotAt(offset), &Method::GET | &Method::HEAD) => {
+                read_snapshot(app, &key, at_offset(offset)?, method).await
+            }
+            (Extension::SnapshotAt(offset), &Method::DELETE) => {
+                app.service
+                    .delete_snapshot(&key, at_offset(offset)?)
+                    .await?;
+                Ok(empty(StatusCode::NO_CONTENT))
+            }
+            (Extension::Retention, &Method::PUT) => {
+                set_retention(app, &key, record_position(query)?).await
+            }
+            (Extension::RetentionAt(offset), &Method::PUT) => {
+                set_retention(app, &key, Position::Offset(at_offset(offset)?)).await
+            }
+            (Extension::Bootstrap, &Method::GET) => bootstrap(app, &key, query).await,
+            (Extension::AppendBatch, &Method::POST) => append_batch(app, &key, headers, body).await,
+            (Extension::Attrs, &Method::GET) => read_attrs(app, &key).await,
+            (Extension::Attrs, &Method::PUT) => write_attrs(app, &key, headers, body).await,
+            (Extension::StreamLd, &Method::GET) => {
                 // A reconnecting EventSource's Last-Event-ID wins over `?after=`.
-                let after = match request::header(&headers, "last-event-id")? {
+                let after = match request::header(headers, "last-event-id")? {
                     Some(id) => Some(sse_cursor(id, "Last-Event-ID")?),
-                    None => (Query::parse(query.as_deref()).get("after")?)
+                    None => (Query::parse(query).get("after")?)
                         .map(|after| sse_cursor(after, "after"))
                         .transpose()?,
                 };
-                Ok(super::streamld::sse(&app, &key, &origin.http(), after.unwrap_or(0)).await?)
+                let origin = Origin::of(headers, uri, &parts.extensions);
+                Ok(super::streamld::sse(app, &key, &origin.http(), after.unwrap_or(0)).await?)
             }
-            ("attrs", Method::PUT) => write_attrs(&app, &key, &headers, body).await,
-            (extension, method) => Ok(other_method(extension, false, &method)),
+            (_, &Method::OPTIONS) => Ok(ds::preflight()),
+            (extension, _) => Ok(super::method_not_allowed(HeaderValue::from_static(
+                allowed_methods(extension),
+            ))),
         }
     };
     result
         .await
-        .unwrap_or_else(|failure: Failure| failure.into_response_at(&uri))
+        .unwrap_or_else(|failure: Failure| failure.into_response_at(uri))
 }
 
-/// The methods an extension's route takes, at `/{extension}` or at `/{extension}/{offset}`;
-/// `None` for a route that does not exist.
-fn allowed_methods(extension: &str, at_offset: bool) -> Option<&'static str> {
-    Some(match (extension, at_offset) {
-        ("snapshot", false) => "GET, HEAD, PUT, OPTIONS",
-        ("snapshot", true) => "GET, HEAD, PUT, DELETE, OPTIONS",
-        ("retention", _) => "PUT, OPTIONS",
-        ("bootstrap" | "streamld", false) => "GET, OPTIONS",
-        ("append-batch", false) => "POST, OPTIONS",
-        ("attrs", false) => "GET, PUT, OPTIONS",
-        _ => return None,
-    })
-}
-
-/// The answer to a method an extension's handlers do not take: a CORS preflight, 405 with the
-/// route's methods, or 404 for no such route.
-fn other_method(extension: &str, at_offset: bool, method: &Method) -> Response {
-    match allowed_methods(extension, at_offset) {
-        Some(_) if method == Method::OPTIONS => ds::preflight(),
-        Some(allowed) => super::method_not_allowed(HeaderValue::from_static(allowed)),
-        None => text_error(StatusCode::NOT_FOUND, "no such stream extension"),
+/// The methods an extension's endpoint takes.
+fn allowed_methods(extension: &Extension) -> &'static str {
+    match extension {
+        Extension::Snapshot => "GET, HEAD, PUT, OPTIONS",
+        Extension::SnapshotAt(_) => "GET, HEAD, PUT, DELETE, OPTIONS",
+        Extension::Retention | Extension::RetentionAt(_) => "PUT, OPTIONS",
+        Extension::Bootstrap | Extension::StreamLd => "GET, OPTIONS",
+        Extension::AppendBatch => "POST, OPTIONS",
+        Extension::Attrs => "GET, PUT, OPTIONS",
     }
-}
-
-/// `/{bucket}/{stream}/{extension}/{offset}`
-pub async fn extension_at(
-    State(app): State<AppState>,
-    Path((bucket, stream, extension, offset)): Path<(String, String, String, String)>,
-    method: Method,
-    uri: Uri,
-    headers: HeaderMap,
-    body: Body,
-) -> Response {
-    let result = async {
-        let key = stream_key(&bucket, &stream)?;
-        let at = Offset::parse_token(&offset)
-            .map_err(|e| Rejection::bad_request(format!("{e} (in the path)")))?;
-        match (extension.as_str(), method) {
-            ("snapshot", Method::PUT) => {
-                publish_snapshot(&app, &key, Position::Offset(at), &headers, body).await
-            }
-            ("snapshot", method @ (Method::GET | Method::HEAD)) => {
-                read_snapshot(&app, &key, at, method).await
-            }
-            ("snapshot", Method::DELETE) => {
-                app.service.delete_snapshot(&key, at).await?;
-                Ok(empty(StatusCode::NO_CONTENT))
-            }
-            ("retention", Method::PUT) => set_retention(&app, &key, Position::Offset(at)).await,
-            (extension, method) => Ok(other_method(extension, true, &method)),
-        }
-    };
-    result
-        .await
-        .unwrap_or_else(|failure: Failure| failure.into_response_at(&uri))
 }
 
 fn stream_key(bucket: &str, stream: &str) -> Result<String, Rejection> {

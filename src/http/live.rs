@@ -9,10 +9,10 @@ use std::sync::Arc;
 use axum::body::Body;
 use axum::extract::Request;
 use axum::http::{HeaderValue, Method, StatusCode, Version, header};
-use axum::middleware::Next;
 use axum::response::Response;
 use futures::stream::{AbortHandle, Abortable};
 
+use super::route::{Extension, Route, S2Route};
 use super::taking::{self, ConnectionHandle, Taking};
 use super::task::OwnedTask;
 use super::{AppState, token_expiry};
@@ -21,24 +21,31 @@ use crate::service::Principal;
 /// How long a refused live reader is asked to wait before trying again.
 const RETRY_AFTER_SECS: &str = "1";
 
-/// Whether a request waits for data that does not exist yet. Runs on every request, so it
-/// allocates nothing.
-fn is_live(request: &Request) -> bool {
+/// Whether a request on `route` waits for data that does not exist yet. Runs on every request,
+/// so it allocates nothing.
+fn is_live(route: &Route, request: &Request) -> bool {
     if request.method() != Method::GET {
         return false;
     }
-    let path = request.uri().path();
     let query = request.uri().query().unwrap_or("");
     let param = |name: &str| {
         form_urlencoded::parse(query.as_bytes())
             .find(|(key, _)| key == name)
             .map(|(_, value)| value)
     };
-    param("live").is_some()
-        || path.ends_with("/streamld")
-        || first_media_type_is(request, header::ACCEPT, "text/event-stream")
-        || first_media_type_is(request, header::CONTENT_TYPE, "s2s/proto")
-        || (path.ends_with("/records") && param("wait").is_some_and(|w| w != "0"))
+    match route {
+        Route::BaseStream { .. } | Route::BucketStream { .. } => param("live").is_some(),
+        Route::Extension {
+            extension: Extension::StreamLd,
+            ..
+        } => true,
+        Route::S2(S2Route::Records { .. }) => {
+            first_media_type_is(request, header::ACCEPT, "text/event-stream")
+                || first_media_type_is(request, header::CONTENT_TYPE, "s2s/proto")
+                || param("wait").is_some_and(|w| w != "0")
+        }
+        _ => false,
+    }
 }
 
 /// Whether the first media type a header lists begins with `wanted`, in any case (as the
@@ -61,10 +68,11 @@ fn is_streaming(response: &Response) -> bool {
         .is_some_and(|t| t.starts_with("text/event-stream") || t.starts_with("s2s/proto"))
 }
 
-/// Whether a request opens an S2S append session: it streams like a live read, though it
-/// reads nothing.
-fn is_append_session(request: &Request) -> bool {
-    request.method() == Method::POST
+/// Whether a request on `route` opens an S2S append session: it streams like a live read,
+/// though it reads nothing.
+fn is_append_session(route: &Route, request: &Request) -> bool {
+    matches!(route, Route::S2(S2Route::Records { .. }))
+        && request.method() == Method::POST
         && first_media_type_is(request, header::CONTENT_TYPE, "s2s/proto")
 }
 
@@ -73,8 +81,13 @@ fn is_append_session(request: &Request) -> bool {
 /// revoked, and a live read's also at shutdown or, over HTTP/2, once its client has taken nothing
 /// for the send timeout. Over HTTP/2 a finished response (a catch-up, a long-poll's answer, a
 /// bootstrap) costs its client the connection if it takes none of it (see `taking`).
-pub async fn serve(app: &AppState, request: Request, next: Next) -> Response {
-    let live = is_live(&request);
+pub async fn serve<F: Future<Output = Response>>(
+    app: &AppState,
+    route: &Route,
+    request: Request,
+    inner: impl FnOnce(Request) -> F,
+) -> Response {
+    let live = is_live(route, &request);
     // Only HTTP/2 requests carry their connection. A HEAD's body is dropped before it is sent.
     let connection = match request.method() {
         &Method::HEAD => None,
@@ -84,20 +97,20 @@ pub async fn serve(app: &AppState, request: Request, next: Next) -> Response {
         Some(connection) => taking::watch_finished(response, app.config.send_timeout, connection),
         None => response,
     };
-    if !live && !is_append_session(&request) {
-        return finished(next.run(request).await);
+    if !live && !is_append_session(route, &request) {
+        return finished(inner(request).await);
     }
     let permit = if live {
         match app.live_readers.clone().try_acquire_owned() {
             Ok(permit) => Some(permit),
-            Err(_) => return too_many_live_readers(&request),
+            Err(_) => return too_many_live_readers(route),
         }
     } else {
         None
     };
     let principal = request.extensions().get::<Arc<Principal>>().cloned();
     let version = request.version();
-    let response = next.run(request).await;
+    let response = inner(request).await;
     if !is_streaming(&response) {
         // A long-poll: it held its permit while it waited.
         return finished(response);
@@ -161,12 +174,12 @@ pub async fn serve(app: &AppState, request: Request, next: Next) -> Response {
     Response::from_parts(parts, Body::from_stream(taking.track(body, watcher)))
 }
 
-fn too_many_live_readers(request: &Request) -> Response {
+fn too_many_live_readers(route: &Route) -> Response {
     let (status, reason) = (
         StatusCode::SERVICE_UNAVAILABLE,
         "too many live readers; retry shortly",
     );
-    let mut response = super::refusal(request.uri().path(), status, "unavailable", reason);
+    let mut response = super::refusal(route.face(), status, "unavailable", reason);
     response.headers_mut().insert(
         header::RETRY_AFTER,
         HeaderValue::from_static(RETRY_AFTER_SECS),
@@ -178,6 +191,16 @@ fn too_many_live_readers(request: &Request) -> Response {
 mod tests {
     use super::*;
 
+    fn live(request: &Request) -> bool {
+        let route = Route::parse(request.uri().path()).expect("a route");
+        is_live(&route, request)
+    }
+
+    fn append_session(request: &Request) -> bool {
+        let route = Route::parse(request.uri().path()).expect("a route");
+        is_append_session(&route, request)
+    }
+
     fn get(uri: &str, headers: &[(&str, &str)]) -> Request {
         let mut request = Request::builder().method(Method::GET).uri(uri);
         for (name, value) in headers {
@@ -188,22 +211,22 @@ mod tests {
 
     #[test]
     fn live_reads_are_recognised_by_parameter_path_and_media_type() {
-        assert!(is_live(&get("/v1/stream/s?offset=-1&live=sse", &[])));
-        assert!(is_live(&get("/v1/stream/s?live=long-poll", &[])));
-        assert!(is_live(&get("/docs/streamld", &[])));
-        assert!(is_live(&get(
+        assert!(live(&get("/v1/stream/s?offset=-1&live=sse", &[])));
+        assert!(live(&get("/v1/stream/s?live=long-poll", &[])));
+        assert!(live(&get("/docs/s1/streamld", &[])));
+        assert!(live(&get(
             "/v1/streams/s/records",
             &[("accept", "Text/Event-Stream")]
         )));
-        assert!(is_live(&get(
+        assert!(live(&get(
             "/v1/streams/s/records",
             &[("accept", " text/event-stream , */*")]
         )));
-        assert!(is_live(&get(
+        assert!(live(&get(
             "/v1/streams/s/records",
             &[("content-type", "S2S/PROTO")]
         )));
-        assert!(is_live(&get("/v1/streams/s/records?wait=5", &[])));
+        assert!(live(&get("/v1/streams/s/records?wait=5", &[])));
     }
 
     #[test]
@@ -216,20 +239,20 @@ mod tests {
                 .body(Body::empty())
                 .unwrap()
         };
-        assert!(is_append_session(&post("s2s/proto")));
-        assert!(is_append_session(&post("S2S/Proto; charset=x")));
-        assert!(!is_append_session(&post("application/json")));
+        assert!(append_session(&post("s2s/proto")));
+        assert!(append_session(&post("S2S/Proto; charset=x")));
+        assert!(!append_session(&post("application/json")));
     }
 
     #[test]
     fn other_requests_are_not_live() {
-        assert!(!is_live(&get("/v1/stream/s?offset=-1", &[])));
-        assert!(!is_live(&get("/v1/streams/s/records?wait=0", &[])));
-        assert!(!is_live(&get(
+        assert!(!live(&get("/v1/stream/s?offset=-1", &[])));
+        assert!(!live(&get("/v1/streams/s/records?wait=0", &[])));
+        assert!(!live(&get(
             "/v1/streams/s/records",
             &[("accept", "*/*, text/event-stream")]
         )));
-        assert!(!is_live(&get(
+        assert!(!live(&get(
             "/v1/streams/s/records",
             &[("accept", "text/event")]
         )));
@@ -238,6 +261,14 @@ mod tests {
             .uri("/v1/stream/s?live=sse")
             .body(Body::empty())
             .unwrap();
-        assert!(!is_live(&post));
+        assert!(!live(&post));
+        assert!(
+            !live(&get("/v1/streams/s?wait=5", &[])),
+            "only the records route waits"
+        );
+        assert!(!live(&get(
+            "/v1/stream/s",
+            &[("accept", "text/event-stream")]
+        )));
     }
 }

@@ -2,7 +2,6 @@
 
 use std::fmt::Write as _;
 
-use axum::extract::State;
 use axum::http::header;
 use axum::response::{IntoResponse, Response};
 
@@ -36,7 +35,7 @@ pub fn install_recorder() -> Option<metrics_exporter_prometheus::PrometheusHandl
     }
 }
 
-pub async fn metrics(State(app): State<AppState>) -> Response {
+pub async fn metrics(app: &AppState) -> Response {
     let (streams, buckets, cache_bytes) = app.service.counts();
     let mut out = app
         .metrics

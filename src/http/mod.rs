@@ -3,6 +3,7 @@
 
 mod auth;
 mod buckets;
+mod dispatch;
 mod ds;
 mod error;
 mod extensions;
@@ -13,6 +14,7 @@ mod metrics;
 mod observe;
 mod origin;
 mod request;
+mod route;
 mod s2;
 mod sse;
 mod streamld;
@@ -24,13 +26,10 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use axum::Router;
 use axum::body::Body;
-use axum::extract::{Request, State};
+use axum::extract::Request;
 use axum::http::{HeaderValue, Method, StatusCode, header};
-use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{any, get};
 
 use crate::model::names;
 use crate::service::StreamService;
@@ -100,82 +99,13 @@ impl AppState {
     }
 }
 
-fn router(state: AppState) -> Router {
-    Router::new()
-        .route("/healthz", get(|| async { "ok\n" }).put(reserved_bucket))
-        .route("/readyz", get(readyz).put(reserved_bucket))
-        .route("/metrics", get(metrics::metrics).put(reserved_bucket))
-        .route(ds::BASE_ROUTE, any(ds::base_stream))
-        .merge(s2::routes())
-        .route("/v1/streamld/replication", get(streamld::replication))
-        .route("/{bucket}", any(buckets::bucket))
-        .route("/{bucket}/{stream}", any(buckets::stream))
-        .route("/{bucket}/{stream}/{extension}", any(extensions::extension))
-        .route(
-            "/{bucket}/{stream}/{extension}/{offset}",
-            any(extensions::extension_at),
-        )
-        .fallback(|| async { (StatusCode::NOT_FOUND, "no such route\n") })
-        .layer(middleware::from_fn_with_state(state.clone(), front_door))
-        .with_state(state)
-}
-
-/// What every request passes through, outermost first: observation (id, span, metrics), the
-/// common response headers, authorization, and live-reader admission. One layer, because each
-/// axum layer costs a boxed future and a clone of the inner service on every request.
-async fn front_door(State(app): State<AppState>, request: Request, next: Next) -> Response {
-    through_front_door(&app, request, None, |request| {
-        live::serve(&app, request, next)
-    })
-    .await
-}
-
-/// The front door's work around `inner`; `route` as for [`observe::Observation::start`].
-async fn through_front_door<F>(
-    app: &AppState,
-    mut request: Request,
-    route: Option<&'static str>,
-    inner: impl FnOnce(Request) -> F,
-) -> Response
-where
-    F: Future<Output = Response>,
-{
-    let observation = observe::Observation::start(&request, route);
-    let sent_body = sent_body(&request);
-    let s2_route = s2::serves(request.uri().path());
-    let mut response = observation
-        .run(async {
-            match auth::authorize(app, &mut request) {
-                // Decoders elsewhere keep a stray '%' as it is, so `a%zz` and `a%25zz` would
-                // name one stream: refused here, for every route.
-                Ok(()) if !names::escapes_are_whole(request.uri().path()) => refusal(
-                    request.uri().path(),
-                    StatusCode::BAD_REQUEST,
-                    "bad_path",
-                    &names::NameError::BadEncoding.to_string(),
-                ),
-                Ok(()) if s2_route && request.method() == Method::OPTIONS => s2::preflight(),
-                Ok(()) => inner(request).await,
-                Err(refusal) => *refusal,
-            }
-        })
-        .await;
-    explain_method_not_allowed(&mut response, s2_route);
-    add_common_headers(&mut response, sent_body);
-    observation.finish(&mut response);
-    response
-}
-
-/// What serves each request: the router, and a shortcut past it for appends on the base
-/// protocol's route and S2's unary appends, the most frequent requests by far. The router's matching, its per-request
-/// extensions and its boxed layers and futures cost 5-10% of an append's server CPU (about
-/// 37-51 µs per append at 500 writers through the router, 35-38 µs through the shortcut).
-/// The shortcut goes through the same front door and handler the router would have used; the
-/// front door's live-reader admission is left out because an append is never a live read.
+/// What serves each request: its route, parsed once from its path (see `route.rs`), then the
+/// front door (observation, authorization, live-reader admission, the common response
+/// headers), then the route's handler (see `dispatch.rs`).
 #[derive(Clone)]
 pub struct Handler {
     app: AppState,
-    router: Router,
+    s2_layers: dispatch::S2Service,
     /// Its connection is TLS: requests are marked [`origin::OverTls`].
     tls: bool,
 }
@@ -183,7 +113,7 @@ pub struct Handler {
 impl Handler {
     pub fn new(state: AppState) -> Handler {
         Handler {
-            router: router(state.clone()),
+            s2_layers: dispatch::s2_service(state.clone()),
             app: state,
             tls: false,
         }
@@ -196,14 +126,48 @@ impl Handler {
             ..self.clone()
         }
     }
-}
 
-type Shortcut = std::pin::Pin<Box<dyn Future<Output = Result<Response, Infallible>> + Send>>;
+    /// Everything a request passes through, outermost first.
+    async fn serve(self, mut request: Request) -> Response {
+        let route = route::Route::parse(request.uri().path());
+        let label = route.as_ref().map_or("unmatched", route::Route::label);
+        let observation = observe::Observation::start(&request, label);
+        let sent_body = sent_body(&request);
+        let app = &self.app;
+        let mut response = observation
+            .run(async {
+                let route = match route {
+                    Ok(route) => route,
+                    Err(e @ route::RouteError::Unknown) => {
+                        return text_error(StatusCode::NOT_FOUND, &e.to_string());
+                    }
+                    Err(route::RouteError::BadName(face, e)) => {
+                        return refusal(face, StatusCode::BAD_REQUEST, "bad_path", &e.to_string());
+                    }
+                };
+                let principal = match auth::authorize(app, &route, &mut request) {
+                    Ok(principal) => principal,
+                    Err(refusal) => return *refusal,
+                };
+                if route.face() == route::Face::S2 && request.method() == Method::OPTIONS {
+                    return s2::preflight();
+                }
+                live::serve(app, &route.clone(), request, |request| {
+                    dispatch::dispatch(app, &self.s2_layers, route, principal, request)
+                })
+                .await
+            })
+            .await;
+        add_common_headers(&mut response, sent_body);
+        observation.finish(&mut response);
+        response
+    }
+}
 
 impl tower::Service<axum::http::Request<hyper::body::Incoming>> for Handler {
     type Response = Response;
     type Error = Infallible;
-    type Future = futures::future::Either<Shortcut, axum::routing::future::RouteFuture<Infallible>>;
+    type Future = std::pin::Pin<Box<dyn Future<Output = Result<Response, Infallible>> + Send>>;
 
     fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
         Poll::Ready(Ok(()))
@@ -215,28 +179,8 @@ impl tower::Service<axum::http::Request<hyper::body::Incoming>> for Handler {
         if self.tls {
             request.extensions_mut().insert(origin::OverTls);
         }
-        if request.method() == Method::POST && ds::is_base_stream(&request) {
-            let app = self.app.clone();
-            return futures::future::Either::Left(Box::pin(async move {
-                let response = through_front_door(&app, request, Some(ds::BASE_ROUTE), |request| {
-                    ds::base_stream_request(&app, request)
-                })
-                .await;
-                Ok(response)
-            }));
-        }
-        if let Some(name) = s2::unary_append_target(&request) {
-            let app = self.app.clone();
-            return futures::future::Either::Left(Box::pin(async move {
-                let response =
-                    through_front_door(&app, request, Some(s2::RECORDS_ROUTE), |request| {
-                        s2::unary_append(&app, name, request)
-                    })
-                    .await;
-                Ok(response)
-            }));
-        }
-        futures::future::Either::Right(self.router.call(request))
+        let handler = self.clone();
+        Box::pin(async move { Ok(handler.serve(request).await) })
     }
 }
 
@@ -262,23 +206,6 @@ fn normalize_path(request: &mut Request) {
     }
 }
 
-/// `PUT` of a route the server keeps for itself, which would otherwise create a bucket there.
-async fn reserved_bucket() -> Response {
-    text_error(
-        StatusCode::BAD_REQUEST,
-        &names::NameError::ReservedBucket.to_string(),
-    )
-}
-
-/// 200 while the server takes requests; 503 once it is shutting down, so load balancers stop
-/// sending it new ones.
-async fn readyz(State(app): State<AppState>) -> Response {
-    if app.service.shutdown_signal().is_cancelled() {
-        return text_error(StatusCode::SERVICE_UNAVAILABLE, "shutting down");
-    }
-    (StatusCode::OK, "ready\n").into_response()
-}
-
 /// Completes when a token that expires at `expires_ms` (milliseconds since the epoch) has
 /// expired; never for a token without an expiry. Live connections end with their token.
 pub(crate) async fn token_expiry(expires_ms: Option<i64>) {
@@ -295,27 +222,6 @@ fn sent_body(request: &Request) -> bool {
         .get(header::CONTENT_LENGTH)
         .is_some_and(|len| len != "0")
         || request.headers().contains_key(header::TRANSFER_ENCODING)
-}
-
-/// axum's routers answer a method a route does not take with a bare 405 (an `Allow` header and
-/// no body): give it a reason, in S2's error shape on S2's routes.
-fn explain_method_not_allowed(response: &mut Response, s2_route: bool) {
-    use http_body::Body as _;
-    if response.status() != StatusCode::METHOD_NOT_ALLOWED || !response.body().is_end_stream() {
-        return;
-    }
-    let allow = response.headers_mut().remove(header::ALLOW);
-    *response = match (s2_route, allow) {
-        (false, Some(allow)) => method_not_allowed(allow),
-        (false, None) => text_error(StatusCode::METHOD_NOT_ALLOWED, "method not allowed here"),
-        (true, allow) => {
-            let mut explained = s2::method_not_allowed_response();
-            if let Some(allow) = allow {
-                explained.headers_mut().insert(header::ALLOW, allow);
-            }
-            explained
-        }
-    };
 }
 
 /// Headers every response carries: browser security headers and CORS.
@@ -345,13 +251,12 @@ fn add_common_headers(response: &mut Response, sent_body: bool) {
     );
 }
 
-/// A refusal made in front of the handlers, in the error shape of the face `path` belongs to:
-/// S2's JSON `{code, message}` on S2's routes, plain text elsewhere.
-pub(crate) fn refusal(path: &str, status: StatusCode, code: &str, reason: &str) -> Response {
-    if s2::serves(path) {
-        s2::error_response(status, code, reason)
-    } else {
-        text_error(status, reason)
+/// A refusal made in front of the handlers, in the error shape of `face`: S2's JSON
+/// `{code, message}` on S2's routes, plain text elsewhere.
+fn refusal(face: route::Face, status: StatusCode, code: &str, reason: &str) -> Response {
+    match face {
+        route::Face::S2 => s2::error_response(status, code, reason),
+        route::Face::DurableStreams => text_error(status, reason),
     }
 }
 

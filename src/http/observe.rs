@@ -7,7 +7,7 @@ use std::time::Instant;
 
 use metrics::{Counter, Histogram};
 
-use axum::extract::{MatchedPath, Request};
+use axum::extract::Request;
 use axum::http::HeaderValue;
 use axum::response::Response;
 use tracing::Instrument as _;
@@ -94,18 +94,12 @@ fn record(route: &str, method: &str, status: u16, seconds: f64) {
     by_route.entry(route.to_string()).or_default().push(metrics);
 }
 
-/// The route a request is counted under.
-enum Route {
-    /// What the router matched (`None`: nothing).
-    Matched(Option<MatchedPath>),
-    Fixed(&'static str),
-}
-
 /// One request being observed: its id, route, method and start time.
 pub struct Observation {
     started: Instant,
     id: HeaderValue,
-    route: Route,
+    /// The route's label (see `Route::label`), or `unmatched`.
+    route: &'static str,
     method: axum::http::Method,
     span: tracing::Span,
 }
@@ -115,9 +109,8 @@ impl Observation {
     /// span that carries it (at debug level: free at the default level, where an info span per
     /// request cost a fifth of the append throughput).
     ///
-    /// `route` names the route when the router did not match the request itself (the
-    /// shortcut for appends); otherwise it is the route the router matched.
-    pub fn start(request: &Request, route: Option<&'static str>) -> Observation {
+    /// `route` is the label the request is counted under.
+    pub fn start(request: &Request, route: &'static str) -> Observation {
         let started = Instant::now();
         let id = match request.headers().get(X_REQUEST_ID) {
             Some(sent) if is_sane_id(sent) => sent.clone(),
@@ -126,10 +119,7 @@ impl Observation {
         let span = tracing::debug_span!("request", id = ?id);
         Observation {
             started,
-            route: match route {
-                Some(fixed) => Route::Fixed(fixed),
-                None => Route::Matched(request.extensions().get::<MatchedPath>().cloned()),
-            },
+            route,
             method: request.method().clone(),
             id,
             span,
@@ -148,10 +138,7 @@ impl Observation {
     pub fn finish(self, response: &mut Response) {
         let status = response.status().as_u16();
         let elapsed = self.started.elapsed();
-        let route = match &self.route {
-            Route::Fixed(fixed) => fixed,
-            Route::Matched(matched) => matched.as_ref().map_or("unmatched", MatchedPath::as_str),
-        };
+        let route = self.route;
         let method = &self.method;
         if status >= 500 {
             let id = self.id.to_str().unwrap_or_default();

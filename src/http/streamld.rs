@@ -15,7 +15,7 @@ use axum::body::Body;
 use axum::extract::ws::{
     CloseFrame, Message as WsMessage, WebSocket, WebSocketUpgrade, close_code,
 };
-use axum::extract::{Extension, State};
+use axum::extract::{FromRequestParts, Request};
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
@@ -69,13 +69,13 @@ pub fn links(origin: &Origin, path: &str, stream: bool) -> String {
     }
 }
 
-pub async fn replication(
-    State(app): State<AppState>,
-    Extension(principal): Extension<Arc<Principal>>,
-    origin: Origin,
-    upgrade: WebSocketUpgrade,
-) -> Response {
-    let origin = origin.http();
+pub async fn replication(app: AppState, principal: Arc<Principal>, request: Request) -> Response {
+    let (mut parts, _) = request.into_parts();
+    let origin = Origin::of(&parts.headers, &parts.uri, &parts.extensions).http();
+    let upgrade = match WebSocketUpgrade::from_request_parts(&mut parts, &app).await {
+        Ok(upgrade) => upgrade,
+        Err(rejection) => return rejection.into_response(),
+    };
     // A replica sends only subscription requests; like any request body, none is larger than
     // `--max-body-bytes` (a bucket's cursors can make one large, so not a smaller bound).
     let limit = app.config.body.max_bytes;

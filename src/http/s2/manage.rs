@@ -100,13 +100,13 @@ fn creation_of<T: serde::Serialize + Default + serde::de::DeserializeOwned>(
     )))
 }
 
-pub(super) async fn list_basins(
-    State(app): State<AppState>,
-    Extension(principal): Extension<Arc<Principal>>,
-    RawQuery(query): RawQuery,
+pub(in crate::http) fn list_basins(
+    app: AppState,
+    principal: Arc<Principal>,
+    request: Request,
 ) -> Response {
     let result = (|| {
-        let query = Query::parse(query.as_deref());
+        let query = Query::parse(request.uri().query());
         let prefix = query.get("prefix")?.unwrap_or_default();
         let (page, has_more) = app.service.list_buckets(
             prefix,
@@ -134,12 +134,13 @@ struct CreateBasin {
     config: Option<Value>,
 }
 
-pub(super) async fn create_basin(
-    State(app): State<AppState>,
-    Extension(principal): Extension<Arc<Principal>>,
-    headers: HeaderMap,
-    body: Body,
+pub(in crate::http) async fn create_basin(
+    app: AppState,
+    principal: Arc<Principal>,
+    request: Request,
 ) -> Response {
+    let (parts, body) = request.into_parts();
+    let headers = parts.headers;
     let result = async {
         let request: CreateBasin = required_json_body(&app, &headers, body).await?;
         permit(
@@ -193,15 +194,14 @@ struct Reconfigure {
     config: Option<Value>,
 }
 
-pub(super) async fn basin(
-    State(app): State<AppState>,
-    Extension(principal): Extension<Arc<Principal>>,
-    Path(basin): Path<String>,
-    method: Method,
-    headers: HeaderMap,
-    uri: Uri,
-    body: Body,
+pub(in crate::http) async fn basin(
+    app: AppState,
+    principal: Arc<Principal>,
+    basin: String,
+    request: Request,
 ) -> Response {
+    let (parts, body) = request.into_parts();
+    let (method, headers, uri) = (parts.method, parts.headers, parts.uri);
     let result = async {
         if method == Method::PUT
             && !s2::is_valid_basin_name(&basin)
@@ -275,15 +275,14 @@ async fn stream_info_of(app: &AppState, key: &str) -> Result<Value, S2Error> {
     Ok(stream_info(&app.service.stream_summary(&stream)))
 }
 
-pub(super) async fn list_streams(
-    State(app): State<AppState>,
-    Extension(principal): Extension<Arc<Principal>>,
-    RawQuery(query): RawQuery,
-    headers: HeaderMap,
+pub(in crate::http) fn list_streams(
+    app: AppState,
+    principal: Arc<Principal>,
+    request: Request,
 ) -> Response {
     let result = (|| {
-        let basin = basin_of(&headers)?;
-        let query = Query::parse(query.as_deref());
+        let basin = basin_of(request.headers())?;
+        let query = Query::parse(request.uri().query());
         let prefix = query.get("prefix")?.unwrap_or_default();
         let listing = app.service.list_streams(
             &basin,
@@ -308,13 +307,13 @@ struct CreateStream {
     config: Option<Value>,
 }
 
-pub(super) async fn create_stream(
-    State(app): State<AppState>,
-    Extension(principal): Extension<Arc<Principal>>,
-    headers: HeaderMap,
-    uri: Uri,
-    body: Body,
+pub(in crate::http) async fn create_stream(
+    app: AppState,
+    principal: Arc<Principal>,
+    request: Request,
 ) -> Response {
+    let (parts, body) = request.into_parts();
+    let (headers, uri) = (parts.headers, parts.uri);
     let result = async {
         let basin = basin_of(&headers)?;
         let request: CreateStream = required_json_body(&app, &headers, body).await?;
@@ -341,15 +340,14 @@ pub(super) async fn create_stream(
     result.await.unwrap_or_else(|e| e.at(&uri))
 }
 
-pub(super) async fn stream(
-    State(app): State<AppState>,
-    Extension(principal): Extension<Arc<Principal>>,
-    Path(name): Path<String>,
-    method: Method,
-    headers: HeaderMap,
-    uri: Uri,
-    body: Body,
+pub(in crate::http) async fn stream(
+    app: AppState,
+    principal: Arc<Principal>,
+    name: String,
+    request: Request,
 ) -> Response {
+    let (parts, body) = request.into_parts();
+    let (method, headers, uri) = (parts.method, parts.headers, parts.uri);
     let result = async {
         let basin = basin_of(&headers)?;
         let key = stream_key(&basin, &name)?;

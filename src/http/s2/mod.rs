@@ -5,19 +5,14 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use axum::Router;
 use axum::body::Body;
-use axum::extract::{Extension, Path, RawQuery, State};
+use axum::extract::Request;
 use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, Uri, header};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{any, delete, get};
 use bytes::Bytes;
 use serde::Deserialize;
 use serde_json::{Value, json};
 use tokio::time::Instant;
-use tower_http::compression::CompressionLayer;
-use tower_http::compression::predicate::{NotForContentType, Predicate, SizeAbove};
-use tower_http::decompression::RequestDecompressionLayer;
 
 use super::AppState;
 use super::request::{self, Part, Query, Rejection};
@@ -41,36 +36,11 @@ mod s2s;
 mod session;
 mod tokens;
 
-use manage::{basin, create_basin, create_stream, list_basins, list_streams, stream};
-pub(crate) use records::{RECORDS_ROUTE, unary_append, unary_append_target};
-use records::{batch_json, check_tail, records};
-use tokens::{issue_token, list_tokens, revoke_token};
-
-/// Responses smaller than this go uncompressed, as S2 does.
-const COMPRESS_ABOVE_BYTES: u16 = 1024;
-
-pub fn routes() -> Router<AppState> {
-    // Unary responses are compressed as `Accept-Encoding` asks; sessions compress per frame
-    // (S2S) or not at all (SSE). Request bodies may be gzip or zstd.
-    let compress_when = SizeAbove::new(COMPRESS_ABOVE_BYTES)
-        .and(NotForContentType::SSE)
-        .and(NotForContentType::const_new(s2s::CONTENT_TYPE));
-    Router::new()
-        .route("/v1/basins", get(list_basins).post(create_basin))
-        .route("/v1/basins/{basin}", any(basin))
-        .route("/v1/streams", get(list_streams).post(create_stream))
-        .route("/v1/streams/{stream}", any(stream))
-        .route(RECORDS_ROUTE, any(records))
-        .route("/v1/streams/{stream}/records/tail", get(check_tail))
-        .route("/v1/access-tokens", get(list_tokens).post(issue_token))
-        .route("/v1/access-tokens/{id}", delete(revoke_token))
-        .route("/v1/metrics", any(not_served))
-        .route("/v1/metrics/{*rest}", any(not_served))
-        .route("/v1/locations", any(not_served))
-        .route("/v1/locations/{*rest}", any(not_served))
-        .layer(CompressionLayer::new().compress_when(compress_when))
-        .layer(RequestDecompressionLayer::new())
-}
+pub(super) use manage::{basin, create_basin, create_stream, list_basins, list_streams, stream};
+use records::batch_json;
+pub(super) use records::{check_tail, is_unary_append, records};
+pub(super) use s2s::CONTENT_TYPE as SESSION_CONTENT_TYPE;
+pub(super) use tokens::{issue_token, list_tokens, revoke_token};
 
 /// An S2 error response: `{"code","message"}` (or the special 412/416 bodies).
 struct S2Error {
@@ -245,25 +215,18 @@ pub(super) fn method_not_allowed_response() -> Response {
     method_not_allowed().into_response()
 }
 
-/// The request is for one of S2's routes (its errors then take S2's shape).
-pub(super) fn serves(path: &str) -> bool {
-    [
-        "/v1/basins",
-        "/v1/streams",
-        "/v1/access-tokens",
-        "/v1/metrics",
-        "/v1/locations",
-    ]
-    .iter()
-    .any(|prefix| {
-        path.strip_prefix(prefix)
-            .is_some_and(|rest| rest.is_empty() || rest.starts_with('/'))
-    })
+/// 405 for a method an S2 route does not take, with the ones it does in `Allow`.
+pub(super) fn not_allowed(allowed: &'static str) -> Response {
+    let mut response = method_not_allowed_response();
+    response
+        .headers_mut()
+        .insert(header::ALLOW, HeaderValue::from_static(allowed));
+    response
 }
 
 /// Parts of S2's account API Runnel does not serve (nor does s2-lite): usage metrics and
 /// locations. A clear `501` in S2's error shape, not a miss on the bucket routes.
-async fn not_served(uri: axum::http::Uri) -> Response {
+pub(super) fn not_served(uri: &Uri) -> Response {
     S2Error::new(
         StatusCode::NOT_IMPLEMENTED,
         "not_implemented",

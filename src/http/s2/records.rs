@@ -85,13 +85,10 @@ fn stream_config_header(headers: &HeaderMap) -> Result<Option<Value>, S2Error> {
     Ok(Some(config))
 }
 
-pub(super) async fn check_tail(
-    State(app): State<AppState>,
-    Path(name): Path<String>,
-    headers: HeaderMap,
-) -> Response {
+pub(in crate::http) async fn check_tail(app: AppState, name: String, request: Request) -> Response {
+    let headers = request.headers();
     let result = async {
-        let stream = records_stream(&app, &headers, &name, Opening::CheckTail, false).await?;
+        let stream = records_stream(&app, headers, &name, Opening::CheckTail, false).await?;
         Ok::<_, S2Error>(json_response(
             StatusCode::OK,
             json!({ "tail": position_json(app.service.tail_position(&stream)) }),
@@ -122,11 +119,11 @@ impl From<s2::JsonInputError> for S2Error {
 
 /// The records route. It takes the request whole: axum's header, URI and query extractors
 /// would each copy theirs on every append.
-pub(super) async fn records(
-    State(app): State<AppState>,
-    Extension(principal): Extension<Arc<Principal>>,
-    Path(name): Path<String>,
-    request: axum::extract::Request,
+pub(in crate::http) async fn records(
+    app: AppState,
+    principal: Arc<Principal>,
+    name: String,
+    request: Request,
 ) -> Response {
     let (parts, body) = request.into_parts();
     let headers = &parts.headers;
@@ -144,57 +141,14 @@ pub(super) async fn records(
     result.unwrap_or_else(|e| e.at(&parts.uri))
 }
 
-/// The route of a stream's records.
-pub(crate) const RECORDS_ROUTE: &str = "/v1/streams/{stream}/records";
-
-/// The stream a unary append names, when the router would hand `request` to [`records`] and no
-/// layer of S2's router has anything to do: a `POST` to the records route whose body is not
-/// compressed and which opens no session (the response, an ack, is too small to compress).
-/// The name is decoded as the router's `Path` would; one it cannot decode is left to the router.
-pub(crate) fn unary_append_target(request: &axum::extract::Request) -> Option<String> {
+/// Whether `request` (on the records route) is a unary append that S2's layers have nothing to
+/// do for: a `POST` whose body is not compressed and which opens no session (its response, an
+/// ack, is too small to compress).
+pub(in crate::http) fn is_unary_append(request: &Request) -> bool {
     let headers = request.headers();
-    if request.method() != Method::POST
-        || headers.contains_key(header::CONTENT_ENCODING)
-        || s2s::is_session(headers)
-    {
-        return None;
-    }
-    let segment = request
-        .uri()
-        .path()
-        .strip_prefix("/v1/streams/")?
-        .strip_suffix("/records")?;
-    if segment.is_empty() || segment.contains('/') {
-        return None;
-    }
-    let name = percent_encoding::percent_decode_str(segment)
-        .decode_utf8()
-        .ok()?;
-    Some(name.into_owned())
-}
-
-/// A unary append that [`unary_append_target`] found, past the router: the same handler, with
-/// the principal the front door authenticated.
-pub(crate) async fn unary_append(
-    app: &AppState,
-    name: String,
-    request: axum::extract::Request,
-) -> Response {
-    let Some(principal) = request.extensions().get::<Arc<Principal>>().cloned() else {
-        return S2Error::new(
-            StatusCode::UNAUTHORIZED,
-            "unauthenticated",
-            "send an access token",
-        )
-        .into_response();
-    };
-    records(
-        State(app.clone()),
-        Extension(principal),
-        Path(name),
-        request,
-    )
-    .await
+    request.method() == Method::POST
+        && !headers.contains_key(header::CONTENT_ENCODING)
+        && !s2s::is_session(headers)
 }
 
 /// Command records need their own permission (`fence`, `trim`) beyond `append`.

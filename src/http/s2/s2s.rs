@@ -23,7 +23,7 @@ use super::*;
 use crate::service::ReadLease;
 use crate::service::S2Ack;
 
-pub(super) const CONTENT_TYPE: &str = "s2s/proto";
+pub(in crate::http) const CONTENT_TYPE: &str = "s2s/proto";
 
 /// Whether a request opens an S2S session.
 pub(super) fn is_session(headers: &HeaderMap) -> bool {

@@ -28,12 +28,13 @@ fn token_info(token: &TokenRecord) -> Value {
     })
 }
 
-pub(super) async fn issue_token(
-    State(app): State<AppState>,
-    Extension(principal): Extension<Arc<Principal>>,
-    headers: HeaderMap,
-    body: Body,
+pub(in crate::http) async fn issue_token(
+    app: AppState,
+    principal: Arc<Principal>,
+    request: Request,
 ) -> Response {
+    let (parts, body) = request.into_parts();
+    let headers = parts.headers;
     let result = async {
         let request: IssueRequest = required_json_body(&app, &headers, body).await?;
         permit(
@@ -72,13 +73,13 @@ pub(super) async fn issue_token(
     result.await.unwrap_or_else(IntoResponse::into_response)
 }
 
-pub(super) async fn list_tokens(
-    State(app): State<AppState>,
-    Extension(principal): Extension<Arc<Principal>>,
-    RawQuery(query): RawQuery,
+pub(in crate::http) fn list_tokens(
+    app: AppState,
+    principal: Arc<Principal>,
+    request: Request,
 ) -> Response {
     let result = (|| {
-        let query = Query::parse(query.as_deref());
+        let query = Query::parse(request.uri().query());
         let prefix = query.get("prefix")?.unwrap_or_default();
         let (page, has_more) = app.service.list_tokens(
             &principal,
@@ -95,7 +96,7 @@ pub(super) async fn list_tokens(
     result.unwrap_or_else(IntoResponse::into_response)
 }
 
-pub(super) async fn revoke_token(State(app): State<AppState>, Path(id): Path<String>) -> Response {
+pub(in crate::http) async fn revoke_token(app: AppState, id: String) -> Response {
     // The authorization layer already checked the caller may revoke this id.
     match app.service.revoke_token(&id).await {
         Ok(token) => json_response(StatusCode::OK, token_info(&token)),
