@@ -656,3 +656,6 @@ fn check(
 
     Ok(None)
 }
+
+#[cfg(test)]
+mod tests;

@@ -241,3 +241,6 @@ fn summary(stream: &Stream, key_prefix: &str) -> StreamSummary {
         cipher: state.meta.extra().cipher.clone(),
     }
 }
+
+#[cfg(test)]
+mod tests;

@@ -227,3 +227,6 @@ impl StreamService {
         Ok(unit)
     }
 }
+
+#[cfg(test)]
+mod tests;

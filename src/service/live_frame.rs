@@ -110,3 +110,6 @@ impl Stream {
         });
     }
 }
+
+#[cfg(test)]
+mod tests;

@@ -507,3 +507,6 @@ enum Located {
     /// Retention passed it; the retained records start here.
     Retained(Offset),
 }
+
+#[cfg(test)]
+mod tests;

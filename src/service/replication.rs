@@ -456,3 +456,6 @@ impl StreamService {
         }
     }
 }
+
+#[cfg(test)]
+mod tests;

@@ -1052,3 +1052,6 @@ fn sequence(
         keyed,
     })
 }
+
+#[cfg(test)]
+mod tests;

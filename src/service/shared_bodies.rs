@@ -270,6 +270,11 @@ impl StreamService {
 mod tests {
     use super::*;
 
+    use crate::service::snapshots::RetentionMove;
+    use crate::service::tests::{create_text, one_text_stream, text};
+    use crate::service::{AppendRequest, ServiceConfig};
+    use crate::storage::MemoryEngine;
+
     fn key(stream: StreamId) -> Key {
         Key {
             stream,
@@ -334,5 +339,152 @@ mod tests {
             bodies.put(key(0), body(10));
         }
         assert!(bodies.lock().order.len() <= 2 + 64);
+    }
+
+    /// Leaves a body for the records a catch-up read of `stream` from `start` returns now, as a
+    /// face would after rendering them.
+    async fn share_read(
+        service: &StreamService,
+        stream: &Arc<Stream>,
+        start: Offset,
+    ) -> Arc<SharedBody> {
+        let chunk = service.read_history_at(stream, start, None).await.unwrap();
+        let range = BodyRange {
+            start: chunk.start,
+            next: chunk.next,
+            short_of_tail: !chunk.up_to_date,
+            first_shown: start.seq,
+        };
+        let pieces = chunk.records.iter().map(|r| r.body.clone()).collect();
+        let body = Arc::new(SharedBody::new(range, pieces, chunk.lease));
+        service.share_body(stream, ReadView::Canonical, body.clone());
+        body
+    }
+
+    const CANONICAL: ReadView = ReadView::Canonical;
+
+    #[tokio::test]
+    async fn a_shared_body_that_reached_the_tail_is_taken_only_until_the_tail_moves() {
+        let (service, stream) = one_text_stream().await;
+        service.append("s", text("a")).await.unwrap();
+        share_read(&service, &stream, Offset::START).await;
+        let shared = service
+            .shared_body(&stream, Offset::START, CANONICAL)
+            .expect("the body is current");
+        assert!(shared.up_to_date && !shared.closed);
+        assert_eq!(&shared.body.pieces()[..], [Bytes::from_static(b"a")]);
+        let elsewhere = shared.body.range.next;
+        assert!(service.shared_body(&stream, elsewhere, CANONICAL).is_none());
+        let records = ReadView::Records(crate::model::records::RecordView::Values);
+        assert!(
+            service
+                .shared_body(&stream, Offset::START, records)
+                .is_none(),
+            "a body rendered in one view is not another's"
+        );
+
+        service.append("s", text("b")).await.unwrap();
+        assert!(
+            service
+                .shared_body(&stream, Offset::START, CANONICAL)
+                .is_none(),
+            "once the tail moves, the body would leave out a record"
+        );
+        assert_eq!(service.shared_body_bytes(), 0, "a stale body is let go");
+    }
+
+    #[tokio::test]
+    async fn a_shared_body_is_not_taken_once_retention_passes_its_start() {
+        let (service, stream) = one_text_stream().await;
+        for body in ["a", "b"] {
+            service.append("s", text(body)).await.unwrap();
+        }
+        share_read(&service, &stream, Offset::START).await;
+        assert!(
+            service
+                .shared_body(&stream, Offset::START, CANONICAL)
+                .is_some()
+        );
+        service
+            .move_retention(&stream, Offset::new(1, 1), RetentionMove::Trim(1))
+            .await
+            .unwrap();
+        assert!(
+            service
+                .shared_body(&stream, Offset::START, CANONICAL)
+                .is_none(),
+            "a fresh read from there is refused as retained"
+        );
+        assert_eq!(service.shared_body_bytes(), 0, "and never will be again");
+    }
+
+    #[cfg(target_os = "linux")]
+    #[tokio::test]
+    async fn a_shared_body_moves_into_a_file_once_a_second_reader_comes() {
+        use crate::storage::file_bytes::is_file_backed;
+        let (service, stream) = one_text_stream().await;
+        let record = "x".repeat(20_000);
+        service.append("s", text(&record)).await.unwrap();
+        let body = share_read(&service, &stream, Offset::START).await;
+        assert!(
+            !is_file_backed(&body.pieces()[0]),
+            "the reader that rendered it sends it as it is"
+        );
+        let shared = service
+            .shared_body(&stream, Offset::START, CANONICAL)
+            .unwrap();
+        let pieces = shared.body.pieces_for_another_reader();
+        assert!(
+            is_file_backed(&pieces[0]),
+            "the next ones send it from a file"
+        );
+        assert_eq!(pieces.concat(), record.as_bytes());
+        assert_eq!(
+            shared.body.pieces_for_another_reader()[0].as_ptr(),
+            pieces[0].as_ptr(),
+            "moved once"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_shared_body_that_stopped_short_of_the_tail_stays_as_the_stream_grows() {
+        let config = ServiceConfig {
+            catch_up_read_bytes: 100,
+            ..ServiceConfig::default()
+        };
+        let service = StreamService::open(Arc::new(MemoryEngine::new()), config).unwrap();
+        service.create(create_text("s")).await.unwrap();
+        let stream = service.find("s", false).await.unwrap();
+        for _ in 0..3 {
+            service.append("s", text(&"x".repeat(60))).await.unwrap();
+        }
+        share_read(&service, &stream, Offset::START).await;
+        service.append("s", text("more")).await.unwrap();
+        let shared = service
+            .shared_body(&stream, Offset::START, CANONICAL)
+            .expect("a full body shows the same records however the stream grows");
+        assert!(!shared.up_to_date && shared.body.range.short_of_tail);
+        assert_eq!(
+            shared.body.range.next.seq, 1,
+            "100 bytes hold one record of 60"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_shared_body_says_the_stream_closed_once_it_is() {
+        let (service, stream) = one_text_stream().await;
+        service.append("s", text("a")).await.unwrap();
+        share_read(&service, &stream, Offset::START).await;
+        let tail = stream.durable().tail;
+        let close = AppendRequest {
+            close: true,
+            ..Default::default()
+        };
+        service.append("s", close).await.unwrap();
+        assert_eq!(stream.durable().tail, tail, "closing adds no record");
+        let shared = service
+            .shared_body(&stream, Offset::START, CANONICAL)
+            .expect("the records are the same");
+        assert!(shared.up_to_date && shared.closed);
     }
 }

@@ -434,11 +434,188 @@ impl StreamService {
 mod tests {
     use super::*;
 
+    use std::time::Duration;
+
+    use futures::FutureExt;
+    use tokio::sync::Semaphore;
+
+    use crate::service::ServiceConfig;
+    use crate::service::tests::{FailingCommits, GatedEngine, create_text, text};
+    use crate::storage::{MemoryEngine, SharedEngine};
+
     #[test]
     fn the_digest_covers_content_type_and_bytes() {
         assert_eq!(digest("a", b"x"), digest("a", b"x"));
         assert_ne!(digest("a", b"x"), digest("b", b"x"));
         assert_ne!(digest("a", b"x"), digest("a", b"y"));
         assert!(digest("a", b"").starts_with("sha256:"));
+    }
+
+    #[tokio::test]
+    async fn attributes_whose_requester_went_away_are_still_published_once_durable() {
+        let gate = Arc::new(Semaphore::new(1)); // lets the create through
+        let engine = Arc::new(GatedEngine::new(gate.clone()));
+        let service = StreamService::open(engine, ServiceConfig::default()).unwrap();
+        service.create(create_text("s")).await.unwrap();
+        let attrs = crate::model::attrs::parse(br#"{"title":"set"}"#).unwrap();
+
+        assert!(
+            service
+                .set_attrs("s", attrs.clone())
+                .now_or_never()
+                .is_none()
+        );
+
+        gate.add_permits(1);
+        let read = tokio::time::timeout(Duration::from_secs(10), service.attrs("s")).await;
+        let read = read.expect("reads of the stream's metadata do not wait forever");
+        assert_eq!(read.unwrap(), attrs);
+    }
+
+    #[tokio::test]
+    async fn a_trim_racing_a_delete_does_not_bring_the_stream_back() {
+        let engine: SharedEngine = Arc::new(MemoryEngine::new());
+        let service = StreamService::open(engine.clone(), ServiceConfig::default()).unwrap();
+        service.create(create_text("t")).await.unwrap();
+        service.append("t", text("a")).await.unwrap();
+        service.append("t", text("b")).await.unwrap();
+        // A trim (a retention sweep, say) that found the stream just before it was deleted.
+        let stream = service.find("t", false).await.unwrap();
+        service.delete("t").await.unwrap();
+        let trimmed = service
+            .move_retention(&stream, Offset::new(1, 1), RetentionMove::Trim(1))
+            .await;
+        assert!(matches!(trimmed, Err(StreamError::NotFound)));
+        assert!(
+            engine.recover().unwrap().streams.is_empty(),
+            "the deleted stream stays deleted"
+        );
+    }
+
+    #[tokio::test]
+    async fn retention_that_checked_a_snapshot_deleted_since_does_not_move() {
+        let engine: SharedEngine = Arc::new(MemoryEngine::new());
+        let service = StreamService::open(engine.clone(), ServiceConfig::default()).unwrap();
+        service.create(create_text("t")).await.unwrap();
+        service.append("t", text("a")).await.unwrap();
+        let at = service.append("t", text("b")).await.unwrap().tail;
+        let snapshot = |service: Arc<StreamService>| async move {
+            let blob = Bytes::from_static(b"ab");
+            let at = Position::Offset(at);
+            service
+                .publish_snapshot("t", at, "text/plain".into(), blob, None)
+                .await
+        };
+        snapshot(service.clone()).await.unwrap();
+        // `set_retention` found the snapshot at `at`; before it moved retention there, the snapshot
+        // was deleted (retention was still at the start, so the delete was allowed).
+        let stream = service.find("t", false).await.unwrap();
+        service.delete_snapshot("t", at).await.unwrap();
+        let moved = service
+            .move_retention(&stream, at, RetentionMove::KeepSnapshot)
+            .await;
+        assert!(matches!(moved, Err(StreamError::Conflict(_))), "{moved:?}");
+        let bootstrap = service.bootstrap("t").await.unwrap();
+        assert_eq!(bootstrap.start, Offset::START, "no record was dropped");
+        // With the snapshot back, the same move goes through.
+        snapshot(service.clone()).await.unwrap();
+        service
+            .move_retention(&stream, at, RetentionMove::KeepSnapshot)
+            .await
+            .unwrap();
+        assert_eq!(service.bootstrap("t").await.unwrap().start, at);
+    }
+
+    #[tokio::test]
+    async fn a_metadata_change_whose_write_fails_is_shown_to_no_reader() {
+        let fail = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let engine = FailingCommits {
+            inner: MemoryEngine::new(),
+            gate: Arc::new(Semaphore::new(Semaphore::MAX_PERMITS)),
+            fail: fail.clone(),
+        };
+        let service = StreamService::open(Arc::new(engine), ServiceConfig::default()).unwrap();
+        service.create(create_text("s")).await.unwrap();
+        let attrs = |n: i64| serde_json::json!({ "n": n }).as_object().cloned();
+        service.set_attrs("s", attrs(1)).await.unwrap();
+        assert_eq!(service.attrs("s").await.unwrap(), attrs(1));
+        fail.store(true, std::sync::atomic::Ordering::SeqCst);
+        assert!(service.append("s", text("lost")).await.is_err());
+        assert_eq!(
+            service.attrs("s").await.unwrap(),
+            attrs(1),
+            "a failed append leaves the metadata as it was, and shown"
+        );
+        let refused = service.set_attrs("s", attrs(2)).await;
+        assert!(
+            matches!(refused, Err(StreamError::Storage(_))),
+            "{refused:?}"
+        );
+        let read = service.attrs("s").await;
+        assert!(
+            matches!(read, Err(StreamError::Storage(_))),
+            "a change that may not be on disk is not shown as the stream's: {read:?}"
+        );
+        let stream = service.find("s", false).await.unwrap();
+        assert!(
+            matches!(
+                service.replicated_state(&stream),
+                Err(StreamError::Storage(_))
+            ),
+            "nor sent to mirrors"
+        );
+    }
+
+    #[tokio::test]
+    async fn readers_see_a_new_snapshot_only_once_it_is_durable_and_only_with_its_own_blob() {
+        let gate = Arc::new(Semaphore::new(3)); // the create, one append, the first snapshot
+        let engine = Arc::new(GatedEngine::held(gate.clone()));
+        let service = StreamService::open(engine, ServiceConfig::default()).unwrap();
+        service.create(create_text("s")).await.unwrap();
+        let tail = service.append("s", text("one")).await.unwrap().tail;
+        let publish = |at: Offset, blob: &'static [u8]| {
+            let service = service.clone();
+            async move {
+                service
+                    .publish_snapshot(
+                        "s",
+                        Position::Offset(at),
+                        "text/plain".into(),
+                        Bytes::from_static(blob),
+                        None,
+                    )
+                    .await
+            }
+        };
+        publish(Offset::START, b"old").await.unwrap();
+
+        // The second snapshot is submitted; its commit (blob and description) is held.
+        let stream = service.find("s", false).await.unwrap();
+        let submitted = stream.lock().meta_submitted;
+        let second = tokio::spawn(publish(tail, b"new"));
+        while stream.lock().meta_submitted == submitted {
+            tokio::task::yield_now().await;
+        }
+        let bootstrap = {
+            let service = service.clone();
+            tokio::spawn(async move { service.bootstrap("s").await })
+        };
+        let head = {
+            let service = service.clone();
+            tokio::spawn(async move { service.head("s").await })
+        };
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert!(
+            !bootstrap.is_finished() && !head.is_finished(),
+            "readers wait for the snapshot they would describe"
+        );
+
+        gate.add_permits(1);
+        second.await.unwrap().unwrap();
+        let Bootstrap { snapshot, .. } = bootstrap.await.unwrap().unwrap();
+        let (info, blob) = snapshot.unwrap();
+        assert_eq!((info.offset, blob.as_ref()), (tail, b"new".as_ref()));
+        let (_, info) = head.await.unwrap().unwrap();
+        assert_eq!(info.snapshot.unwrap().offset, tail);
     }
 }
