@@ -1,13 +1,11 @@
 //! Corrupt or torn storage is detected when the server starts, reported clearly, and never
 //! served as data. The storage engine checksums every journal batch and every table block.
 
-mod common;
-
 use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use common::{Server, client};
+use crate::common::{Server, client};
 
 const RECORDS: usize = 50;
 

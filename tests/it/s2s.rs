@@ -3,18 +3,17 @@
 //! unary bodies. Frames are built and parsed with the `s2-api` crate, the same code S2's Rust
 //! SDK uses.
 
-mod common;
-
 use std::io::{Read as _, Write as _};
 use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
-use common::{Server, header};
 use prost::Message as _;
 use s2_api::v1::stream::proto;
 use s2_api::v1::stream::s2s::{CompressionAlgorithm, FrameDecoder, SessionMessage};
 use serde_json::{Value, json};
 use tokio_util::codec::Decoder as _;
+
+use crate::common::{Server, header};
 
 const BASIN: &str = "s2s-tests";
 

@@ -2,12 +2,11 @@
 //! revoked through S2's `/v1/access-tokens`, 401 / 403 / 429, sessions that end when their token
 //! expires, tokens that survive restarts, and a mirror that authenticates to its upstream.
 
-mod common;
-
 use std::time::{Duration, Instant};
 
-use common::{Server, client, header};
 use serde_json::{Value, json};
+
+use crate::common::{Server, client, header};
 
 const OPERATOR: &str = "operator-token-for-tests-0123456789";
 

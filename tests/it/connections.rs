@@ -4,14 +4,13 @@
 //! (over HTTP/2 too, where a client leaving a response untaken loses its connection),
 //! SIGTERM drains cleanly, and the process faults its memory in base pages.
 
-mod common;
-
 use std::time::{Duration, Instant};
 
-use common::{Server, TlsServer, client};
 use futures::StreamExt as _;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
+
+use crate::common::{Server, TlsServer, client};
 
 fn addr(server: &Server) -> String {
     server.base.trim_start_matches("http://").to_string()

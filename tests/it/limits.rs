@@ -1,11 +1,9 @@
 //! Configurable limits answer clearly: live readers beyond `--max-live-readers` get 503 with
 //! `Retry-After`, streams beyond `--max-streams-per-bucket` get 409, and nothing changes.
 
-mod common;
-
 use std::time::Duration;
 
-use common::{Server, client, header};
+use crate::common::{Server, client, header};
 
 async fn put(server: &Server, path: &str) -> reqwest::Response {
     client()

@@ -1,7 +1,5 @@
 //! A real Runnel server process on a loopback port, for integration tests.
 
-#![allow(dead_code)] // each test crate uses its own part of this module
-
 use std::io::{BufRead, BufReader};
 use std::path::Path;
 use std::process::{Child, Command, Stdio};

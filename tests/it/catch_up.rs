@@ -2,9 +2,7 @@
 //! order, several large records to a response of about 4 MiB with an exact `Content-Length`,
 //! and the same after a restart (reads then come from disk rather than the tail cache).
 
-mod common;
-
-use common::{Server, client, header};
+use crate::common::{Server, client, header};
 
 const PATH: &str = "/v1/stream/big";
 const MIB: usize = 1 << 20;
@@ -213,7 +211,7 @@ async fn a_shared_body_arrives_whole_over_http2_and_over_tls() {
         );
     }
 
-    let tls = common::TlsServer::start(&["--memory"]);
+    let tls = crate::common::TlsServer::start(&["--memory"]);
     let pem = std::fs::read(&tls.cert_path).unwrap();
     let https = reqwest::Client::builder()
         .use_rustls_tls()

@@ -1,12 +1,11 @@
 //! Live reads against a real server: long-poll and SSE wake on appends, deliver an
 //! append-and-close before the close, and the same routes answer over h2c.
 
-mod common;
-
 use std::time::Duration;
 
-use common::{Server, client, header};
 use futures::StreamExt;
+
+use crate::common::{Server, client, header};
 
 async fn create_text(http: &reqwest::Client, url: &str) {
     let response = http

@@ -1,9 +1,7 @@
 //! What operators see: Prometheus metrics per route and status, commit and live-reader figures,
 //! and request ids on every response.
 
-mod common;
-
-use common::{Server, client, header};
+use crate::common::{Server, client, header};
 
 #[tokio::test]
 async fn metrics_count_requests_per_route_and_show_commits_and_live_readers() {

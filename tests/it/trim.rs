@@ -2,11 +2,10 @@
 //! again, not even after the server is killed right after the trim (while their deletion is
 //! still under way) and restarted; records after the trim point and other streams stay whole.
 
-mod common;
-
 use base64::Engine as _;
-use common::{Server, client};
 use serde_json::{Value, json};
+
+use crate::common::{Server, client};
 
 const BASIN: &str = "trim-test-basin";
 const RECORDS: u64 = 20_000;

@@ -2,13 +2,11 @@
 //! nothing acknowledged is lost, reads go on, and writes resume by themselves once space returns.
 //! Runs on a small tmpfs, which needs root to mount; elsewhere the test says so and skips.
 
-mod common;
-
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use common::{Server, client, header};
+use crate::common::{Server, client, header};
 
 const RESERVE: u64 = 32 << 20;
 

@@ -1,13 +1,12 @@
 //! A producer's pipelined appends, each on a connection of its own: they are ordered by when
 //! their requests began, not by when their bodies finished arriving.
 
-mod common;
-
 use std::time::Duration;
 
-use common::{Server, client};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
+
+use crate::common::{Server, client};
 
 /// Reads from `stream` until `wanted` has arrived, for at most 10 s.
 async fn read_until(stream: &mut TcpStream, wanted: &str) -> String {

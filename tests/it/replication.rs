@@ -4,12 +4,10 @@
 //! the gap path and rebuilds from the snapshot. At the end both sides hold the same bytes at the
 //! same offsets.
 
-mod common;
-
 use std::path::Path;
 use std::time::Duration;
 
-use common::{Server, TlsServer, client, header};
+use crate::common::{Server, TlsServer, client, header};
 
 const BUCKET: &str = "mirrored";
 

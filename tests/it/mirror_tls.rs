@@ -1,12 +1,10 @@
 //! A mirror follows an upstream served over TLS: discovery and snapshots over `https`, the
 //! replication socket over `wss`, trusting the upstream's certificate through --mirror-ca-cert.
 
-mod common;
-
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{Server, TlsServer};
+use crate::common::{Server, TlsServer};
 
 const BUCKET: &str = "secured";
 

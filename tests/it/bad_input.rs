@@ -1,9 +1,8 @@
 //! Bad input gets a clear 4xx, changes nothing, and never takes the server down.
 
-mod common;
-
-use common::{Server, client, header};
 use rand::{Rng, SeedableRng};
+
+use crate::common::{Server, client, header};
 
 /// The stream's tail and content, to check that a rejected request changed nothing.
 async fn snapshot(http: &reqwest::Client, url: &str) -> (String, String) {

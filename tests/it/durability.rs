@@ -1,11 +1,9 @@
 //! Acknowledged means durable: appends, offsets, producer state, TTL, expiry and the closed flag
 //! all survive the server being killed with SIGKILL in the middle of a write load.
 
-mod common;
-
 use std::collections::HashMap;
 
-use common::{Server, client, header};
+use crate::common::{Server, client, header};
 
 const WRITERS: usize = 8;
 
