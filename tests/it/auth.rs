@@ -4,9 +4,10 @@
 
 use std::time::{Duration, Instant};
 
+use reqwest::Method;
 use serde_json::{Value, json};
 
-use crate::common::{Server, client, header};
+use crate::common::{Client, Server, header, json_of};
 
 const OPERATOR: &str = "operator-token-for-tests-0123456789";
 
@@ -16,85 +17,20 @@ fn auth_server(extra: &[&str]) -> Server {
     Server::start(&args)
 }
 
-async fn send(
-    server: &Server,
-    method: reqwest::Method,
-    path: &str,
-    token: Option<&str>,
-    headers: &[(&str, &str)],
-    body: Option<Value>,
-) -> reqwest::Response {
-    let mut request = client().request(method, server.url(path));
-    if let Some(token) = token {
-        request = request.bearer_auth(token);
-    }
-    for (name, value) in headers {
-        request = request.header(*name, *value);
-    }
-    if let Some(body) = body {
-        request = request
-            .header("content-type", "application/json")
-            .body(body.to_string());
-    }
-    request.send().await.unwrap()
-}
-
-async fn json_of(response: reqwest::Response) -> Value {
-    serde_json::from_slice(&response.bytes().await.unwrap()).expect("JSON")
-}
-
-async fn issue(
-    server: &Server,
-    issuer: &str,
-    id: &str,
-    scope: Value,
-    expires: Option<String>,
-) -> reqwest::Response {
-    let mut body = json!({ "id": id, "scope": scope });
-    if let Some(at) = expires {
-        body["expires_at"] = json!(at);
-    }
-    send(
-        server,
-        reqwest::Method::POST,
-        "/v1/access-tokens",
-        Some(issuer),
-        &[],
-        Some(body),
-    )
-    .await
-}
-
-async fn issued(server: &Server, id: &str, scope: Value) -> String {
-    let response = issue(server, OPERATOR, id, scope, None).await;
-    assert_eq!(response.status(), 201);
-    json_of(response).await["access_token"]
-        .as_str()
-        .unwrap()
-        .to_string()
+/// The server's operator: every permission.
+fn operator(server: &Server) -> Client {
+    Client::new(server).bearer(OPERATOR)
 }
 
 /// Two buckets with a stream each, made by the operator.
 async fn setup(server: &Server) {
+    let operator = operator(server);
     for bucket in ["team-alpha", "team-bravo"] {
-        let r = send(
-            server,
-            reqwest::Method::PUT,
-            &format!("/{bucket}"),
-            Some(OPERATOR),
-            &[],
-            None,
-        )
-        .await;
+        let r = operator.create_bucket(bucket).await;
         assert_eq!(r.status(), 201);
-        let r = client()
-            .put(server.url(&format!("/{bucket}/events")))
-            .bearer_auth(OPERATOR)
-            .header("content-type", "text/plain")
-            .body("hello")
-            .send()
-            .await
-            .unwrap();
+        let r = operator
+            .create(&format!("/{bucket}/events"), "text/plain", "hello")
+            .await;
         assert_eq!(r.status(), 201);
     }
 }
@@ -111,7 +47,8 @@ fn reader_of(bucket: &str) -> Value {
 async fn every_face_wants_a_token_but_health_checks_do_not() {
     let server = auth_server(&[]);
     setup(&server).await;
-    use reqwest::Method;
+    let anonymous = Client::new(&server);
+    let wrong = anonymous.bearer("not-a-token");
     for (method, path) in [
         (Method::GET, "/team-alpha/events?offset=-1"),
         (Method::GET, "/v1/stream/x?offset=-1"),
@@ -120,45 +57,24 @@ async fn every_face_wants_a_token_but_health_checks_do_not() {
         (Method::GET, "/metrics"),
         (Method::GET, "/v1/streamld/replication"),
     ] {
-        let r = send(&server, method.clone(), path, None, &[], None).await;
+        let r = anonymous.send(method.clone(), path).await;
         assert_eq!(r.status(), 401, "{method} {path}");
         assert!(header(&r, "www-authenticate").is_some_and(|v| v.starts_with("Bearer")));
-        let r = send(
-            &server,
-            method.clone(),
-            path,
-            Some("not-a-token"),
-            &[],
-            None,
-        )
-        .await;
+        let r = wrong.send(method.clone(), path).await;
         assert_eq!(r.status(), 401, "{method} {path} with a wrong token");
     }
-    let s2 = send(&server, Method::GET, "/v1/basins", None, &[], None).await;
+    let s2 = anonymous.get("/v1/basins").await;
     assert_eq!(json_of(s2).await["code"], "unauthenticated");
     for path in ["/healthz", "/readyz"] {
-        assert_eq!(
-            send(&server, Method::GET, path, None, &[], None)
-                .await
-                .status(),
-            200
-        );
+        assert_eq!(anonymous.get(path).await.status(), 200);
     }
-    let r = send(
-        &server,
-        Method::GET,
-        "/team-alpha/events?offset=-1",
-        Some(OPERATOR),
-        &[],
-        None,
-    )
-    .await;
+    let r = operator(&server).get("/team-alpha/events?offset=-1").await;
     assert_eq!(r.status(), 200);
     assert_eq!(r.text().await.unwrap(), "hello");
 
     // Two tokens in one request: neither is picked.
-    let two = client()
-        .get(server.url("/team-alpha/events?offset=-1"))
+    let two = anonymous
+        .request(Method::GET, "/team-alpha/events?offset=-1")
         .header("authorization", "Bearer not-a-token")
         .header("authorization", format!("Bearer {OPERATOR}"))
         .send()
@@ -177,27 +93,15 @@ async fn every_face_wants_a_token_but_health_checks_do_not() {
 async fn a_scoped_token_reads_its_bucket_and_nothing_else_and_learns_nothing_about_others() {
     let server = auth_server(&[]);
     setup(&server).await;
-    let reader = issued(&server, "reader", reader_of("team-alpha")).await;
-    use reqwest::Method;
-    let r = send(
-        &server,
-        Method::GET,
-        "/team-alpha/events?offset=-1",
-        Some(&reader),
-        &[],
-        None,
-    )
-    .await;
+    let operator = operator(&server);
+    let reader = operator.bearer(
+        &operator
+            .issued_token("reader", reader_of("team-alpha"))
+            .await,
+    );
+    let r = reader.get("/team-alpha/events?offset=-1").await;
     assert_eq!(r.status(), 200);
-    let r = send(
-        &server,
-        Method::POST,
-        "/team-alpha/events",
-        Some(&reader),
-        &[("content-type", "text/plain")],
-        None,
-    )
-    .await;
+    let r = reader.append("/team-alpha/events", "text/plain", "").await;
     assert_eq!(r.status(), 403, "read-only");
     // Another bucket: the same 403 whether the stream exists or not.
     for path in [
@@ -205,31 +109,21 @@ async fn a_scoped_token_reads_its_bucket_and_nothing_else_and_learns_nothing_abo
         "/team-bravo/missing?offset=-1",
         "/nobucket/x?offset=-1",
     ] {
-        let r = send(&server, Method::GET, path, Some(&reader), &[], None).await;
+        let r = reader.get(path).await;
         assert_eq!(r.status(), 403, "{path}");
     }
     // S2 listings show only what the token covers.
-    let basins = json_of(
-        send(
-            &server,
-            Method::GET,
-            "/v1/basins",
-            Some(OPERATOR),
-            &[],
-            None,
-        )
-        .await,
-    )
-    .await;
+    let basins = json_of(operator.get("/v1/basins").await).await;
     assert_eq!(basins["basins"].as_array().unwrap().len(), 2);
-    let lister = issued(
-        &server,
-        "lister",
-        json!({"basins": {"prefix": "team-alpha"}, "streams": {"prefix": ""}, "op_groups": {"account": {"read": true}, "basin": {"read": true}}}),
-    )
-    .await;
-    let basins =
-        json_of(send(&server, Method::GET, "/v1/basins", Some(&lister), &[], None).await).await;
+    let lister = operator.bearer(
+        &operator
+            .issued_token(
+                "lister",
+                json!({"basins": {"prefix": "team-alpha"}, "streams": {"prefix": ""}, "op_groups": {"account": {"read": true}, "basin": {"read": true}}}),
+            )
+            .await,
+    );
+    let basins = json_of(lister.get("/v1/basins").await).await;
     let names: Vec<&str> = basins["basins"]
         .as_array()
         .unwrap()
@@ -237,25 +131,9 @@ async fn a_scoped_token_reads_its_bucket_and_nothing_else_and_learns_nothing_abo
         .map(|b| b["name"].as_str().unwrap())
         .collect();
     assert_eq!(names, ["team-alpha"]);
-    let r = send(
-        &server,
-        Method::GET,
-        "/v1/streams/events/records?seq_num=0",
-        Some(&reader),
-        &[("s2-basin", "team-alpha")],
-        None,
-    )
-    .await;
+    let r = reader.s2_read("team-alpha", "events", "seq_num=0").await;
     assert_eq!(r.status(), 200);
-    let r = send(
-        &server,
-        Method::GET,
-        "/v1/streams/events/records?seq_num=0",
-        Some(&reader),
-        &[("s2-basin", "team-bravo")],
-        None,
-    )
-    .await;
+    let r = reader.s2_read("team-bravo", "events", "seq_num=0").await;
     assert_eq!(r.status(), 403);
     assert_eq!(json_of(r).await["code"], "permission_denied");
 }
@@ -264,64 +142,44 @@ async fn a_scoped_token_reads_its_bucket_and_nothing_else_and_learns_nothing_abo
 async fn tokens_are_listed_without_secrets_cannot_widen_and_stop_working_when_revoked() {
     let server = auth_server(&[]);
     setup(&server).await;
-    use reqwest::Method;
-    let issuer = issued(
-        &server,
-        "team-alpha-admin",
-        json!({
-            "basins": {"exact": "team-alpha"}, "streams": {"prefix": ""}, "access_tokens": {"prefix": "team-alpha-"},
-            "op_groups": {"stream": {"read": true, "write": true}}, "ops": ["issue-access-token", "list-access-tokens"]
-        }),
-    )
-    .await;
-    let wider = issue(
-        &server,
-        &issuer,
-        "team-alpha-wide",
-        reader_of("team-bravo"),
-        None,
-    )
-    .await;
+    let operator = operator(&server);
+    let issuer = operator.bearer(
+        &operator
+            .issued_token(
+                "team-alpha-admin",
+                json!({
+                    "basins": {"exact": "team-alpha"}, "streams": {"prefix": ""}, "access_tokens": {"prefix": "team-alpha-"},
+                    "op_groups": {"stream": {"read": true, "write": true}}, "ops": ["issue-access-token", "list-access-tokens"]
+                }),
+            )
+            .await,
+    );
+    let wider = issuer
+        .issue_token("team-alpha-wide", reader_of("team-bravo"), None)
+        .await;
     assert_eq!(wider.status(), 403);
-    let narrower = issue(
-        &server,
-        &issuer,
-        "team-alpha-reader",
-        reader_of("team-alpha"),
-        None,
-    )
-    .await;
+    let narrower = issuer
+        .issue_token("team-alpha-reader", reader_of("team-alpha"), None)
+        .await;
     assert_eq!(
         narrower.status(),
         403,
         "basin reads are beyond the issuer's stream-only groups"
     );
-    let ok = issue(
-        &server,
-        &issuer,
-        "team-alpha-reader",
-        json!({"basins": {"exact": "team-alpha"}, "streams": {"prefix": ""}, "op_groups": {"stream": {"read": true}}}),
-        None,
-    )
-    .await;
+    let ok = issuer
+        .issue_token(
+            "team-alpha-reader",
+            json!({"basins": {"exact": "team-alpha"}, "streams": {"prefix": ""}, "op_groups": {"stream": {"read": true}}}),
+            None,
+        )
+        .await;
     assert_eq!(ok.status(), 201);
     let secret = json_of(ok).await["access_token"]
         .as_str()
         .unwrap()
         .to_string();
 
-    let listed = json_of(
-        send(
-            &server,
-            Method::GET,
-            "/v1/access-tokens",
-            Some(&issuer),
-            &[],
-            None,
-        )
-        .await,
-    )
-    .await;
+    let listed = json_of(issuer.get("/v1/access-tokens").await).await;
     let ids: Vec<&str> = listed["access_tokens"]
         .as_array()
         .unwrap()
@@ -338,90 +196,36 @@ async fn tokens_are_listed_without_secrets_cannot_widen_and_stop_working_when_re
         "secrets are never listed"
     );
 
-    let r = send(
-        &server,
-        Method::GET,
-        "/team-alpha/events?offset=-1",
-        Some(&secret),
-        &[],
-        None,
-    )
-    .await;
+    let reader = operator.bearer(&secret);
+    let r = reader.get("/team-alpha/events?offset=-1").await;
     assert_eq!(r.status(), 200);
-    let r = send(
-        &server,
-        Method::DELETE,
-        "/v1/access-tokens/team-alpha-reader",
-        Some(OPERATOR),
-        &[],
-        None,
-    )
-    .await;
+    let r = operator.revoke_token("team-alpha-reader").await;
     assert_eq!(r.status(), 200);
-    let r = send(
-        &server,
-        Method::GET,
-        "/team-alpha/events?offset=-1",
-        Some(&secret),
-        &[],
-        None,
-    )
-    .await;
+    let r = reader.get("/team-alpha/events?offset=-1").await;
     assert_eq!(r.status(), 401, "a revoked token is refused at once");
 }
 
 #[tokio::test]
 async fn fencing_needs_the_fence_operation_not_just_append() {
     let server = auth_server(&[]);
-    use reqwest::Method;
-    let r = send(
-        &server,
-        Method::POST,
-        "/v1/basins",
-        Some(OPERATOR),
-        &[],
-        Some(json!({"basin": "fenced-basin"})),
-    )
-    .await;
+    let operator = operator(&server);
+    let r = operator.create_basin("fenced-basin").await;
     assert_eq!(r.status(), 201);
-    let r = send(
-        &server,
-        Method::POST,
-        "/v1/streams",
-        Some(OPERATOR),
-        &[("s2-basin", "fenced-basin")],
-        Some(json!({"stream": "s"})),
-    )
-    .await;
+    let r = operator.create_s2_stream("fenced-basin", "s").await;
     assert_eq!(r.status(), 201);
-    let appender = issued(
-        &server,
-        "appender",
-        json!({"basins": {"prefix": ""}, "streams": {"prefix": ""}, "ops": ["append"]}),
-    )
-    .await;
-    let h = [("s2-basin", "fenced-basin")];
+    let appender = operator.bearer(
+        &operator
+            .issued_token(
+                "appender",
+                json!({"basins": {"prefix": ""}, "streams": {"prefix": ""}, "ops": ["append"]}),
+            )
+            .await,
+    );
     let plain = json!({"records": [{"body": "x"}]});
-    let r = send(
-        &server,
-        Method::POST,
-        "/v1/streams/s/records",
-        Some(&appender),
-        &h,
-        Some(plain),
-    )
-    .await;
+    let r = appender.s2_append("fenced-basin", "s", &plain).await;
     assert_eq!(r.status(), 200);
     let fence = json!({"records": [{"headers": [["", "fence"]], "body": "mine"}]});
-    let r = send(
-        &server,
-        Method::POST,
-        "/v1/streams/s/records",
-        Some(&appender),
-        &h,
-        Some(fence),
-    )
-    .await;
+    let r = appender.s2_append("fenced-basin", "s", &fence).await;
     assert_eq!(r.status(), 403);
 }
 
@@ -433,22 +237,14 @@ async fn an_expiring_token_ends_its_live_session_and_is_then_refused() {
     let at = expires
         .format(&time::format_description::well_known::Rfc3339)
         .unwrap();
-    let response = issue(
-        &server,
-        OPERATOR,
-        "short",
-        reader_of("team-alpha"),
-        Some(at),
-    )
-    .await;
+    let operator = operator(&server);
+    let response = operator
+        .issue_token("short", reader_of("team-alpha"), Some(&at))
+        .await;
     assert_eq!(response.status(), 201);
-    let short = json_of(response).await["access_token"]
-        .as_str()
-        .unwrap()
-        .to_string();
-    let mut sse = client()
-        .get(server.url("/team-alpha/events?offset=-1&live=sse"))
-        .bearer_auth(&short)
+    let short = operator.bearer(json_of(response).await["access_token"].as_str().unwrap());
+    let mut sse = short
+        .request(Method::GET, "/team-alpha/events?offset=-1&live=sse")
         .timeout(Duration::from_secs(20))
         .send()
         .await
@@ -461,33 +257,24 @@ async fn an_expiring_token_ends_its_live_session_and_is_then_refused() {
     .await;
     assert!(ended.is_ok(), "the SSE session ends when its token expires");
     assert!(started.elapsed() < Duration::from_secs(8));
-    let r = send(
-        &server,
-        reqwest::Method::GET,
-        "/team-alpha/events?offset=-1",
-        Some(&short),
-        &[],
-        None,
-    )
-    .await;
+    let r = short.get("/team-alpha/events?offset=-1").await;
     assert_eq!(r.status(), 401);
 }
 
 #[tokio::test]
 async fn requests_over_the_rate_limit_get_429_with_retry_after() {
     let server = auth_server(&["--rate-limit", "5"]);
-    let answered = answered_before_the_limit(&server, &[OPERATOR.to_string()], "/v1/basins").await;
+    let answered = answered_before_the_limit(&[operator(&server)], "/v1/basins").await;
     assert!(
         answered < 20,
         "{answered} quick requests answered at 5 per second"
     );
 }
 
-/// Requests sent round-robin with `tokens` until the first 429: how many were answered 200.
-async fn answered_before_the_limit(server: &Server, tokens: &[String], path: &str) -> usize {
+/// Requests sent round-robin by `callers` until the first 429: how many were answered 200.
+async fn answered_before_the_limit(callers: &[Client], path: &str) -> usize {
     for sent in 0..200 {
-        let token = &tokens[sent % tokens.len()];
-        let r = send(server, reqwest::Method::GET, path, Some(token), &[], None).await;
+        let r = callers[sent % callers.len()].get(path).await;
         if r.status() == 429 {
             assert!(header(&r, "retry-after").is_some());
             return sent;
@@ -501,59 +288,48 @@ async fn answered_before_the_limit(server: &Server, tokens: &[String], path: &st
 async fn tokens_issued_by_a_token_share_its_rate_budget_and_invalid_tokens_share_one() {
     let server = auth_server(&["--rate-limit", "20"]);
     setup(&server).await;
-    let parent = issued(
-        &server,
-        "team-alpha-admin",
-        json!({
-            "basins": {"exact": "team-alpha"}, "streams": {"prefix": ""},
-            "access_tokens": {"prefix": "team-alpha-"},
-            "op_groups": {"stream": {"read": true}}, "ops": ["issue-access-token"]
-        }),
-    )
-    .await;
-    let mut tokens = vec![parent.clone()];
+    let operator = operator(&server);
+    let parent = operator.bearer(
+        &operator
+            .issued_token(
+                "team-alpha-admin",
+                json!({
+                    "basins": {"exact": "team-alpha"}, "streams": {"prefix": ""},
+                    "access_tokens": {"prefix": "team-alpha-"},
+                    "op_groups": {"stream": {"read": true}}, "ops": ["issue-access-token"]
+                }),
+            )
+            .await,
+    );
+    let mut callers = vec![parent.clone()];
     for child in ["team-alpha-1", "team-alpha-2", "team-alpha-3"] {
-        let r = issue(
-            &server,
-            &parent,
-            child,
-            json!({"basins": {"exact": "team-alpha"}, "streams": {"prefix": ""}, "op_groups": {"stream": {"read": true}}}),
-            None,
-        )
-        .await;
+        let r = parent
+            .issue_token(
+                child,
+                json!({"basins": {"exact": "team-alpha"}, "streams": {"prefix": ""}, "op_groups": {"stream": {"read": true}}}),
+                None,
+            )
+            .await;
         assert_eq!(r.status(), 201);
-        tokens.push(
-            json_of(r).await["access_token"]
-                .as_str()
-                .unwrap()
-                .to_string(),
-        );
+        callers.push(operator.bearer(json_of(r).await["access_token"].as_str().unwrap()));
     }
     // One budget of 20 (3 spent issuing) for the four: separate budgets would answer about 70.
-    let answered =
-        answered_before_the_limit(&server, &tokens, "/team-alpha/events?offset=-1").await;
+    let answered = answered_before_the_limit(&callers, "/team-alpha/events?offset=-1").await;
     assert!(
         answered < 40,
         "{answered} requests answered before the first 429"
     );
 
-    let guesses: Vec<String> = (0..4).map(|i| format!("rnl_guess{i}")).collect();
-    let answered =
-        answered_before_the_limit(&server, &guesses, "/team-alpha/events?offset=-1").await;
+    let guesses: Vec<Client> = (0..4)
+        .map(|i| operator.bearer(&format!("rnl_guess{i}")))
+        .collect();
+    let answered = answered_before_the_limit(&guesses, "/team-alpha/events?offset=-1").await;
     assert!(
         answered < 40,
         "{answered} guesses answered before the first 429"
     );
     // The operator's budget is its own.
-    let r = send(
-        &server,
-        reqwest::Method::GET,
-        "/v1/basins",
-        Some(OPERATOR),
-        &[],
-        None,
-    )
-    .await;
+    let r = operator.get("/v1/basins").await;
     assert_eq!(r.status(), 200);
 }
 
@@ -564,18 +340,15 @@ async fn tokens_survive_a_restart() {
     let args = ["--data-dir", data, "--auth", "--auth-token", OPERATOR];
     let server = Server::start(&args);
     setup(&server).await;
-    let reader = issued(&server, "reader", reader_of("team-alpha")).await;
+    let reader = operator(&server)
+        .issued_token("reader", reader_of("team-alpha"))
+        .await;
     server.kill();
     let server = Server::start(&args);
-    let r = send(
-        &server,
-        reqwest::Method::GET,
-        "/team-alpha/events?offset=-1",
-        Some(&reader),
-        &[],
-        None,
-    )
-    .await;
+    let r = Client::new(&server)
+        .bearer(&reader)
+        .get("/team-alpha/events?offset=-1")
+        .await;
     assert_eq!(r.status(), 200);
 }
 
@@ -583,12 +356,12 @@ async fn tokens_survive_a_restart() {
 async fn a_mirror_authenticates_to_its_upstream_with_a_token() {
     let upstream = auth_server(&[]);
     setup(&upstream).await;
-    let token = issued(
-        &upstream,
-        "mirror",
-        json!({"basins": {"exact": "team-alpha"}, "streams": {"prefix": ""}, "op_groups": {"stream": {"read": true}, "basin": {"read": true}}}),
-    )
-    .await;
+    let token = operator(&upstream)
+        .issued_token(
+            "mirror",
+            json!({"basins": {"exact": "team-alpha"}, "streams": {"prefix": ""}, "op_groups": {"stream": {"read": true}, "basin": {"read": true}}}),
+        )
+        .await;
     let source = format!("{}/team-alpha", upstream.base);
     let mirror = Server::start(&[
         "--memory",
@@ -599,11 +372,9 @@ async fn a_mirror_authenticates_to_its_upstream_with_a_token() {
     ]);
     let deadline = Instant::now() + Duration::from_secs(15);
     loop {
-        let r = client()
-            .get(mirror.url("/team-alpha/events?offset=-1"))
-            .send()
-            .await
-            .unwrap();
+        let r = Client::new(&mirror)
+            .get("/team-alpha/events?offset=-1")
+            .await;
         if r.status() == 200 {
             assert_eq!(r.text().await.unwrap(), "hello");
             break;
@@ -613,11 +384,9 @@ async fn a_mirror_authenticates_to_its_upstream_with_a_token() {
     }
     let unauthenticated = Server::start(&["--memory", "--mirror-from", &source]);
     tokio::time::sleep(Duration::from_secs(1)).await;
-    let r = client()
-        .get(unauthenticated.url("/team-alpha/events?offset=-1"))
-        .send()
-        .await
-        .unwrap();
+    let r = Client::new(&unauthenticated)
+        .get("/team-alpha/events?offset=-1")
+        .await;
     assert_eq!(
         r.status(),
         404,
@@ -629,17 +398,17 @@ async fn a_mirror_authenticates_to_its_upstream_with_a_token() {
 async fn a_fork_needs_read_on_its_source_and_escaped_names_are_authorized_as_routed() {
     let server = auth_server(&[]);
     setup(&server).await;
+    let operator = operator(&server);
     // Everything on streams of team-alpha except trims and attribute changes.
     let scope = json!({
         "basins": {"exact": "team-alpha"},
         "streams": {"prefix": ""},
         "ops": ["read", "append", "create-stream"]
     });
-    let writer = issued(&server, "writer", scope).await;
+    let writer = operator.bearer(&operator.issued_token("writer", scope).await);
     let fork = |source: &'static str| {
-        client()
-            .put(server.url("/team-alpha/copy"))
-            .bearer_auth(&writer)
+        writer
+            .request(Method::PUT, "/team-alpha/copy")
             .header("content-type", "text/plain")
             .header("stream-forked-from", source)
     };
@@ -655,32 +424,14 @@ async fn a_fork_needs_read_on_its_source_and_escaped_names_are_authorized_as_rou
     assert_eq!(allowed.status(), 201, "a fork of its own stream");
 
     // An escaped extension or listing name is the route it is served as.
-    for (method, path) in [
-        (reqwest::Method::PUT, "/team-alpha/events/a%74trs"),
-        (
-            reqwest::Method::PUT,
-            "/team-alpha/events/r%65tention?record=0",
-        ),
+    for path in [
+        "/team-alpha/events/a%74trs",
+        "/team-alpha/events/r%65tention?record=0",
     ] {
-        let r = client()
-            .request(method, server.url(path))
-            .bearer_auth(&writer)
-            .header("content-type", "application/json")
-            .body("{}")
-            .send()
-            .await
-            .unwrap();
+        let r = writer.send_json(Method::PUT, path, &json!({})).await;
         assert_eq!(r.status(), 403, "{path}");
     }
-    let listing = send(
-        &server,
-        reqwest::Method::GET,
-        "/team-alpha/stream%73",
-        Some(&writer),
-        &[],
-        None,
-    )
-    .await;
+    let listing = writer.get("/team-alpha/stream%73").await;
     assert_eq!(listing.status(), 403, "listing needs list-streams");
 }
 
@@ -688,25 +439,21 @@ async fn a_fork_needs_read_on_its_source_and_escaped_names_are_authorized_as_rou
 async fn revoking_a_token_ends_its_live_session_at_once() {
     let server = auth_server(&["--sse-max-duration-secs", "600"]);
     setup(&server).await;
-    let reader = issued(&server, "reader", reader_of("team-alpha")).await;
-    let mut sse = client()
-        .get(server.url("/team-alpha/events?offset=-1&live=sse"))
-        .bearer_auth(&reader)
+    let operator = operator(&server);
+    let reader = operator.bearer(
+        &operator
+            .issued_token("reader", reader_of("team-alpha"))
+            .await,
+    );
+    let mut sse = reader
+        .request(Method::GET, "/team-alpha/events?offset=-1&live=sse")
         .timeout(Duration::from_secs(20))
         .send()
         .await
         .unwrap();
     assert_eq!(sse.status(), 200);
     assert!(sse.chunk().await.unwrap().is_some(), "the session started");
-    let revoked = send(
-        &server,
-        reqwest::Method::DELETE,
-        "/v1/access-tokens/reader",
-        Some(OPERATOR),
-        &[],
-        None,
-    )
-    .await;
+    let revoked = operator.revoke_token("reader").await;
     assert!(revoked.status().is_success());
     let ended = tokio::time::timeout(Duration::from_secs(5), async {
         while let Some(_chunk) = sse.chunk().await.unwrap() {}
@@ -722,91 +469,68 @@ async fn revoking_a_token_ends_its_live_session_at_once() {
 async fn ensuring_an_existing_s2_stream_needs_reconfigure_not_just_create() {
     let server = auth_server(&[]);
     setup(&server).await;
-    let creator = issued(
-        &server,
-        "creator",
-        json!({
-            "basins": {"exact": "team-alpha"},
-            "streams": {"prefix": ""},
-            "ops": ["create-stream"]
-        }),
-    )
-    .await;
+    let operator = operator(&server);
+    let creator = operator.bearer(
+        &operator
+            .issued_token(
+                "creator",
+                json!({
+                    "basins": {"exact": "team-alpha"},
+                    "streams": {"prefix": ""},
+                    "ops": ["create-stream"]
+                }),
+            )
+            .await,
+    );
     let ensure = |stream: &'static str| {
-        send(
-            &server,
-            reqwest::Method::PUT,
-            stream,
-            Some(&creator),
-            &[("s2-basin", "team-alpha")],
-            Some(json!({"retention_policy": {"age": 1}})),
-        )
+        creator
+            .s2(Method::PUT, "team-alpha", stream)
+            .header("content-type", "application/json")
+            .body(json!({"retention_policy": {"age": 1}}).to_string())
+            .send()
     };
     assert_eq!(
-        ensure("/v1/streams/events").await.status(),
+        ensure("/v1/streams/events").await.unwrap().status(),
         403,
         "the existing stream would be reconfigured"
     );
-    assert_eq!(ensure("/v1/streams/fresh").await.status(), 201);
+    assert_eq!(ensure("/v1/streams/fresh").await.unwrap().status(), 201);
 }
 
 #[tokio::test]
 async fn a_bucket_description_counts_only_the_streams_the_token_covers() {
     let server = auth_server(&[]);
     setup(&server).await;
+    let operator = operator(&server);
     for name in ["pub-one", "pub-two", "private"] {
-        let r = client()
-            .put(server.url(&format!("/team-alpha/{name}")))
-            .bearer_auth(OPERATOR)
-            .header("content-type", "text/plain")
-            .send()
-            .await
-            .unwrap();
+        let r = operator
+            .create(&format!("/team-alpha/{name}"), "text/plain", "")
+            .await;
         assert_eq!(r.status(), 201);
     }
-    let narrow = issued(
-        &server,
-        "narrow",
-        json!({
-            "basins": {"exact": "team-alpha"},
-            "streams": {"prefix": "pub-"},
-            "op_groups": {"stream": {"read": true}, "basin": {"read": true}}
-        }),
-    )
-    .await;
-    let count = |token: String| {
-        let server = &server;
-        async move {
-            let r = send(
-                server,
-                reqwest::Method::GET,
-                "/team-alpha",
-                Some(&token),
-                &[],
-                None,
+    let narrow = operator.bearer(
+        &operator
+            .issued_token(
+                "narrow",
+                json!({
+                    "basins": {"exact": "team-alpha"},
+                    "streams": {"prefix": "pub-"},
+                    "op_groups": {"stream": {"read": true}, "basin": {"read": true}}
+                }),
             )
-            .await;
-            assert_eq!(r.status(), 200);
-            json_of(r).await["streams"].clone()
-        }
+            .await,
+    );
+    let count = |caller: Client| async move {
+        let r = caller.get("/team-alpha").await;
+        assert_eq!(r.status(), 200);
+        json_of(r).await["streams"].clone()
     };
-    assert_eq!(count(OPERATOR.to_string()).await, 4);
+    assert_eq!(count(operator.clone()).await, 4);
     assert_eq!(
         count(narrow.clone()).await,
         2,
         "events and private are out of scope"
     );
-    let listing = json_of(
-        send(
-            &server,
-            reqwest::Method::GET,
-            "/team-alpha/streams",
-            Some(&narrow),
-            &[],
-            None,
-        )
-        .await,
-    )
-    .await;
+    let listing = json_of(narrow.get("/team-alpha/streams").await).await;
     assert_eq!(listing["stream_count"], 2, "the listing agrees");
 }

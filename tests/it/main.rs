@@ -1,6 +1,7 @@
 //! The integration tests: one binary, one module per topic, each test against real `runnel serve`
 //! processes (`common::Server`) on loopback ports the OS picks, with data in temporary
-//! directories, so the tests share nothing and run in parallel threads.
+//! directories, so the tests share nothing and run in parallel threads. They talk to a server
+//! through `common::Client`, which names the requests they make again and again.
 
 mod common;
 

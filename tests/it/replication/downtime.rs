@@ -4,9 +4,9 @@
 use std::path::Path;
 use std::time::Duration;
 
-use crate::common::{Server, client};
+use crate::common::{Client, Server};
 
-use super::{BUCKET, append, create_bucket, put, view, wait_for_status, wait_until_mirrored};
+use super::{BUCKET, append, stream, view, wait_for_status, wait_until_mirrored, with_bucket};
 
 /// The flags of a mirror of the upstream's bucket that keeps its copy in `data`, so that it can
 /// be killed and started again.
@@ -24,14 +24,9 @@ fn strs(args: &[String]) -> Vec<&str> {
 }
 
 /// Starts a mirror with `args`, waits until its `streams` match the upstream's, and SIGKILLs it.
-async fn mirror_then_kill(
-    http: &reqwest::Client,
-    upstream: &Server,
-    args: &[String],
-    streams: &[&str],
-) {
+async fn mirror_then_kill(up: &Client, args: &[String], streams: &[&str]) {
     let mirror = Server::start(&strs(args));
-    wait_until_mirrored(http, upstream, &mirror, streams).await;
+    wait_until_mirrored(up, &Client::new(&mirror), streams).await;
     mirror.kill();
 }
 
@@ -39,29 +34,22 @@ async fn mirror_then_kill(
 async fn a_stream_deleted_upstream_while_a_bucket_mirror_is_down_is_removed_when_it_returns() {
     let dir = tempfile::tempdir().unwrap();
     let data = dir.path().join("mirror");
-    let http = client();
     let upstream = Server::start(&["--memory"]);
-    create_bucket(&http, &upstream).await;
-    for stream in ["doomed", "kept"] {
-        let url = upstream.url(&format!("/{BUCKET}/{stream}"));
-        assert_eq!(put(&http, &url, "text/plain", "one;").await.status(), 201);
+    let up = with_bucket(&upstream).await;
+    for name in ["doomed", "kept"] {
+        let created = up.create(&stream(name), "text/plain", "one;").await;
+        assert_eq!(created.status(), 201);
     }
     let args = durable_bucket_mirror(&data, &upstream);
-    mirror_then_kill(&http, &upstream, &args, &["doomed", "kept"]).await;
+    mirror_then_kill(&up, &args, &["doomed", "kept"]).await;
 
-    let doomed = upstream.url(&format!("/{BUCKET}/doomed"));
-    assert_eq!(http.delete(&doomed).send().await.unwrap().status(), 204);
-    append(
-        &http,
-        &upstream.url(&format!("/{BUCKET}/kept")),
-        "text/plain",
-        "two;",
-    )
-    .await;
+    assert_eq!(up.delete(&stream("doomed")).await.status(), 204);
+    append(&up, &stream("kept"), "text/plain", "two;").await;
 
     let mirror = Server::start(&strs(&args));
-    wait_until_mirrored(&http, &upstream, &mirror, &["kept"]).await;
-    wait_for_status(&http, &mirror.url(&format!("/{BUCKET}/doomed")), 404).await;
+    let down = Client::new(&mirror);
+    wait_until_mirrored(&up, &down, &["kept"]).await;
+    wait_for_status(&down, &stream("doomed"), 404).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -69,29 +57,28 @@ async fn a_bucket_deleted_upstream_while_its_mirror_is_down_is_emptied_on_the_mi
  {
     let dir = tempfile::tempdir().unwrap();
     let data = dir.path().join("mirror");
-    let http = client();
     let upstream = Server::start(&["--memory"]);
-    create_bucket(&http, &upstream).await;
-    for stream in ["first", "second"] {
-        let url = upstream.url(&format!("/{BUCKET}/{stream}"));
-        assert_eq!(put(&http, &url, "text/plain", "one;").await.status(), 201);
+    let up = with_bucket(&upstream).await;
+    for name in ["first", "second"] {
+        let created = up.create(&stream(name), "text/plain", "one;").await;
+        assert_eq!(created.status(), 201);
     }
     let args = durable_bucket_mirror(&data, &upstream);
-    mirror_then_kill(&http, &upstream, &args, &["first", "second"]).await;
+    mirror_then_kill(&up, &args, &["first", "second"]).await;
 
     // A bucket is deleted once empty.
-    for stream in ["first", "second"] {
-        let url = upstream.url(&format!("/{BUCKET}/{stream}"));
-        assert_eq!(http.delete(&url).send().await.unwrap().status(), 204);
+    for name in ["first", "second"] {
+        assert_eq!(up.delete(&stream(name)).await.status(), 204);
     }
-    let bucket = upstream.url(&format!("/{BUCKET}"));
-    let deleted = http.delete(&bucket).send().await.unwrap().status();
+    let bucket = format!("/{BUCKET}");
+    let deleted = up.delete(&bucket).await.status();
     assert!(deleted.is_success(), "{deleted}");
-    wait_for_status(&http, &bucket, 404).await;
+    wait_for_status(&up, &bucket, 404).await;
 
     let mirror = Server::start(&strs(&args));
-    for stream in ["first", "second"] {
-        wait_for_status(&http, &mirror.url(&format!("/{BUCKET}/{stream}")), 404).await;
+    let down = Client::new(&mirror);
+    for name in ["first", "second"] {
+        wait_for_status(&down, &stream(name), 404).await;
     }
 }
 
@@ -100,38 +87,31 @@ async fn a_stream_recreated_upstream_while_a_bucket_mirror_is_down_is_rebuilt_an
  {
     let dir = tempfile::tempdir().unwrap();
     let data = dir.path().join("mirror");
-    let http = client();
     let upstream = Server::start(&["--memory"]);
-    create_bucket(&http, &upstream).await;
-    let (reborn, other) = (
-        upstream.url(&format!("/{BUCKET}/reborn")),
-        upstream.url(&format!("/{BUCKET}/other")),
-    );
+    let up = with_bucket(&upstream).await;
+    let (reborn, other) = (stream("reborn"), stream("other"));
     assert_eq!(
-        put(&http, &reborn, "text/plain", "x1;x2;").await.status(),
+        up.create(&reborn, "text/plain", "x1;x2;").await.status(),
         201
     );
-    assert_eq!(put(&http, &other, "text/plain", "o1;").await.status(), 201);
+    assert_eq!(up.create(&other, "text/plain", "o1;").await.status(), 201);
     let args = durable_bucket_mirror(&data, &upstream);
-    mirror_then_kill(&http, &upstream, &args, &["reborn", "other"]).await;
+    mirror_then_kill(&up, &args, &["reborn", "other"]).await;
 
     // A new stream under the old name, with as many records as the mirror's cursor and longer
     // ones: nothing about the cursor alone tells the mirror its copy is stale.
-    assert_eq!(http.delete(&reborn).send().await.unwrap().status(), 204);
-    assert_eq!(
-        put(&http, &reborn, "text/plain", "Y1;Y2;Y3;")
-            .await
-            .status(),
-        201
-    );
+    assert_eq!(up.delete(&reborn).await.status(), 204);
+    let recreated = up.create(&reborn, "text/plain", "Y1;Y2;Y3;").await;
+    assert_eq!(recreated.status(), 201);
 
     let mirror = Server::start(&strs(&args));
-    wait_until_mirrored(&http, &upstream, &mirror, &["reborn", "other"]).await;
+    let down = Client::new(&mirror);
+    wait_until_mirrored(&up, &down, &["reborn", "other"]).await;
     // It goes on following the new stream, and the rest of the bucket.
-    append(&http, &reborn, "text/plain", "Y4;").await;
-    append(&http, &other, "text/plain", "o2;").await;
-    wait_until_mirrored(&http, &upstream, &mirror, &["reborn", "other"]).await;
-    let (_, _, body) = view(&http, &mirror.url(&format!("/{BUCKET}/reborn"))).await;
+    append(&up, &reborn, "text/plain", "Y4;").await;
+    append(&up, &other, "text/plain", "o2;").await;
+    wait_until_mirrored(&up, &down, &["reborn", "other"]).await;
+    let (_, _, body) = view(&down, &reborn).await;
     assert_eq!(body, b"Y1;Y2;Y3;Y4;");
 }
 
@@ -139,14 +119,11 @@ async fn a_stream_recreated_upstream_while_a_bucket_mirror_is_down_is_rebuilt_an
 async fn a_single_stream_mirror_follows_its_stream_deleted_and_recreated_and_drops_it_when_gone() {
     let dir = tempfile::tempdir().unwrap();
     let data = dir.path().join("mirror");
-    let http = client();
     let upstream = Server::start(&["--memory"]);
-    create_bucket(&http, &upstream).await;
-    let source = upstream.url(&format!("/{BUCKET}/single"));
-    assert_eq!(
-        put(&http, &source, "text/plain", "one;").await.status(),
-        201
-    );
+    let up = with_bucket(&upstream).await;
+    let single = stream("single");
+    assert_eq!(up.create(&single, "text/plain", "one;").await.status(), 201);
+    let source = up.url(&single);
     let args = [
         "--data-dir",
         data.to_str().unwrap(),
@@ -154,26 +131,24 @@ async fn a_single_stream_mirror_follows_its_stream_deleted_and_recreated_and_dro
         &source,
     ];
     let mirror = Server::start(&args);
-    let copy = mirror.url(&format!("/{BUCKET}/single"));
-    wait_until_mirrored(&http, &upstream, &mirror, &["single"]).await;
+    let down = Client::new(&mirror);
+    wait_until_mirrored(&up, &down, &["single"]).await;
 
     // Deleted and created again during the session: the mirror follows the new stream.
-    assert_eq!(http.delete(&source).send().await.unwrap().status(), 204);
-    wait_for_status(&http, &copy, 404).await;
-    assert_eq!(
-        put(&http, &source, "text/plain", "new-one;").await.status(),
-        201
-    );
-    append(&http, &source, "text/plain", "new-two;").await;
-    wait_until_mirrored(&http, &upstream, &mirror, &["single"]).await;
-    let (_, _, body) = view(&http, &copy).await;
+    assert_eq!(up.delete(&single).await.status(), 204);
+    wait_for_status(&down, &single, 404).await;
+    let recreated = up.create(&single, "text/plain", "new-one;").await;
+    assert_eq!(recreated.status(), 201);
+    append(&up, &single, "text/plain", "new-two;").await;
+    wait_until_mirrored(&up, &down, &["single"]).await;
+    let (_, _, body) = view(&down, &single).await;
     assert_eq!(body, b"new-one;new-two;");
 
     // Deleted while the mirror is down: its upstream answers 404, and the copy goes too.
     mirror.kill();
-    assert_eq!(http.delete(&source).send().await.unwrap().status(), 204);
+    assert_eq!(up.delete(&single).await.status(), 204);
     let mirror = Server::start(&args);
-    wait_for_status(&http, &mirror.url(&format!("/{BUCKET}/single")), 404).await;
+    wait_for_status(&Client::new(&mirror), &single, 404).await;
 }
 
 /// Answers every HTTP request on `listener` with a bare 404, as a proxy in front of a server
@@ -221,7 +196,6 @@ async fn a_single_stream_mirror_keeps_its_copy_while_something_other_than_its_up
 {
     let dir = tempfile::tempdir().unwrap();
     let (up_data, mirror_log) = (dir.path().join("up"), dir.path().join("mirror.log"));
-    let http = client();
     let up_args = |listen: &str| {
         let data = up_data.to_str().unwrap().to_string();
         vec![
@@ -233,15 +207,13 @@ async fn a_single_stream_mirror_keeps_its_copy_while_something_other_than_its_up
     };
     let upstream = Server::start(&strs(&up_args("127.0.0.1:0")));
     let listen = upstream.base.trim_start_matches("http://").to_string();
-    create_bucket(&http, &upstream).await;
-    let source = upstream.url(&format!("/{BUCKET}/kept"));
-    assert_eq!(
-        put(&http, &source, "text/plain", "one;").await.status(),
-        201
-    );
+    let up = with_bucket(&upstream).await;
+    let kept = stream("kept");
+    assert_eq!(up.create(&kept, "text/plain", "one;").await.status(), 201);
+    let source = up.url(&kept);
     let mirror = Server::start_logged(&["--memory", "--mirror-from", &source], &mirror_log);
-    let copy = mirror.url(&format!("/{BUCKET}/kept"));
-    wait_until_mirrored(&http, &upstream, &mirror, &["kept"]).await;
+    let down = Client::new(&mirror);
+    wait_until_mirrored(&up, &down, &["kept"]).await;
 
     // The upstream goes away and a proxy answers 404 in its place: the mirror keeps asking,
     // and keeps its copy meanwhile.
@@ -249,16 +221,16 @@ async fn a_single_stream_mirror_keeps_its_copy_while_something_other_than_its_up
     let proxy = tokio::net::TcpListener::bind(&listen).await.unwrap();
     let proxy = tokio::spawn(answer_404_to_everything(proxy));
     wait_for_log(&mirror_log, "does not exist (404", 2).await;
-    let (_, _, body) = view(&http, &copy).await;
+    let (_, _, body) = view(&down, &kept).await;
     assert_eq!(body, b"one;");
 
     // The upstream is back: the copy goes on from where it was.
     proxy.abort();
     let _ = proxy.await;
-    let upstream = Server::start(&strs(&up_args(&listen)));
-    append(&http, &source, "text/plain", "two;").await;
-    wait_until_mirrored(&http, &upstream, &mirror, &["kept"]).await;
-    let (_, _, body) = view(&http, &copy).await;
+    let _upstream = Server::start(&strs(&up_args(&listen)));
+    append(&up, &kept, "text/plain", "two;").await;
+    wait_until_mirrored(&up, &down, &["kept"]).await;
+    let (_, _, body) = view(&down, &kept).await;
     assert_eq!(body, b"one;two;");
 }
 
@@ -278,7 +250,6 @@ fn copy_dir(from: &Path, to: &Path) {
 async fn a_mirror_whose_upstream_was_restored_from_an_older_backup_and_written_again_is_rebuilt() {
     let dir = tempfile::tempdir().unwrap();
     let (up_data, backup) = (dir.path().join("up"), dir.path().join("backup"));
-    let http = client();
     let start_upstream = |listen: Option<&str>| {
         let mut args = vec!["--data-dir", up_data.to_str().unwrap()];
         if let Some(listen) = listen {
@@ -288,29 +259,31 @@ async fn a_mirror_whose_upstream_was_restored_from_an_older_backup_and_written_a
     };
     let mut upstream = start_upstream(None);
     let listen = upstream.base.trim_start_matches("http://").to_string();
-    create_bucket(&http, &upstream).await;
-    let stream = upstream.url(&format!("/{BUCKET}/s"));
-    assert_eq!(put(&http, &stream, "text/plain", "r1;").await.status(), 201);
-    append(&http, &stream, "text/plain", "r2;").await;
+    // The upstream comes back on the same address each time: one client serves them all.
+    let up = with_bucket(&upstream).await;
+    let s = stream("s");
+    assert_eq!(up.create(&s, "text/plain", "r1;").await.status(), 201);
+    append(&up, &s, "text/plain", "r2;").await;
     upstream.terminate(Duration::from_secs(10)).unwrap();
     copy_dir(&up_data, &backup);
     let mut upstream = start_upstream(Some(&listen));
-    append(&http, &stream, "text/plain", "r3;").await;
+    append(&up, &s, "text/plain", "r3;").await;
 
     let args = durable_bucket_mirror(&dir.path().join("mirror"), &upstream);
-    mirror_then_kill(&http, &upstream, &args, &["s"]).await;
+    mirror_then_kill(&up, &args, &["s"]).await;
 
     // The upstream comes back from the backup and takes a record of the same length where the
     // mirror's copy has r3: same ordinals, same offsets, another record.
     upstream.terminate(Duration::from_secs(10)).unwrap();
     std::fs::remove_dir_all(&up_data).unwrap();
     copy_dir(&backup, &up_data);
-    let upstream = start_upstream(Some(&listen));
-    append(&http, &stream, "text/plain", "R3;").await;
-    append(&http, &stream, "text/plain", "r4;").await;
+    let _upstream = start_upstream(Some(&listen));
+    append(&up, &s, "text/plain", "R3;").await;
+    append(&up, &s, "text/plain", "r4;").await;
 
     let mirror = Server::start(&strs(&args));
-    wait_until_mirrored(&http, &upstream, &mirror, &["s"]).await;
-    let (_, _, body) = view(&http, &mirror.url(&format!("/{BUCKET}/s"))).await;
+    let down = Client::new(&mirror);
+    wait_until_mirrored(&up, &down, &["s"]).await;
+    let (_, _, body) = view(&down, &s).await;
     assert_eq!(body, b"r1;r2;R3;r4;");
 }

@@ -1,6 +1,6 @@
 //! StreamLD replication end to end, between real servers: an upstream and mirrors of its buckets
-//! or single streams, and raw replicas speaking the WebSocket protocol. The helpers here read
-//! and compare what upstream and mirror serve.
+//! or single streams, and raw replicas speaking the WebSocket protocol. The helpers here start
+//! the pair, and read and compare what upstream and mirror serve.
 
 mod downtime;
 mod live;
@@ -10,112 +10,67 @@ mod sse_binding;
 
 use std::time::Duration;
 
-use crate::common::{Server, header};
+use crate::common::{Client, Server, header};
 
 const BUCKET: &str = "mirrored";
 
-/// A client that reports redirects instead of following them.
-fn no_redirects() -> reqwest::Client {
-    reqwest::Client::builder()
-        .redirect(reqwest::redirect::Policy::none())
-        .build()
-        .unwrap()
+/// The path of the bucket's stream `name`.
+fn stream(name: &str) -> String {
+    format!("/{BUCKET}/{name}")
 }
 
-async fn put(
-    http: &reqwest::Client,
-    url: &str,
-    content_type: &str,
-    body: &str,
-) -> reqwest::Response {
-    http.put(url)
-        .header("content-type", content_type)
-        .body(body.to_string())
-        .send()
-        .await
-        .unwrap()
-}
-
-async fn create_bucket(http: &reqwest::Client, server: &Server) {
-    let response = http
-        .put(server.url(&format!("/{BUCKET}")))
-        .send()
-        .await
-        .unwrap();
+/// A client of `upstream`, once it made the bucket the tests mirror.
+async fn with_bucket(upstream: &Server) -> Client {
+    let http = Client::new(upstream);
+    let response = http.create_bucket(BUCKET).await;
     assert_eq!(response.status(), 201);
+    http
 }
 
-async fn append(http: &reqwest::Client, url: &str, content_type: &str, body: &str) {
-    let response = http
-        .post(url)
-        .header("content-type", content_type)
-        .body(body.to_string())
-        .send()
-        .await
-        .unwrap();
+/// A mirror of the upstream's bucket that keeps its copy in memory.
+fn bucket_mirror(upstream: &Server) -> Server {
+    let source = upstream.url(&format!("/{BUCKET}"));
+    Server::start(&["--memory", "--mirror-from", &source])
+}
+
+async fn append(http: &Client, path: &str, content_type: &str, body: impl Into<reqwest::Body>) {
+    let response = http.append(path, content_type, body).await;
     assert!(
         response.status().is_success(),
-        "append to {url}: {}",
+        "append to {path}: {}",
         response.status()
     );
 }
 
 /// Everything a reader sees of a stream: HEAD's tail and first record, and the content.
-async fn view(http: &reqwest::Client, url: &str) -> (String, Option<String>, Vec<u8>) {
-    let seen = try_view(http, url).await;
-    seen.unwrap_or_else(|status| panic!("read {url}: {status}"))
+async fn view(http: &Client, path: &str) -> (String, Option<String>, Vec<u8>) {
+    let seen = try_view(http, path).await;
+    seen.unwrap_or_else(|status| panic!("read {path}: {status}"))
 }
 
 /// [`view`], or the status of a read that failed: a mirror rebuilding a stream after a gap swaps
 /// in a copy that starts later, so a read that began on the old copy may find its offset gone.
 async fn try_view(
-    http: &reqwest::Client,
-    url: &str,
+    http: &Client,
+    path: &str,
 ) -> Result<(String, Option<String>, Vec<u8>), reqwest::StatusCode> {
-    let head = http.head(url).send().await.unwrap();
+    let head = http.head(path).await;
     let tail = header(&head, "stream-next-offset")
         .unwrap_or_default()
         .to_string();
     let first = header(&head, "stream-record-first").map(str::to_string);
-    let mut body = Vec::new();
-    let mut offset = "-1".to_string();
-    loop {
-        let response = http
-            .get(format!("{url}?offset={offset}"))
-            .send()
-            .await
-            .unwrap();
-        if response.status() != 200 {
-            return Err(response.status());
-        }
-        let done = header(&response, "stream-up-to-date") == Some("true");
-        offset = header(&response, "stream-next-offset").unwrap().to_string();
-        body.extend_from_slice(&response.bytes().await.unwrap());
-        if done {
-            return Ok((tail, first, body));
-        }
-    }
+    let body = http.read_chunks(path).await?.concat();
+    Ok((tail, first, body))
 }
 
-async fn wait_until_mirrored(
-    http: &reqwest::Client,
-    upstream: &Server,
-    mirror: &Server,
-    streams: &[&str],
-) {
+async fn wait_until_mirrored(upstream: &Client, mirror: &Client, streams: &[&str]) {
     let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
     loop {
         let mut same = true;
-        for stream in streams {
-            let up = view(http, &upstream.url(&format!("/{BUCKET}/{stream}"))).await;
-            let head = http
-                .head(mirror.url(&format!("/{BUCKET}/{stream}")))
-                .send()
-                .await
-                .unwrap();
-            if head.status() != 200
-                || try_view(http, &mirror.url(&format!("/{BUCKET}/{stream}"))).await != Ok(up)
-            {
+        for name in streams {
+            let up = view(upstream, &stream(name)).await;
+            let head = mirror.head(&stream(name)).await;
+            if head.status() != 200 || try_view(mirror, &stream(name)).await != Ok(up) {
                 same = false;
             }
         }
@@ -132,29 +87,37 @@ async fn wait_until_mirrored(
 
 /// An S2 read of every record of a stream of the bucket, as JSON text (names may hold `/`, which
 /// the bucketed Durable Streams surface does not address).
-async fn s2_records(http: &reqwest::Client, server: &Server, stream: &str) -> (u16, String) {
+async fn s2_records(http: &Client, stream: &str) -> (u16, String) {
     let name = stream.replace('/', "%2F");
-    let response = http
-        .get(server.url(&format!("/v1/streams/{name}/records?seq_num=0")))
-        .header("s2-basin", BUCKET)
-        .send()
-        .await
-        .unwrap();
+    let response = http.s2_read(BUCKET, &name, "seq_num=0").await;
     (response.status().as_u16(), response.text().await.unwrap())
 }
 
-/// Waits (up to 30 s) until `url` answers HEAD with `status`.
-async fn wait_for_status(http: &reqwest::Client, url: &str, status: u16) {
+/// Waits (up to 30 s) until `path` answers HEAD with `status`.
+async fn wait_for_status(http: &Client, path: &str, status: u16) {
     let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
     loop {
-        let now = http.head(url).send().await.unwrap().status();
+        let now = http.head(path).await.status();
         if now == status {
             return;
         }
         assert!(
             tokio::time::Instant::now() < deadline,
-            "{url} still answers {now}, not {status}"
+            "{path} still answers {now}, not {status}"
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+}
+
+/// The URL a `Link` header value gives for `rel` (a StreamLD binding's relation suffix).
+fn link_target(links: &str, rel: &str) -> Option<String> {
+    links
+        .split(',')
+        .find(|l| l.contains(&format!("streamld#{rel}")))
+        .and_then(|l| {
+            l.split_once('<')?
+                .1
+                .split_once('>')
+                .map(|(u, _)| u.to_string())
+        })
 }

@@ -4,21 +4,22 @@
 
 use std::time::Duration;
 
-use crate::common::{Server, client, header};
+use reqwest::Method;
+use serde_json::json;
 
-use super::{BUCKET, append, create_bucket, no_redirects, put, s2_records, wait_until_mirrored};
+use crate::common::{Client, Server, header, json_of};
+
+use super::{BUCKET, append, bucket_mirror, s2_records, stream, wait_until_mirrored, with_bucket};
 
 #[tokio::test]
 async fn a_bucket_mirror_takes_no_local_streams_or_forks_and_copies_a_close_it_joined_behind() {
-    let http = client();
-    let no_redirects = no_redirects();
     let upstream = Server::start(&["--memory"]);
-    create_bucket(&http, &upstream).await;
-    let s = upstream.url(&format!("/{BUCKET}/s"));
-    assert_eq!(put(&http, &s, "text/plain", "one;").await.status(), 201);
-    append(&http, &s, "text/plain", "two;").await;
-    let close = http
-        .post(&s)
+    let up = with_bucket(&upstream).await;
+    let s = stream("s");
+    assert_eq!(up.create(&s, "text/plain", "one;").await.status(), 201);
+    append(&up, &s, "text/plain", "two;").await;
+    let close = up
+        .request(Method::POST, &s)
         .header("stream-closed", "true")
         .send()
         .await
@@ -26,16 +27,12 @@ async fn a_bucket_mirror_takes_no_local_streams_or_forks_and_copies_a_close_it_j
     assert!(close.status().is_success());
 
     // The mirror joins behind the close: it gets the records, then the closed state.
-    let bucket = upstream.url(&format!("/{BUCKET}"));
-    let mirror = Server::start(&["--memory", "--mirror-from", &bucket]);
-    wait_until_mirrored(&http, &upstream, &mirror, &["s"]).await;
+    let mirror = bucket_mirror(&upstream);
+    let down = Client::new(&mirror);
+    wait_until_mirrored(&up, &down, &["s"]).await;
     let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
     loop {
-        let head = http
-            .head(mirror.url(&format!("/{BUCKET}/s")))
-            .send()
-            .await
-            .unwrap();
+        let head = down.head(&s).await;
         if header(&head, "stream-closed") == Some("true") {
             break;
         }
@@ -48,22 +45,16 @@ async fn a_bucket_mirror_takes_no_local_streams_or_forks_and_copies_a_close_it_j
 
     // A stream made locally in the mirrored bucket would be deleted by the mirror: it goes to
     // the upstream instead.
+    let no_redirects = Client::no_redirects(&mirror);
     let local = no_redirects
-        .put(mirror.url(&format!("/{BUCKET}/local")))
-        .header("content-type", "text/plain")
-        .send()
-        .await
-        .unwrap();
+        .create(&stream("local"), "text/plain", "")
+        .await;
     assert_eq!(local.status(), 307);
     assert_eq!(
         header(&local, "location"),
-        Some(upstream.url(&format!("/{BUCKET}/local")).as_str())
+        Some(up.url(&stream("local")).as_str())
     );
-    let bucket_delete = no_redirects
-        .delete(mirror.url(&format!("/{BUCKET}")))
-        .send()
-        .await
-        .unwrap();
+    let bucket_delete = no_redirects.delete(&format!("/{BUCKET}")).await;
     assert_eq!(
         bucket_delete.status(),
         307,
@@ -71,13 +62,13 @@ async fn a_bucket_mirror_takes_no_local_streams_or_forks_and_copies_a_close_it_j
     );
     assert_eq!(
         header(&bucket_delete, "location"),
-        Some(upstream.url(&format!("/{BUCKET}")).as_str())
+        Some(up.url(&format!("/{BUCKET}")).as_str())
     );
     // A fork would stop the mirror at the next rebuild of its source.
-    let fork = http
-        .put(mirror.url("/v1/stream/fork"))
+    let fork = down
+        .request(Method::PUT, "/v1/stream/fork")
         .header("content-type", "text/plain")
-        .header("stream-forked-from", format!("/{BUCKET}/s"))
+        .header("stream-forked-from", &s)
         .send()
         .await
         .unwrap();
@@ -86,71 +77,61 @@ async fn a_bucket_mirror_takes_no_local_streams_or_forks_and_copies_a_close_it_j
 
 #[tokio::test]
 async fn s2_writes_to_a_mirror_are_redirected_to_the_upstream_in_s2s_error_shape() {
-    let http = client();
-    let no_redirects = no_redirects();
     let upstream = Server::start(&["--memory"]);
-    create_bucket(&http, &upstream).await;
-    let s = upstream.url(&format!("/{BUCKET}/s"));
-    assert_eq!(put(&http, &s, "text/plain", "one;").await.status(), 201);
-    let mirror = Server::start(&[
-        "--memory",
-        "--mirror-from",
-        &upstream.url(&format!("/{BUCKET}")),
-    ]);
-    wait_until_mirrored(&http, &upstream, &mirror, &["s"]).await;
+    let up = with_bucket(&upstream).await;
+    assert_eq!(
+        up.create(&stream("s"), "text/plain", "one;").await.status(),
+        201
+    );
+    let mirror = bucket_mirror(&upstream);
+    let down = Client::new(&mirror);
+    wait_until_mirrored(&up, &down, &["s"]).await;
 
-    let s2 = |method: reqwest::Method, path: &str, body: serde_json::Value| {
+    let no_redirects = Client::no_redirects(&mirror);
+    let s2 = |method: Method, path: &str, body: serde_json::Value| {
         no_redirects
-            .request(method, mirror.url(path))
-            .header("s2-basin", BUCKET)
+            .s2(method, BUCKET, path)
             .header("content-type", "application/json")
             .body(body.to_string())
     };
+    let basin = format!("/v1/basins/{BUCKET}");
     let refusals = [
         (
             "append",
             s2(
-                reqwest::Method::POST,
+                Method::POST,
                 "/v1/streams/s/records",
-                serde_json::json!({"records": [{"body": "two;"}]}),
+                json!({"records": [{"body": "two;"}]}),
             ),
             "/v1/streams/s/records",
         ),
         (
             "stream reconfiguration",
             s2(
-                reqwest::Method::PATCH,
+                Method::PATCH,
                 "/v1/streams/s",
-                serde_json::json!({"retention_policy": {"age": 60}}),
+                json!({"retention_policy": {"age": 60}}),
             ),
             "/v1/streams/s",
         ),
         (
             "stream creation",
-            s2(
-                reqwest::Method::POST,
-                "/v1/streams",
-                serde_json::json!({"stream": "local"}),
-            ),
+            s2(Method::POST, "/v1/streams", json!({"stream": "local"})),
             "/v1/streams",
         ),
         (
             "basin reconfiguration",
             s2(
-                reqwest::Method::PATCH,
-                &format!("/v1/basins/{BUCKET}"),
-                serde_json::json!({"create_stream_on_append": true}),
+                Method::PATCH,
+                &basin,
+                json!({"create_stream_on_append": true}),
             ),
-            &format!("/v1/basins/{BUCKET}"),
+            &basin,
         ),
         (
             "basin deletion",
-            s2(
-                reqwest::Method::DELETE,
-                &format!("/v1/basins/{BUCKET}"),
-                serde_json::json!({}),
-            ),
-            &format!("/v1/basins/{BUCKET}"),
+            s2(Method::DELETE, &basin, json!({})),
+            &basin,
         ),
     ];
     for (what, request, path) in refusals {
@@ -158,30 +139,25 @@ async fn s2_writes_to_a_mirror_are_redirected_to_the_upstream_in_s2s_error_shape
         assert_eq!(response.status(), 307, "{what}");
         assert_eq!(
             header(&response, "location"),
-            Some(upstream.url(path).as_str()),
+            Some(up.url(path).as_str()),
             "{what}"
         );
-        let body: serde_json::Value =
-            serde_json::from_str(&response.text().await.unwrap()).unwrap();
+        let body = json_of(response).await;
         assert_eq!(body["code"], "mirrored", "{what}: {body}");
     }
 
     // Nothing changed on the mirror, and the upstream still holds one record.
-    let config = http
-        .get(mirror.url("/v1/streams/s"))
-        .header("s2-basin", BUCKET)
-        .send()
-        .await
-        .unwrap();
-    let config: serde_json::Value = serde_json::from_str(&config.text().await.unwrap()).unwrap();
+    let config = json_of(
+        down.s2(Method::GET, BUCKET, "/v1/streams/s")
+            .send()
+            .await
+            .unwrap(),
+    )
+    .await;
     assert!(config["retention_policy"].get("age").is_none(), "{config}");
-    let basin = http
-        .get(mirror.url(&format!("/v1/basins/{BUCKET}")))
-        .send()
-        .await
-        .unwrap();
+    let basin = down.get(&basin).await;
     assert_eq!(basin.status(), 200, "the mirrored basin is still there");
-    let (status, records) = s2_records(&http, &mirror, "s").await;
+    let (status, records) = s2_records(&down, "s").await;
     assert_eq!(status, 200);
     assert!(!records.contains("two;"), "{records}");
 }
@@ -190,17 +166,13 @@ async fn s2_writes_to_a_mirror_are_redirected_to_the_upstream_in_s2s_error_shape
 async fn a_single_stream_mirror_refuses_to_create_the_stream_it_mirrors_locally() {
     // Whatever was written to a local stream of that name would be replaced by the upstream's
     // once it appears there: acknowledged writes silently lost.
-    let http = client();
     let upstream = Server::start(&["--memory"]);
-    create_bucket(&http, &upstream).await;
-    let target = upstream.url(&format!("/{BUCKET}/one"));
+    let up = with_bucket(&upstream).await;
+    let target = up.url(&stream("one"));
     let mirror = Server::start(&["--memory", "--mirror-from", &target]);
-    let local = no_redirects()
-        .put(mirror.url(&format!("/{BUCKET}/one")))
-        .header("content-type", "text/plain")
-        .send()
-        .await
-        .unwrap();
+    let local = Client::no_redirects(&mirror)
+        .create(&stream("one"), "text/plain", "")
+        .await;
     assert_eq!(local.status(), 307);
     assert_eq!(header(&local, "location"), Some(target.as_str()));
 }

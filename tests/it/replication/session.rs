@@ -3,38 +3,28 @@
 
 use std::time::Duration;
 
-use crate::common::{Server, client, header};
+use crate::common::{Client, Server, header};
 
-use super::{BUCKET, append, create_bucket, put, wait_for_status, wait_until_mirrored};
+use super::{
+    BUCKET, append, bucket_mirror, link_target, stream, wait_for_status, wait_until_mirrored,
+    with_bucket,
+};
 
 /// The WebSocket replication endpoint a bucket advertises in its `Link` header.
-async fn replication_endpoint(http: &reqwest::Client, server: &Server) -> String {
-    let response = http
-        .get(server.url(&format!("/{BUCKET}")))
-        .send()
-        .await
-        .unwrap();
+async fn replication_endpoint(up: &Client) -> String {
+    let response = up.get(&format!("/{BUCKET}")).await;
     let links = header(&response, "link")
         .expect("a Link header")
         .to_string();
-    links
-        .split(',')
-        .find(|l| l.contains("streamld#websocket-replication"))
-        .and_then(|l| {
-            l.split_once('<')?
-                .1
-                .split_once('>')
-                .map(|(u, _)| u.to_string())
-        })
-        .expect("a websocket-replication Link")
+    link_target(&links, "websocket-replication").expect("a websocket-replication Link")
 }
 
 type Socket =
     tokio_tungstenite::WebSocketStream<tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>>;
 
 /// A raw StreamLD replica: a WebSocket to the upstream's replication endpoint.
-async fn connect_replica(http: &reqwest::Client, server: &Server) -> Socket {
-    let endpoint = replication_endpoint(http, server).await;
+async fn connect_replica(up: &Client) -> Socket {
+    let endpoint = replication_endpoint(up).await;
     let (socket, _) = tokio_tungstenite::connect_async(endpoint.as_str())
         .await
         .expect("websocket");
@@ -53,14 +43,14 @@ async fn send_json(socket: &mut Socket, message: serde_json::Value) {
 
 /// A SubscriptionRequest for `stream` of the bucket, or for the whole bucket when `stream` is
 /// empty (with the replica's `cursors` per stream, unless null).
-fn subscription(upstream: &Server, stream: &str, cursors: serde_json::Value) -> serde_json::Value {
+fn subscription(up: &Client, stream: &str, cursors: serde_json::Value) -> serde_json::Value {
     let path = match stream {
         "" => format!("/{BUCKET}"),
         name => format!("/{BUCKET}/{name}"),
     };
     let mut join = serde_json::json!({
         "@type": "SubscriptionRequest",
-        "stream": upstream.url(&path),
+        "stream": up.url(&path),
     });
     if !cursors.is_null() {
         join["runnel:cursors"] = cursors;
@@ -114,22 +104,21 @@ fn frame_cursor(message: &serde_json::Value) -> Option<u64> {
 
 #[tokio::test]
 async fn a_second_bucket_join_on_one_session_replaces_the_first_so_each_append_arrives_once() {
-    let http = client();
     let upstream = Server::start(&["--memory"]);
-    create_bucket(&http, &upstream).await;
-    let stream = upstream.url(&format!("/{BUCKET}/s"));
-    assert_eq!(put(&http, &stream, "text/plain", "a;").await.status(), 201);
+    let up = with_bucket(&upstream).await;
+    let s = stream("s");
+    assert_eq!(up.create(&s, "text/plain", "a;").await.status(), 201);
 
-    let mut socket = connect_replica(&http, &upstream).await;
-    let join = subscription(&upstream, "", serde_json::json!({"s": 1}));
+    let mut socket = connect_replica(&up).await;
+    let join = subscription(&up, "", serde_json::json!({"s": 1}));
     // Each join answers with the stream's state: once it is here, that join is live.
     send_json(&mut socket, join.clone()).await;
     read_until(&mut socket, is_state).await;
     send_json(&mut socket, join).await;
     read_until(&mut socket, is_state).await;
 
-    append(&http, &stream, "text/plain", "b;").await;
-    append(&http, &stream, "text/plain", "c;").await;
+    append(&up, &s, "text/plain", "b;").await;
+    append(&up, &s, "text/plain", "c;").await;
     let mut seen = read_until(&mut socket, |m| frame_cursor(m) == Some(3)).await;
     // Whatever a second pump would send comes within a moment; a quiet second means nothing does.
     while let Some(message) = next_json(&mut socket, Duration::from_secs(1)).await {
@@ -157,9 +146,8 @@ async fn close_frame(socket: &mut Socket) -> (u16, String) {
 async fn a_replica_that_sends_what_replication_does_not_take_is_told_why_it_is_closed() {
     use futures::SinkExt;
     use tokio_tungstenite::tungstenite::Message as Ws;
-    let http = client();
     let upstream = Server::start(&["--memory"]);
-    create_bucket(&http, &upstream).await;
+    let up = with_bucket(&upstream).await;
     let cases: [(Ws, u16, &str); 4] = [
         (Ws::Text("not json".into()), 1007, "SubscriptionRequest"),
         (
@@ -171,7 +159,7 @@ async fn a_replica_that_sends_what_replication_does_not_take_is_told_why_it_is_c
         (Ws::Binary(vec![1, 2, 3].into()), 1003, "binary"),
     ];
     for (message, code, reason) in cases {
-        let mut socket = connect_replica(&http, &upstream).await;
+        let mut socket = connect_replica(&up).await;
         socket.send(message).await.unwrap();
         let (got, why) = close_frame(&mut socket).await;
         assert_eq!(got, code, "{why}");
@@ -180,8 +168,8 @@ async fn a_replica_that_sends_what_replication_does_not_take_is_told_why_it_is_c
 
     // A bucket that does not exist is answered with a gap, as one the replica may not read,
     // after the deletion of each stream the replica holds of it.
-    let mut socket = connect_replica(&http, &upstream).await;
-    let missing = upstream.url("/no-such-bucket");
+    let mut socket = connect_replica(&up).await;
+    let missing = up.url("/no-such-bucket");
     send_json(
         &mut socket,
         serde_json::json!({"@type": "SubscriptionRequest", "stream": missing,
@@ -203,37 +191,26 @@ async fn a_replica_that_sends_what_replication_does_not_take_is_told_why_it_is_c
 
 #[tokio::test]
 async fn a_replica_message_over_max_body_bytes_closes_the_session_with_1009() {
-    let http = client();
     let upstream = Server::start(&["--memory", "--max-body-bytes", "4096"]);
-    create_bucket(&http, &upstream).await;
-    let created = put(
-        &http,
-        &upstream.url(&format!("/{BUCKET}/a")),
-        "text/plain",
-        "x",
-    )
-    .await;
+    let up = with_bucket(&upstream).await;
+    let created = up.create(&stream("a"), "text/plain", "x").await;
     assert_eq!(created.status(), 201);
     // A join for the bucket whose cursors (for streams it does not hold) make it 8 KiB: well
     // formed, and taken when no limit applies.
     let cursors: serde_json::Map<String, serde_json::Value> = (0..600)
         .map(|i| (format!("stream-{i:05}"), serde_json::json!(1)))
         .collect();
-    let join = subscription(&upstream, "", serde_json::Value::Object(cursors));
+    let join = subscription(&up, "", serde_json::Value::Object(cursors));
     assert!(join.to_string().len() > 8000);
-    let mut socket = connect_replica(&http, &upstream).await;
+    let mut socket = connect_replica(&up).await;
     send_json(&mut socket, join).await;
     let (code, why) = close_frame(&mut socket).await;
     assert_eq!(code, 1009, "{why}");
     assert!(why.contains("4096"), "{why}");
 
     // A join under the limit is served.
-    let mut socket = connect_replica(&http, &upstream).await;
-    send_json(
-        &mut socket,
-        subscription(&upstream, "a", serde_json::Value::Null),
-    )
-    .await;
+    let mut socket = connect_replica(&up).await;
+    send_json(&mut socket, subscription(&up, "a", serde_json::Value::Null)).await;
     let answer = next_json(&mut socket, Duration::from_secs(5))
         .await
         .expect("an answer");
@@ -264,22 +241,11 @@ async fn a_replication_websocket_counts_against_max_connections_for_as_long_as_i
     }
 }
 
-/// A gauge's value on `server`'s `/metrics` (0 until it is first set).
-async fn gauge(http: &reqwest::Client, server: &Server, name: &str) -> f64 {
-    let text = (http.get(server.url("/metrics")).send().await.unwrap())
-        .text()
-        .await
-        .unwrap();
-    text.lines()
-        .find_map(|line| line.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
-        .unwrap_or(0.0)
-}
-
-/// Waits (up to 30 s) until `server`'s gauge `name` reads `value`.
-async fn wait_for_gauge(http: &reqwest::Client, server: &Server, name: &str, value: f64) {
+/// Waits (up to 30 s) until the server's gauge `name` reads `value` (0 until it is first set).
+async fn wait_for_gauge(http: &Client, name: &str, value: f64) {
     let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
     loop {
-        let now = gauge(http, server, name).await;
+        let now = http.gauge(name).await.unwrap_or(0.0);
         if now == value {
             return;
         }
@@ -294,73 +260,68 @@ async fn wait_for_gauge(http: &reqwest::Client, server: &Server, name: &str, val
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_live_bucket_mirror_session_forgets_the_streams_deleted_upstream() {
     const FOLLOWED: &str = "runnel_replication_streams_followed";
-    let http = client();
     let upstream = Server::start(&["--memory"]);
-    create_bucket(&http, &upstream).await;
-    let kept = upstream.url(&format!("/{BUCKET}/kept"));
-    assert_eq!(put(&http, &kept, "text/plain", "k;").await.status(), 201);
-    let mirror = Server::start(&[
-        "--memory",
-        "--mirror-from",
-        &upstream.url(&format!("/{BUCKET}")),
-    ]);
-    wait_until_mirrored(&http, &upstream, &mirror, &["kept"]).await;
-    wait_for_gauge(&http, &upstream, FOLLOWED, 1.0).await;
+    let up = with_bucket(&upstream).await;
+    let kept = stream("kept");
+    assert_eq!(up.create(&kept, "text/plain", "k;").await.status(), 201);
+    let mirror = bucket_mirror(&upstream);
+    let down = Client::new(&mirror);
+    wait_until_mirrored(&up, &down, &["kept"]).await;
+    wait_for_gauge(&up, FOLLOWED, 1.0).await;
 
     // Streams come and go while the session lasts: it follows each, then lets it go, so a
     // session that lives for months holds nothing for the streams deleted meanwhile.
     let names: Vec<String> = (0..20).map(|i| format!("brief-{i}")).collect();
     for name in &names {
-        let url = upstream.url(&format!("/{BUCKET}/{name}"));
-        assert_eq!(put(&http, &url, "text/plain", "b;").await.status(), 201);
+        assert_eq!(
+            up.create(&stream(name), "text/plain", "b;").await.status(),
+            201
+        );
     }
-    wait_for_gauge(&http, &upstream, FOLLOWED, 21.0).await;
+    wait_for_gauge(&up, FOLLOWED, 21.0).await;
     for name in &names {
-        let url = upstream.url(&format!("/{BUCKET}/{name}"));
-        assert_eq!(http.delete(&url).send().await.unwrap().status(), 204);
+        assert_eq!(up.delete(&stream(name)).await.status(), 204);
     }
     for name in &names {
-        wait_for_status(&http, &mirror.url(&format!("/{BUCKET}/{name}")), 404).await;
+        wait_for_status(&down, &stream(name), 404).await;
     }
-    wait_for_gauge(&http, &upstream, FOLLOWED, 1.0).await;
+    wait_for_gauge(&up, FOLLOWED, 1.0).await;
 
     // The session is still whole: the stream it kept goes on arriving.
-    append(&http, &kept, "text/plain", "k2;").await;
-    wait_until_mirrored(&http, &upstream, &mirror, &["kept"]).await;
+    append(&up, &kept, "text/plain", "k2;").await;
+    wait_until_mirrored(&up, &down, &["kept"]).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stream_whose_pump_ended_on_a_gap_is_forgotten_once_it_is_deleted() {
     const FOLLOWED: &str = "runnel_replication_streams_followed";
-    let http = client();
     let upstream = Server::start(&["--memory"]);
-    create_bucket(&http, &upstream).await;
-    let stream = upstream.url(&format!("/{BUCKET}/s"));
-    assert_eq!(put(&http, &stream, "text/plain", "a;").await.status(), 201);
+    let up = with_bucket(&upstream).await;
+    let s = stream("s");
+    assert_eq!(up.create(&s, "text/plain", "a;").await.status(), 201);
 
     // A cursor past the tail cannot be served: the stream's pump answers with a gap and ends,
     // while the stream lives on.
-    let mut socket = connect_replica(&http, &upstream).await;
-    let join = subscription(&upstream, "", serde_json::json!({"s": 99}));
+    let mut socket = connect_replica(&up).await;
+    let join = subscription(&up, "", serde_json::json!({"s": 99}));
     send_json(&mut socket, join).await;
     read_until(&mut socket, |m| m["@type"] == "GapSignal").await;
-    wait_for_gauge(&http, &upstream, FOLLOWED, 1.0).await;
+    wait_for_gauge(&up, FOLLOWED, 1.0).await;
 
-    assert_eq!(http.delete(&stream).send().await.unwrap().status(), 204);
-    wait_for_gauge(&http, &upstream, FOLLOWED, 0.0).await;
+    assert_eq!(up.delete(&s).await.status(), 204);
+    wait_for_gauge(&up, FOLLOWED, 0.0).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_session_forgets_single_stream_subscriptions_whose_streams_are_gone_and_still_says_so() {
     const SUBSCRIPTIONS: &str = "runnel_replication_subscriptions";
-    let http = client();
     let upstream = Server::start(&["--memory"]);
-    create_bucket(&http, &upstream).await;
-    let kept = upstream.url(&format!("/{BUCKET}/kept"));
-    assert_eq!(put(&http, &kept, "text/plain", "k;").await.status(), 201);
+    let up = with_bucket(&upstream).await;
+    let kept = stream("kept");
+    assert_eq!(up.create(&kept, "text/plain", "k;").await.status(), 201);
 
-    let mut socket = connect_replica(&http, &upstream).await;
-    let join = |name: &str| subscription(&upstream, name, serde_json::Value::Null);
+    let mut socket = connect_replica(&up).await;
+    let join = |name: &str| subscription(&up, name, serde_json::Value::Null);
     send_json(&mut socket, join("kept")).await;
     read_until(&mut socket, is_state).await;
     // Each join of a stream that is not there is answered that it is deleted, and then the
@@ -376,36 +337,35 @@ async fn a_session_forgets_single_stream_subscriptions_whose_streams_are_gone_an
                 .ends_with(&format!("absent-{i}"))
         );
     }
-    wait_for_gauge(&http, &upstream, SUBSCRIPTIONS, 1.0).await;
+    wait_for_gauge(&up, SUBSCRIPTIONS, 1.0).await;
 
     // The session is whole: the stream it follows goes on arriving.
-    append(&http, &kept, "text/plain", "k2;").await;
+    append(&up, &kept, "text/plain", "k2;").await;
     read_until(&mut socket, |m| frame_cursor(m) == Some(2)).await;
     drop(socket);
-    wait_for_gauge(&http, &upstream, SUBSCRIPTIONS, 0.0).await;
+    wait_for_gauge(&up, SUBSCRIPTIONS, 0.0).await;
 }
 
 #[tokio::test]
 async fn a_session_follows_at_most_ten_thousand_targets() {
     use futures::StreamExt;
     use tokio_tungstenite::tungstenite::Message as Ws;
-    let http = client();
     let upstream = Server::start(&["--memory"]);
-    create_bucket(&http, &upstream).await;
+    let up = with_bucket(&upstream).await;
     // Streams that are there: a pump follows each for as long as the session lasts.
     let created = futures::stream::iter(0..=10_000)
         .map(|i| {
-            let (http, url) = (&http, upstream.url(&format!("/{BUCKET}/s{i}")));
-            async move { put(http, &url, "text/plain", "").await.status() }
+            let (up, path) = (&up, stream(&format!("s{i}")));
+            async move { up.create(&path, "text/plain", "").await.status() }
         })
         .buffer_unordered(16)
         .filter(|status| std::future::ready(*status != 201))
         .count()
         .await;
     assert_eq!(created, 0, "every stream created");
-    let mut socket = connect_replica(&http, &upstream).await;
+    let mut socket = connect_replica(&up).await;
     for i in 0..=10_000 {
-        let join = subscription(&upstream, &format!("s{i}"), serde_json::Value::Null);
+        let join = subscription(&up, &format!("s{i}"), serde_json::Value::Null);
         send_json(&mut socket, join).await;
     }
     // Each join is answered with its stream's state; the one past the bound ends the session.

@@ -3,22 +3,23 @@
 
 use std::time::Duration;
 
-use crate::common::{Server, TlsServer, client, header};
+use reqwest::Method;
 
-use super::{BUCKET, append, create_bucket, put};
+use crate::common::{Client, Server, TlsServer, client, header, json_of};
+
+use super::{BUCKET, append, link_target, stream, with_bucket};
 
 #[tokio::test]
 async fn the_sse_binding_keeps_a_quiet_connection_alive_ends_at_its_max_duration_and_answers_204_once_closed()
  {
     // Tests run with a 500 ms long-poll timeout, which bounds the keep-alive interval.
     let server = Server::start(&["--memory", "--sse-max-duration-secs", "2"]);
-    let http = client();
-    create_bucket(&http, &server).await;
-    let stream = server.url(&format!("/{BUCKET}/quiet"));
-    assert_eq!(put(&http, &stream, "text/plain", "a;").await.status(), 201);
+    let http = with_bucket(&server).await;
+    let quiet = stream("quiet");
+    assert_eq!(http.create(&quiet, "text/plain", "a;").await.status(), 201);
     let started = std::time::Instant::now();
     let response = http
-        .get(format!("{stream}/streamld"))
+        .request(Method::GET, &format!("{quiet}/streamld"))
         .header("last-event-id", "1")
         .send()
         .await
@@ -38,7 +39,7 @@ async fn the_sse_binding_keeps_a_quiet_connection_alive_ends_at_its_max_duration
     assert!(!seen.contains("id:"), "nothing after cursor 1: {seen:?}");
 
     let closed = http
-        .post(&stream)
+        .request(Method::POST, &quiet)
         .header("content-type", "text/plain")
         .header("stream-closed", "true")
         .send()
@@ -46,7 +47,7 @@ async fn the_sse_binding_keeps_a_quiet_connection_alive_ends_at_its_max_duration
         .unwrap();
     assert!(closed.status().is_success(), "{}", closed.status());
     let done = http
-        .get(format!("{stream}/streamld"))
+        .request(Method::GET, &format!("{quiet}/streamld"))
         .header("last-event-id", "1")
         .send()
         .await
@@ -61,42 +62,21 @@ async fn the_sse_binding_keeps_a_quiet_connection_alive_ends_at_its_max_duration
 #[tokio::test]
 async fn the_sse_binding_sends_one_event_per_record_resumes_and_signals_gaps() {
     let server = Server::start(&["--memory"]);
-    let http = client();
-    assert_eq!(
-        http.put(server.url("/feeds"))
-            .send()
-            .await
-            .unwrap()
-            .status(),
-        201
-    );
-    let stream = server.url("/feeds/news");
-    assert_eq!(
-        put(
-            &http,
-            &stream,
-            "application/json",
-            r#"[{"n":1},{"n":2},{"n":3}]"#
-        )
-        .await
-        .status(),
-        201
-    );
-    let head = http.head(&stream).send().await.unwrap();
+    let http = Client::new(&server);
+    assert_eq!(http.create_bucket("feeds").await.status(), 201);
+    let news = "/feeds/news";
+    let created = http
+        .create(news, "application/json", r#"[{"n":1},{"n":2},{"n":3}]"#)
+        .await;
+    assert_eq!(created.status(), 201);
+    let head = http.head(news).await;
     let links = header(&head, "link").unwrap().to_string();
-    let sse_url = links
-        .split(',')
-        .find(|l| l.contains("streamld#sse"))
-        .and_then(|l| {
-            l.split_once('<')?
-                .1
-                .split_once('>')
-                .map(|(u, _)| u.to_string())
-        })
-        .expect("an SSE binding Link");
+    let sse_url = link_target(&links, "sse").expect("an SSE binding Link");
+    // The binding is read where the Link says, as a client that follows it would.
+    let follow = client();
 
     // Resuming after cursor 1 delivers events 2 and 3, each with its cursor as id.
-    let response = http
+    let response = follow
         .get(&sse_url)
         .header("last-event-id", "1")
         .send()
@@ -117,26 +97,24 @@ async fn the_sse_binding_sends_one_event_per_record_resumes_and_signals_gaps() {
 
     // Behind retention: 409 with a GapSignal, and no event stream.
     let tail = header(&head, "stream-next-offset").unwrap().to_string();
-    assert_eq!(
-        http.put(format!("{stream}/snapshot/{tail}"))
-            .body("s")
-            .send()
-            .await
-            .unwrap()
-            .status(),
-        204
-    );
-    assert_eq!(
-        http.put(format!("{stream}/retention/{tail}"))
-            .send()
-            .await
-            .unwrap()
-            .status(),
-        204
-    );
-    let gap = http.get(format!("{sse_url}?after=1")).send().await.unwrap();
+    let snapshot = http
+        .request(Method::PUT, &format!("{news}/snapshot/{tail}"))
+        .body("s")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(snapshot.status(), 204);
+    let retention = http
+        .send(Method::PUT, &format!("{news}/retention/{tail}"))
+        .await;
+    assert_eq!(retention.status(), 204);
+    let gap = follow
+        .get(format!("{sse_url}?after=1"))
+        .send()
+        .await
+        .unwrap();
     assert_eq!(gap.status(), 409);
-    let body: serde_json::Value = serde_json::from_slice(&gap.bytes().await.unwrap()).unwrap();
+    let body = json_of(gap).await;
     assert_eq!(body["@type"], "GapSignal");
     assert_eq!(body["oldestAvailable"], 4);
 }
@@ -144,11 +122,16 @@ async fn the_sse_binding_sends_one_event_per_record_resumes_and_signals_gaps() {
 /// The first event a StreamLD SSE reader of `sse` gets, asking with `host` as its `Host`, and
 /// its response, still open.
 async fn first_sse_event(
-    http: &reqwest::Client,
+    http: &Client,
     sse: &str,
     host: &str,
 ) -> (String, impl futures::Stream + use<>) {
-    let response = http.get(sse).header("host", host).send().await.unwrap();
+    let response = http
+        .request(Method::GET, sse)
+        .header("host", host)
+        .send()
+        .await
+        .unwrap();
     assert_eq!(response.status(), 200);
     let mut body = response.bytes_stream();
     let mut seen = String::new();
@@ -167,18 +150,17 @@ async fn first_sse_event(
 #[tokio::test]
 async fn sse_binding_readers_at_one_place_each_get_the_stream_named_under_their_own_origin() {
     let server = Server::start(&["--memory"]);
-    let http = client();
-    create_bucket(&http, &server).await;
-    let stream = server.url(&format!("/{BUCKET}/shared"));
-    assert_eq!(put(&http, &stream, "text/plain", "").await.status(), 201);
-    let sse = format!("{stream}/streamld");
+    let http = with_bucket(&server).await;
+    let shared = stream("shared");
+    assert_eq!(http.create(&shared, "text/plain", "").await.status(), 201);
+    let sse = format!("{shared}/streamld");
     // Two readers at the same place: whichever renders the event while the other is there
     // leaves it for the other (and for later readers at that place).
     let readers = [0, 1].map(|_| {
         let (http, sse) = (http.clone(), sse.clone());
         tokio::spawn(async move { first_sse_event(&http, &sse, "here.example:1").await })
     });
-    append(&http, &stream, "text/plain", "hello").await;
+    append(&http, &shared, "text/plain", "hello").await;
     let here = format!("\"streamId\":\"http://here.example:1/{BUCKET}/shared\"");
     let mut open = Vec::new();
     for reader in readers {
@@ -195,19 +177,16 @@ async fn sse_binding_readers_at_one_place_each_get_the_stream_named_under_their_
 #[tokio::test]
 async fn a_malformed_sse_cursor_is_refused_with_400_not_replayed_from_the_start() {
     let server = Server::start(&["--memory"]);
-    let http = client();
-    create_bucket(&http, &server).await;
-    let stream = server.url(&format!("/{BUCKET}/news"));
-    assert_eq!(
-        put(&http, &stream, "application/json", r#"[{"n":1},{"n":2}]"#)
-            .await
-            .status(),
-        201
-    );
-    let sse = format!("{stream}/streamld");
+    let http = with_bucket(&server).await;
+    let news = stream("news");
+    let created = http
+        .create(&news, "application/json", r#"[{"n":1},{"n":2}]"#)
+        .await;
+    assert_eq!(created.status(), 201);
+    let sse = format!("{news}/streamld");
     for id in ["1x", "-1", "", "01"] {
         let refused = http
-            .get(&sse)
+            .request(Method::GET, &sse)
             .header("last-event-id", id)
             .send()
             .await
@@ -219,17 +198,13 @@ async fn a_malformed_sse_cursor_is_refused_with_400_not_replayed_from_the_start(
         );
     }
     for after in ["1x", "-1", ""] {
-        let refused = http
-            .get(format!("{sse}?after={after}"))
-            .send()
-            .await
-            .unwrap();
+        let refused = http.get(&format!("{sse}?after={after}")).await;
         assert_eq!(refused.status(), 400, "?after={after}");
         assert!(refused.text().await.unwrap().contains("after"));
     }
     // Last-Event-ID, a reconnecting EventSource's cursor, wins over ?after=.
     let resumed = http
-        .get(format!("{sse}?after=0"))
+        .request(Method::GET, &format!("{sse}?after=0"))
         .header("last-event-id", "1")
         .send()
         .await
@@ -247,34 +222,19 @@ async fn a_malformed_sse_cursor_is_refused_with_400_not_replayed_from_the_start(
     );
 }
 
-/// The URL a `Link` header value gives for `rel` (a StreamLD binding's relation suffix).
-fn link_target(links: &str, rel: &str) -> Option<String> {
-    links
-        .split(',')
-        .find(|l| l.contains(&format!("streamld#{rel}")))
-        .and_then(|l| {
-            l.split_once('<')?
-                .1
-                .split_once('>')
-                .map(|(u, _)| u.to_string())
-        })
-}
-
 #[tokio::test]
 async fn over_http2_the_streamld_links_name_the_authority_the_request_used() {
     let server = Server::start(&["--memory"]);
-    let http = client();
-    create_bucket(&http, &server).await;
-    let stream = server.url(&format!("/{BUCKET}/h2"));
-    assert_eq!(put(&http, &stream, "text/plain", "x").await.status(), 201);
+    let http = with_bucket(&server).await;
+    assert_eq!(
+        http.create(&stream("h2"), "text/plain", "x").await.status(),
+        201
+    );
     let authority = server.base.trim_start_matches("http://").to_string();
 
     // HTTP/2 carries the authority in the request URI (:authority), not in a Host header.
-    let h2 = reqwest::Client::builder()
-        .http2_prior_knowledge()
-        .build()
-        .unwrap();
-    let head = h2.head(&stream).send().await.unwrap();
+    let h2 = Client::h2(&server);
+    let head = h2.head(&stream("h2")).await;
     assert_eq!(head.version(), reqwest::Version::HTTP_2);
     let links = header(&head, "link").unwrap().to_string();
     assert_eq!(
@@ -287,11 +247,7 @@ async fn over_http2_the_streamld_links_name_the_authority_the_request_used() {
         Some(format!("http://{authority}/{BUCKET}/h2/streamld").as_str()),
         "{links}"
     );
-    let bucket = h2
-        .get(server.url(&format!("/{BUCKET}")))
-        .send()
-        .await
-        .unwrap();
+    let bucket = h2.get(&format!("/{BUCKET}")).await;
     let links = header(&bucket, "link").unwrap().to_string();
     assert_eq!(
         link_target(&links, "websocket-replication").as_deref(),
