@@ -4,6 +4,10 @@
 //! The storage engine here keeps nothing (so only the service's own memory is counted), and a
 //! counting allocator measures the heap bytes live before and after. Bytes are as requested from
 //! the allocator; malloc adds its own few bytes per allocation on top.
+//!
+//! This is a test binary of its own, not a module of `tests/it`: the counting allocator counts
+//! every heap byte of the process, so a test running beside it in another thread would be
+//! counted as the idle streams' cost.
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::Arc;

@@ -182,7 +182,7 @@ def test_stream_create_body_with_invalid_name_is_400_bad_path(c, basin):
 # --- not implemented -----------------------------------------------------------------
 
 def test_access_tokens_are_issued_listed_and_revoked(c):
-    """Without --auth every caller is the operator; tokens still round-trip (tests/auth.rs checks
+    """Without --auth every caller is the operator; tokens still round-trip (tests/it/auth.rs checks
     what they permit with --auth on)."""
     scope = {"basins": {"prefix": ""}, "streams": {"prefix": ""}, "op_groups": {"stream": {"read": True}}}
     issued = json_of(c.post("/v1/access-tokens", json={"id": "tok-1", "scope": scope}), 201)

@@ -2,26 +2,25 @@
 //! again, not even after the server is killed right after the trim (while their deletion is
 //! still under way) and restarted; records after the trim point and other streams stay whole.
 
-mod common;
-
 use base64::Engine as _;
-use common::{Server, client};
+use reqwest::Method;
 use serde_json::{Value, json};
+
+use crate::common::{Client, Server};
 
 const BASIN: &str = "trim-test-basin";
 const RECORDS: u64 = 20_000;
 const TRIM_TO: u64 = 15_000;
 
 async fn s2(server: &Server, path: &str, body: Option<Value>, base64: bool) -> (u16, Value) {
-    let http = client();
+    let http = Client::new(server);
     let mut request = match &body {
         Some(body) => http
-            .post(server.url(path))
+            .s2(Method::POST, BASIN, path)
             .header("content-type", "application/json")
             .body(body.to_string()),
-        None => http.get(server.url(path)),
+        None => http.s2(Method::GET, BASIN, path),
     };
-    request = request.header("s2-basin", BASIN);
     if base64 {
         request = request.header("s2-format", "base64");
     }
@@ -62,13 +61,12 @@ async fn check(server: &Server) {
     assert_eq!(first_and_tail(server, "other").await, (0, 1_000));
     // Durable Streams: an offset below the trim point is gone (410); one-byte bodies, so
     // record n starts at byte n.
-    let gone = client()
-        .get(server.url(&format!(
-            "/{BASIN}/long?offset=0000000000000001_0000000000000001"
-        )))
-        .send()
-        .await
-        .unwrap();
+    let gone = Client::new(server)
+        .read(
+            &format!("/{BASIN}/long"),
+            "0000000000000001_0000000000000001",
+        )
+        .await;
     assert_eq!(gone.status(), 410);
     // Every record from the trim point on is still there, in order.
     let mut next = TRIM_TO;

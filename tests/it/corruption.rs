@@ -1,35 +1,24 @@
 //! Corrupt or torn storage is detected when the server starts, reported clearly, and never
 //! served as data. The storage engine checksums every journal batch and every table block.
 
-mod common;
-
 use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use common::{Server, client};
+use crate::common::{Client, Server};
 
 const RECORDS: usize = 50;
 
 /// Writes RECORDS appends ("record-N;") to `/v1/stream/s`, then kills the server.
 async fn write_and_kill(dir: &Path) {
     let server = Server::on_disk(dir);
-    let http = client();
-    let created = http
-        .put(server.url("/v1/stream/s"))
-        .header("content-type", "text/plain")
-        .send()
-        .await
-        .unwrap();
+    let http = Client::new(&server);
+    let created = http.create("/v1/stream/s", "text/plain", "").await;
     assert_eq!(created.status(), 201);
     for i in 0..RECORDS {
         let appended = http
-            .post(server.url("/v1/stream/s"))
-            .header("content-type", "text/plain")
-            .body(format!("record-{i:04};"))
-            .send()
-            .await
-            .unwrap();
+            .append("/v1/stream/s", "text/plain", format!("record-{i:04};"))
+            .await;
         assert_eq!(appended.status(), 204);
     }
     server.kill();
@@ -105,11 +94,9 @@ async fn a_torn_journal_tail_drops_only_the_torn_batch_and_serves_no_part_of_it(
     std::fs::write(&path, bytes).unwrap();
 
     let server = Server::on_disk(dir.path());
-    let body = client()
-        .get(server.url("/v1/stream/s?offset=-1"))
-        .send()
+    let body = Client::new(&server)
+        .read("/v1/stream/s", "-1")
         .await
-        .unwrap()
         .text()
         .await
         .unwrap();

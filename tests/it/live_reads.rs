@@ -1,47 +1,39 @@
 //! Live reads against a real server: long-poll and SSE wake on appends, deliver an
 //! append-and-close before the close, and the same routes answer over h2c.
 
-mod common;
-
 use std::time::Duration;
 
-use common::{Server, client, header};
 use futures::StreamExt;
 
-async fn create_text(http: &reqwest::Client, url: &str) {
-    let response = http
-        .put(url)
-        .header("content-type", "text/plain")
-        .send()
-        .await
-        .unwrap();
+use reqwest::Method;
+
+use crate::common::{Client, Server, header};
+
+async fn create_text(http: &Client, path: &str) {
+    let response = http.create(path, "text/plain", "").await;
     assert_eq!(response.status(), 201);
 }
 
 #[tokio::test]
 async fn a_waiting_long_poll_receives_the_data_of_an_append_and_close() {
     let server = Server::start(&["--memory", "--long-poll-timeout-ms", "10000"]);
-    let http = client();
-    let url = server.url("/v1/stream/lp");
-    create_text(&http, &url).await;
-    let head = http.head(&url).send().await.unwrap();
-    let tail = header(&head, "stream-next-offset").unwrap().to_string();
+    let http = Client::new(&server);
+    let path = "/v1/stream/lp";
+    create_text(&http, path).await;
+    let tail = http.next_offset(path).await;
 
     // Polling from the tail before the append, the answer is the same whether the poll parks
     // before the append (the wake-up path, usually) or arrives after it (the catch-up path).
     let poll = tokio::spawn({
         let http = http.clone();
-        let url = url.clone();
         async move {
-            http.get(format!("{url}?offset={tail}&live=long-poll"))
-                .send()
+            http.get(&format!("{path}?offset={tail}&live=long-poll"))
                 .await
-                .unwrap()
         }
     });
     tokio::time::sleep(Duration::from_millis(50)).await;
     let closing = http
-        .post(&url)
+        .request(Method::POST, path)
         .header("content-type", "text/plain")
         .header("stream-closed", "true")
         .body("last words")
@@ -67,15 +59,11 @@ async fn a_waiting_long_poll_receives_the_data_of_an_append_and_close() {
 #[tokio::test]
 async fn an_sse_tail_sees_each_append_then_the_close_and_ends() {
     let server = Server::start(&["--memory"]);
-    let http = client();
-    let url = server.url("/v1/stream/tail");
-    create_text(&http, &url).await;
+    let http = Client::new(&server);
+    let path = "/v1/stream/tail";
+    create_text(&http, path).await;
 
-    let response = http
-        .get(format!("{url}?offset=now&live=sse"))
-        .send()
-        .await
-        .unwrap();
+    let response = http.get(&format!("{path}?offset=now&live=sse")).await;
     assert_eq!(response.status(), 200);
     assert_eq!(header(&response, "content-type"), Some("text/event-stream"));
     let mut body = response.bytes_stream();
@@ -95,18 +83,12 @@ async fn an_sse_tail_sees_each_append_then_the_close_and_ends() {
     next_event(&mut seen, "\"upToDate\":true").await;
 
     for word in ["one", "two", "three", "four"] {
-        let response = http
-            .post(&url)
-            .header("content-type", "text/plain")
-            .body(word)
-            .send()
-            .await
-            .unwrap();
+        let response = http.append(path, "text/plain", word).await;
         assert_eq!(response.status(), 204);
         next_event(&mut seen, &format!("data:{word}\n")).await;
     }
     let response = http
-        .post(&url)
+        .request(Method::POST, path)
         .header("stream-closed", "true")
         .send()
         .await
@@ -168,9 +150,9 @@ async fn read_sse_until(response: reqwest::Response, want: usize) -> SseSeen {
 #[tokio::test]
 async fn sse_readers_woken_together_each_get_every_record_once_with_their_own_cursor() {
     let server = Server::start(&["--memory"]);
-    let http = client();
-    let url = server.url("/v1/stream/shared");
-    create_text(&http, &url).await;
+    let http = Client::new(&server);
+    let path = "/v1/stream/shared";
+    create_text(&http, path).await;
     // Records of fixed width, so the data read shows each exactly once and in order; one large
     // enough that a reader with another cursor sends the shared part of its frame as it is.
     let records: Vec<String> = (0..200)
@@ -191,7 +173,7 @@ async fn sse_readers_woken_together_each_get_every_record_once_with_their_own_cu
         } else {
             format!("offset=now&live=sse&cursor={ahead}")
         };
-        let response = http.get(format!("{url}?{query}")).send().await.unwrap();
+        let response = http.get(&format!("{path}?{query}")).await;
         assert_eq!(response.status(), 200);
         let want = all.len();
         readers.push((i % 2 == 1, tokio::spawn(read_sse_until(response, want))));
@@ -199,8 +181,7 @@ async fn sse_readers_woken_together_each_get_every_record_once_with_their_own_cu
     // Every reader waits on the tail before the first append.
     let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
     loop {
-        let metrics = http.get(server.url("/metrics")).send().await.unwrap();
-        let text = metrics.text().await.unwrap();
+        let text = http.metrics().await;
         if text
             .lines()
             .any(|l| l.starts_with("runnel_live_readers ") && l.ends_with(" 8"))
@@ -214,13 +195,7 @@ async fn sse_readers_woken_together_each_get_every_record_once_with_their_own_cu
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     for record in &records {
-        let response = http
-            .post(&url)
-            .header("content-type", "text/plain")
-            .body(record.clone())
-            .send()
-            .await
-            .unwrap();
+        let response = http.append(path, "text/plain", record.clone()).await;
         assert_eq!(response.status(), 204);
     }
     for (with_cursor, reader) in readers {
@@ -251,21 +226,11 @@ async fn sse_readers_woken_together_each_get_every_record_once_with_their_own_cu
 #[tokio::test]
 async fn routes_answer_over_http2_with_prior_knowledge() {
     let server = Server::start(&["--memory"]);
-    let h2 = reqwest::Client::builder()
-        .http2_prior_knowledge()
-        .build()
-        .unwrap();
-    let url = server.url("/v1/stream/h2");
-    let response = h2
-        .put(&url)
-        .header("content-type", "text/plain")
-        .body("over h2")
-        .send()
-        .await
-        .unwrap();
+    let h2 = Client::h2(&server);
+    let response = h2.create("/v1/stream/h2", "text/plain", "over h2").await;
     assert_eq!(response.version(), reqwest::Version::HTTP_2);
     assert_eq!(response.status(), 201);
-    let read = h2.get(format!("{url}?offset=-1")).send().await.unwrap();
+    let read = h2.read("/v1/stream/h2", "-1").await;
     assert_eq!(read.text().await.unwrap(), "over h2");
 }
 
@@ -273,10 +238,10 @@ async fn routes_answer_over_http2_with_prior_knowledge() {
 async fn a_stream_with_a_waiting_live_reader_does_not_expire_under_its_ttl() {
     // "A stream with active live readers will not expire" (base protocol, Stream-TTL).
     let server = Server::start(&["--memory", "--long-poll-timeout-ms", "2500"]);
-    let http = client();
-    let url = server.url("/v1/stream/kept-alive");
+    let http = Client::new(&server);
+    let path = "/v1/stream/kept-alive";
     let created = http
-        .put(&url)
+        .request(Method::PUT, path)
         .header("content-type", "text/plain")
         .header("stream-ttl", "1")
         .send()
@@ -285,55 +250,44 @@ async fn a_stream_with_a_waiting_live_reader_does_not_expire_under_its_ttl() {
     assert_eq!(created.status(), 201);
     let tail = header(&created, "stream-next-offset").unwrap().to_string();
     let poll = http
-        .get(format!("{url}?offset={tail}&live=long-poll"))
-        .send()
-        .await
-        .unwrap();
+        .get(&format!("{path}?offset={tail}&live=long-poll"))
+        .await;
     assert_eq!(poll.status(), 204, "the poll ran its course");
     // Its TTL window starts again as the reader leaves.
-    assert_eq!(http.head(&url).send().await.unwrap().status(), 200);
+    assert_eq!(http.head(path).await.status(), 200);
 }
 
 #[tokio::test]
 async fn live_readers_of_a_stream_deleted_while_forks_hold_it_are_told_410_at_once() {
     let server = Server::start(&["--memory", "--long-poll-timeout-ms", "20000"]);
-    let http = client();
-    let source = server.url("/v1/stream/held");
-    create_text(&http, &source).await;
+    let http = Client::new(&server);
+    let source = "/v1/stream/held";
+    create_text(&http, source).await;
     let fork = http
-        .put(server.url("/v1/stream/holder"))
+        .request(Method::PUT, "/v1/stream/holder")
         .header("content-type", "text/plain")
         .header("stream-forked-from", "/v1/stream/held")
         .send()
         .await
         .unwrap();
     assert_eq!(fork.status(), 201);
-    let tail = header(
-        &http.head(&source).send().await.unwrap(),
-        "stream-next-offset",
-    )
-    .unwrap()
-    .to_string();
+    let tail = http.next_offset(source).await;
     let poll = tokio::spawn({
-        let (http, source) = (http.clone(), source.clone());
+        let http = http.clone();
         async move {
-            http.get(format!("{source}?offset={tail}&live=long-poll"))
-                .send()
+            http.get(&format!("{source}?offset={tail}&live=long-poll"))
                 .await
-                .unwrap()
                 .status()
         }
     });
     let mut sse = http
-        .get(format!("{source}?offset=-1&live=sse"))
-        .send()
+        .get(&format!("{source}?offset=-1&live=sse"))
         .await
-        .unwrap()
         .bytes_stream();
     sse.next().await.unwrap().unwrap(); // the first control event: attached
     tokio::time::sleep(Duration::from_millis(100)).await;
 
-    assert_eq!(http.delete(&source).send().await.unwrap().status(), 204);
+    assert_eq!(http.delete(source).await.status(), 204);
     let status = tokio::time::timeout(Duration::from_secs(5), poll)
         .await
         .expect("the long-poll ends with the deletion, not its 20 s timeout")

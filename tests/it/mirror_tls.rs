@@ -1,38 +1,26 @@
 //! A mirror follows an upstream served over TLS: discovery and snapshots over `https`, the
 //! replication socket over `wss`, trusting the upstream's certificate through --mirror-ca-cert.
 
-mod common;
-
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{Server, TlsServer};
+use crate::common::{Client, Server, TlsServer};
 
 const BUCKET: &str = "secured";
 
-fn trusting_client(cert: &std::path::Path) -> reqwest::Client {
-    let pem = std::fs::read(cert).unwrap();
-    reqwest::Client::builder()
-        .add_root_certificate(reqwest::Certificate::from_pem(&pem).unwrap())
-        .timeout(Duration::from_secs(10))
-        .build()
-        .unwrap()
-}
-
-async fn send(request: reqwest::RequestBuilder) {
-    let response = request.send().await.unwrap();
+fn succeeded(response: reqwest::Response) {
     assert!(response.status().is_success(), "{}", response.status());
 }
 
-/// Waits until `url` reads `expected` from the start, within 20 s.
-async fn wait_for_content(http: &reqwest::Client, url: &str, expected: &str) {
+/// Waits until `path` reads `expected` from the start, within 20 s.
+async fn wait_for_content(http: &Client, path: &str, expected: &str) {
     let deadline = Instant::now() + Duration::from_secs(20);
     loop {
-        let response = http.get(format!("{url}?offset=-1")).send().await.unwrap();
+        let response = http.read(path, "-1").await;
         if response.status() == 200 && response.text().await.unwrap() == expected {
             return;
         }
-        assert!(Instant::now() < deadline, "{url} never read {expected:?}");
+        assert!(Instant::now() < deadline, "{path} never read {expected:?}");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
@@ -40,37 +28,23 @@ async fn wait_for_content(http: &reqwest::Client, url: &str, expected: &str) {
 #[tokio::test]
 async fn a_mirror_follows_an_https_upstream_it_trusts_through_mirror_ca_cert() {
     let upstream = TlsServer::start(&["--memory"]);
-    let (base, cert) = (upstream.https_base(), &upstream.cert_path);
-    let https = trusting_client(cert);
-    send(https.put(format!("{base}/{BUCKET}"))).await;
-    let stream = format!("{base}/{BUCKET}/log");
-    send(
-        https
-            .put(&stream)
-            .header("content-type", "text/plain")
-            .body("before;"),
-    )
-    .await;
+    let https = upstream.client();
+    succeeded(https.create_bucket(BUCKET).await);
+    let stream = format!("/{BUCKET}/log");
+    succeeded(https.create(&stream, "text/plain", "before;").await);
 
     let mirror = Server::start(&[
         "--memory",
         "--mirror-from",
-        &format!("{base}/{BUCKET}"),
+        &https.url(&format!("/{BUCKET}")),
         "--mirror-ca-cert",
-        cert.to_str().unwrap(),
+        upstream.cert_path.to_str().unwrap(),
     ]);
-    let plain = reqwest::Client::new();
-    let mirrored = mirror.url(&format!("/{BUCKET}/log"));
-    wait_for_content(&plain, &mirrored, "before;").await;
+    let plain = Client::new(&mirror);
+    wait_for_content(&plain, &stream, "before;").await;
     // Live over the wss socket.
-    send(
-        https
-            .post(&stream)
-            .header("content-type", "text/plain")
-            .body("after;"),
-    )
-    .await;
-    wait_for_content(&plain, &mirrored, "before;after;").await;
+    succeeded(https.append(&stream, "text/plain", "after;").await);
+    wait_for_content(&plain, &stream, "before;after;").await;
 }
 
 #[test]

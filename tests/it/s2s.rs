@@ -3,54 +3,35 @@
 //! unary bodies. Frames are built and parsed with the `s2-api` crate, the same code S2's Rust
 //! SDK uses.
 
-mod common;
-
 use std::io::{Read as _, Write as _};
 use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
-use common::{Server, header};
 use prost::Message as _;
+use reqwest::Method;
 use s2_api::v1::stream::proto;
 use s2_api::v1::stream::s2s::{CompressionAlgorithm, FrameDecoder, SessionMessage};
 use serde_json::{Value, json};
 use tokio_util::codec::Decoder as _;
 
-const BASIN: &str = "s2s-tests";
+use crate::common::{Client, Server, header, json_of};
 
-fn h2() -> reqwest::Client {
-    reqwest::Client::builder()
-        .http2_prior_knowledge()
-        .timeout(Duration::from_secs(20))
-        .build()
-        .expect("client")
-}
+const BASIN: &str = "s2s-tests";
 
 async fn server_with_stream(stream: &str) -> Server {
     let server = Server::start(&["--memory"]);
-    let http = h2();
-    let created = http
-        .post(server.url("/v1/basins"))
-        .header("content-type", "application/json")
-        .body(json!({ "basin": BASIN }).to_string())
-        .send()
-        .await
-        .unwrap();
+    let http = Client::h2(&server);
+    let created = http.create_basin(BASIN).await;
     assert_eq!(created.status(), 201, "create basin");
-    let created = http
-        .post(server.url("/v1/streams"))
-        .header("s2-basin", BASIN)
-        .header("content-type", "application/json")
-        .body(json!({ "stream": stream }).to_string())
-        .send()
-        .await
-        .unwrap();
+    let created = http.create_s2_stream(BASIN, stream).await;
     assert_eq!(created.status(), 201, "create stream");
     server
 }
 
-async fn json_of(response: reqwest::Response) -> Value {
-    serde_json::from_slice(&response.bytes().await.unwrap()).expect("a JSON body")
+/// The stream's tail, from `GET /v1/streams/{stream}/records/tail`.
+async fn read_tail(http: &Client, stream: &str) -> Value {
+    let path = format!("/v1/streams/{stream}/records/tail");
+    json_of(http.s2(Method::GET, BASIN, &path).send().await.unwrap()).await
 }
 
 fn input(bodies: &[&str], match_seq_num: Option<u64>) -> proto::AppendInput {
@@ -129,9 +110,9 @@ impl Frames {
 
 async fn append_session(server: &Server, stream: &str, body: Vec<Bytes>) -> Frames {
     let chunks = futures::stream::iter(body.into_iter().map(Ok::<_, std::io::Error>));
-    let response = h2()
-        .post(server.url(&format!("/v1/streams/{stream}/records")))
-        .header("s2-basin", BASIN)
+    let path = format!("/v1/streams/{stream}/records");
+    let response = Client::h2(server)
+        .s2(Method::POST, BASIN, &path)
         .header("content-type", "s2s/proto")
         .body(reqwest::Body::wrap_stream(chunks))
         .send()
@@ -141,9 +122,9 @@ async fn append_session(server: &Server, stream: &str, body: Vec<Bytes>) -> Fram
 }
 
 async fn read_session(server: &Server, stream: &str, query: &str, accept_encoding: &str) -> Frames {
-    let response = h2()
-        .get(server.url(&format!("/v1/streams/{stream}/records?{query}")))
-        .header("s2-basin", BASIN)
+    let path = format!("/v1/streams/{stream}/records?{query}");
+    let response = Client::h2(server)
+        .s2(Method::GET, BASIN, &path)
         .header("content-type", "s2s/proto")
         .header("accept-encoding", accept_encoding)
         .send()
@@ -193,13 +174,7 @@ async fn append_session_failure_is_a_terminal_frame_after_the_earlier_acks() {
         "nothing follows a terminal frame"
     );
 
-    let tail = h2()
-        .get(server.url("/v1/streams/failing/records/tail"))
-        .header("s2-basin", BASIN)
-        .send()
-        .await
-        .unwrap();
-    let tail = json_of(tail).await;
+    let tail = read_tail(&Client::h2(&server), "failing").await;
     assert_eq!(
         tail["tail"]["seq_num"], 2,
         "inputs after the failure are not appended"
@@ -220,9 +195,8 @@ async fn append_session_rejects_a_malformed_frame_with_a_terminal_400() {
 #[tokio::test]
 async fn append_session_to_a_missing_stream_is_a_plain_404() {
     let server = server_with_stream("exists").await;
-    let response = h2()
-        .post(server.url("/v1/streams/missing/records"))
-        .header("s2-basin", BASIN)
+    let response = Client::h2(&server)
+        .s2(Method::POST, BASIN, "/v1/streams/missing/records")
         .header("content-type", "s2s/proto")
         .body(frame(&input(&["x"], None)))
         .send()
@@ -279,23 +253,12 @@ async fn read_session_ends_at_its_count_limit() {
 #[tokio::test]
 async fn a_record_too_large_for_s2s_ends_a_read_session_with_a_422_after_the_records_before_it() {
     let server = server_with_stream("unused").await;
-    let http = h2();
-    let url = server.url(&format!("/{BASIN}/large"));
-    let created = http
-        .put(&url)
-        .header("content-type", "application/octet-stream")
-        .send()
-        .await
-        .unwrap();
+    let http = Client::h2(&server);
+    let path = format!("/{BASIN}/large");
+    let created = http.create(&path, "application/octet-stream", "").await;
     assert_eq!(created.status(), 201);
     for body in [vec![1u8; 10], vec![2u8; 3 << 20]] {
-        let appended = http
-            .post(&url)
-            .header("content-type", "application/octet-stream")
-            .body(body)
-            .send()
-            .await
-            .unwrap();
+        let appended = http.append(&path, "application/octet-stream", body).await;
         assert_eq!(appended.status(), 204);
     }
     let mut reader = read_session(&server, "large", "seq_num=0", "identity").await;
@@ -339,7 +302,7 @@ async fn read_session_frames_are_compressed_as_accept_encoding_asks() {
 #[tokio::test]
 async fn unary_protobuf_append_and_read_round_trip_binary_records() {
     let server = server_with_stream("unary").await;
-    let http = h2();
+    let http = Client::h2(&server);
     let mut record = input(&[], None);
     record.records.push(proto::AppendRecord {
         timestamp: None,
@@ -350,8 +313,7 @@ async fn unary_protobuf_append_and_read_round_trip_binary_records() {
         body: Bytes::from_static(b"\xff\xfe binary"),
     });
     let response = http
-        .post(server.url("/v1/streams/unary/records"))
-        .header("s2-basin", BASIN)
+        .s2(Method::POST, BASIN, "/v1/streams/unary/records")
         .header("content-type", "application/x-protobuf")
         .header("accept", "application/protobuf")
         .body(record.encode_to_vec())
@@ -367,8 +329,7 @@ async fn unary_protobuf_append_and_read_round_trip_binary_records() {
     assert_eq!(ack.end.unwrap().seq_num, 1);
 
     let response = http
-        .get(server.url("/v1/streams/unary/records?seq_num=0"))
-        .header("s2-basin", BASIN)
+        .s2(Method::GET, BASIN, "/v1/streams/unary/records?seq_num=0")
         .header("accept", "application/x-protobuf")
         .send()
         .await
@@ -384,10 +345,9 @@ async fn unary_protobuf_append_and_read_round_trip_binary_records() {
 #[tokio::test]
 async fn unary_protobuf_that_does_not_decode_is_a_400_and_appends_nothing() {
     let server = server_with_stream("badproto").await;
-    let http = h2();
+    let http = Client::h2(&server);
     let response = http
-        .post(server.url("/v1/streams/badproto/records"))
-        .header("s2-basin", BASIN)
+        .s2(Method::POST, BASIN, "/v1/streams/badproto/records")
         .header("content-type", "application/protobuf")
         .body(vec![0x0a, 0xff, 0xff])
         .send()
@@ -396,27 +356,20 @@ async fn unary_protobuf_that_does_not_decode_is_a_400_and_appends_nothing() {
     assert_eq!(response.status(), 400);
     let body = json_of(response).await;
     assert_eq!(body["code"], "bad_proto");
-    let tail = http
-        .get(server.url("/v1/streams/badproto/records/tail"))
-        .header("s2-basin", BASIN)
-        .send()
-        .await
-        .unwrap();
-    let tail = json_of(tail).await;
+    let tail = read_tail(&http, "badproto").await;
     assert_eq!(tail["tail"]["seq_num"], 0);
 }
 
 #[tokio::test]
 async fn unary_bodies_are_compressed_both_ways_as_negotiated() {
     let server = server_with_stream("gzip").await;
-    let http = h2();
+    let http = Client::h2(&server);
     let big = "y".repeat(2000);
     let body = json!({ "records": [{ "body": big }] }).to_string();
     let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
     gz.write_all(body.as_bytes()).unwrap();
     let response = http
-        .post(server.url("/v1/streams/gzip/records"))
-        .header("s2-basin", BASIN)
+        .s2(Method::POST, BASIN, "/v1/streams/gzip/records")
         .header("content-type", "application/json")
         .header("content-encoding", "gzip")
         .body(gz.finish().unwrap())
@@ -426,8 +379,7 @@ async fn unary_bodies_are_compressed_both_ways_as_negotiated() {
     assert_eq!(response.status(), 200, "a gzip request body is accepted");
 
     let response = http
-        .get(server.url("/v1/streams/gzip/records?seq_num=0"))
-        .header("s2-basin", BASIN)
+        .s2(Method::GET, BASIN, "/v1/streams/gzip/records?seq_num=0")
         .header("accept-encoding", "gzip")
         .send()
         .await
@@ -442,8 +394,7 @@ async fn unary_bodies_are_compressed_both_ways_as_negotiated() {
     assert_eq!(batch["records"][0]["body"].as_str().unwrap().len(), 2000);
 
     let small = http
-        .get(server.url("/v1/streams/gzip/records/tail"))
-        .header("s2-basin", BASIN)
+        .s2(Method::GET, BASIN, "/v1/streams/gzip/records/tail")
         .header("accept-encoding", "gzip")
         .send()
         .await
@@ -476,9 +427,8 @@ async fn a_unary_protobuf_append_of_millions_of_empty_records_is_refused_before_
     let server = server_with_stream("manyempty").await;
     let before = peak_mib(&server);
     // Decoded, 8 million empty records would take about 600 MB.
-    let response = h2()
-        .post(server.url("/v1/streams/manyempty/records"))
-        .header("s2-basin", BASIN)
+    let response = Client::h2(&server)
+        .s2(Method::POST, BASIN, "/v1/streams/manyempty/records")
         .header("content-type", "application/protobuf")
         .body(empty_records(8_000_000))
         .send()

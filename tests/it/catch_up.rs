@@ -2,9 +2,9 @@
 //! order, several large records to a response of about 4 MiB with an exact `Content-Length`,
 //! and the same after a restart (reads then come from disk rather than the tail cache).
 
-mod common;
+use reqwest::Method;
 
-use common::{Server, client, header};
+use crate::common::{Client, Server, TlsServer, header};
 
 const PATH: &str = "/v1/stream/big";
 const MIB: usize = 1 << 20;
@@ -24,16 +24,12 @@ fn records() -> Vec<Vec<u8>> {
 }
 
 /// Reads the whole stream from the start; returns the bytes and how many responses it took.
-async fn read_all(http: &reqwest::Client, url: &str) -> (Vec<u8>, usize) {
+async fn read_all(http: &Client, path: &str) -> (Vec<u8>, usize) {
     let mut offset = "-1".to_string();
     let mut content = Vec::new();
     let mut responses = 0;
     loop {
-        let response = http
-            .get(format!("{url}?offset={offset}"))
-            .send()
-            .await
-            .unwrap();
+        let response = http.read(path, &offset).await;
         assert_eq!(response.status(), 200);
         let length: usize = header(&response, "content-length")
             .expect("a catch-up response has a Content-Length")
@@ -60,31 +56,21 @@ async fn read_all(http: &reqwest::Client, url: &str) -> (Vec<u8>, usize) {
 #[tokio::test]
 async fn a_catch_up_read_returns_large_records_whole_and_in_order_several_to_a_response() {
     let dir = tempfile::tempdir().unwrap();
-    let http = client();
     let written = records();
     let expected: Vec<u8> = written.concat();
     let mut server = Server::on_disk(dir.path());
-    let url = server.url(PATH);
-    let created = http
-        .put(&url)
-        .header("content-type", "application/octet-stream")
-        .send()
-        .await
-        .unwrap();
+    let http = Client::new(&server);
+    let created = http.create(PATH, "application/octet-stream", "").await;
     assert_eq!(created.status(), 201);
     for body in &written {
         let appended = http
-            .post(&url)
-            .header("content-type", "application/octet-stream")
-            .body(body.clone())
-            .send()
-            .await
-            .unwrap();
+            .append(PATH, "application/octet-stream", body.clone())
+            .await;
         assert_eq!(appended.status(), 204);
     }
 
     for round in ["served from the running server", "after a restart"] {
-        let (content, responses) = read_all(&http, &server.url(PATH)).await;
+        let (content, responses) = read_all(&Client::new(&server), PATH).await;
         assert!(content == expected, "the bytes read back differ ({round})");
         assert!(
             responses <= 5,
@@ -104,8 +90,8 @@ struct CatchUp {
     etag: Option<String>,
 }
 
-async fn catch_up(http: &reqwest::Client, url: &str, if_none_match: Option<&str>) -> CatchUp {
-    let mut request = http.get(format!("{url}?offset=-1"));
+async fn catch_up(http: &Client, path: &str, if_none_match: Option<&str>) -> CatchUp {
+    let mut request = http.request(Method::GET, &format!("{path}?offset=-1"));
     if let Some(tag) = if_none_match {
         request = request.header("if-none-match", tag);
     }
@@ -119,54 +105,32 @@ async fn catch_up(http: &reqwest::Client, url: &str, if_none_match: Option<&str>
     }
 }
 
-/// Creates a text stream at `url` holding 100 distinct records of 1 KiB: a catch-up body large
+/// Creates a text stream at `path` holding 100 distinct records of 1 KiB: a catch-up body large
 /// enough (100 KiB) to be shared with the next readers of its range.
-async fn fill_shareable(http: &reqwest::Client, url: &str) -> Vec<u8> {
-    let created = http
-        .put(url)
-        .header("content-type", "text/plain")
-        .send()
-        .await
-        .unwrap();
+async fn fill_shareable(http: &Client, path: &str) -> Vec<u8> {
+    let created = http.create(path, "text/plain", "").await;
     assert_eq!(created.status(), 201);
     let mut written = Vec::new();
     for i in 0..100u32 {
         let record: Vec<u8> = (0..1024u32).map(|j| b'a' + ((i + j) % 26) as u8).collect();
-        let appended = http
-            .post(url)
-            .header("content-type", "text/plain")
-            .body(record.clone())
-            .send()
-            .await
-            .unwrap();
+        let appended = http.append(path, "text/plain", record.clone()).await;
         assert_eq!(appended.status(), 204);
         written.extend_from_slice(&record);
     }
     written
 }
 
-async fn append_text(http: &reqwest::Client, url: &str, text: &'static str) {
-    let appended = http
-        .post(url)
-        .header("content-type", "text/plain")
-        .body(text)
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(appended.status(), 204);
-}
-
 #[tokio::test]
 async fn readers_of_the_same_range_share_its_body_only_until_the_stream_grows() {
     let dir = tempfile::tempdir().unwrap();
     let server = Server::on_disk(dir.path());
-    let http = client();
-    let url = server.url("/v1/stream/shared");
-    let mut expected = fill_shareable(&http, &url).await;
+    let http = Client::new(&server);
+    let path = "/v1/stream/shared";
+    let mut expected = fill_shareable(&http, path).await;
 
-    let first = catch_up(&http, &url, None).await;
+    let first = catch_up(&http, path, None).await;
     for _ in 0..3 {
-        let again = catch_up(&http, &url, None).await;
+        let again = catch_up(&http, path, None).await;
         assert_eq!(again.status, 200);
         assert!(
             again.body == expected,
@@ -175,15 +139,16 @@ async fn readers_of_the_same_range_share_its_body_only_until_the_stream_grows() 
         assert_eq!((&again.next, again.up_to_date), (&first.next, true));
         assert_eq!(again.etag, first.etag);
     }
-    let revalidated = catch_up(&http, &url, first.etag.as_deref()).await;
+    let revalidated = catch_up(&http, path, first.etag.as_deref()).await;
     assert_eq!(
         revalidated.status, 304,
         "the shared body keeps its entity tag"
     );
 
-    append_text(&http, &url, "and one more").await;
+    let appended = http.append(path, "text/plain", "and one more").await;
+    assert_eq!(appended.status(), 204);
     expected.extend_from_slice(b"and one more");
-    let grown = catch_up(&http, &url, first.etag.as_deref()).await;
+    let grown = catch_up(&http, path, first.etag.as_deref()).await;
     assert_eq!(
         grown.status, 200,
         "the range grew: the old tag no longer matches"
@@ -191,39 +156,30 @@ async fn readers_of_the_same_range_share_its_body_only_until_the_stream_grows() 
     assert!(grown.body == expected, "a read after an append sees it");
     assert!(grown.up_to_date);
     assert_ne!(grown.next, first.next);
-    let shared = catch_up(&http, &url, None).await;
+    let shared = catch_up(&http, path, None).await;
     assert!(shared.body == expected);
     assert_eq!(shared.next, grown.next);
 }
 
 #[tokio::test]
 async fn a_shared_body_arrives_whole_over_http2_and_over_tls() {
-    let http2 = reqwest::Client::builder()
-        .http2_prior_knowledge()
-        .build()
-        .unwrap();
     let server = Server::start(&["--memory"]);
-    let url = server.url("/v1/stream/shared");
-    let expected = fill_shareable(&client(), &url).await;
+    let path = "/v1/stream/shared";
+    let expected = fill_shareable(&Client::new(&server), path).await;
+    let http2 = Client::h2(&server);
     for round in ["renders it", "shares it"] {
-        let read = catch_up(&http2, &url, None).await;
+        let read = catch_up(&http2, path, None).await;
         assert!(
             read.status == 200 && read.body == expected,
             "HTTP/2: {round}"
         );
     }
 
-    let tls = common::TlsServer::start(&["--memory"]);
-    let pem = std::fs::read(&tls.cert_path).unwrap();
-    let https = reqwest::Client::builder()
-        .use_rustls_tls()
-        .add_root_certificate(reqwest::Certificate::from_pem(&pem).unwrap())
-        .build()
-        .unwrap();
-    let url = format!("{}/v1/stream/shared", tls.https_base());
-    let expected = fill_shareable(&https, &url).await;
+    let tls = TlsServer::start(&["--memory"]);
+    let https = tls.client();
+    let expected = fill_shareable(&https, path).await;
     for round in ["renders it", "shares it"] {
-        let read = catch_up(&https, &url, None).await;
+        let read = catch_up(&https, path, None).await;
         assert!(read.status == 200 && read.body == expected, "TLS: {round}");
     }
 }

@@ -1,20 +1,11 @@
 //! Configurable limits answer clearly: live readers beyond `--max-live-readers` get 503 with
 //! `Retry-After`, streams beyond `--max-streams-per-bucket` get 409, and nothing changes.
 
-mod common;
-
 use std::time::Duration;
 
-use common::{Server, client, header};
+use reqwest::Method;
 
-async fn put(server: &Server, path: &str) -> reqwest::Response {
-    client()
-        .put(server.url(path))
-        .header("content-type", "text/plain")
-        .send()
-        .await
-        .unwrap()
-}
+use crate::common::{Client, Server, header, json_of};
 
 #[tokio::test]
 async fn live_readers_beyond_the_limit_get_503_with_retry_after() {
@@ -25,44 +16,35 @@ async fn live_readers_beyond_the_limit_get_503_with_retry_after() {
         "--sse-max-duration-secs",
         "600",
     ]);
-    assert_eq!(put(&server, "/v1/stream/live").await.status(), 201);
-    let sse = |url: String| async move {
-        client()
-            .get(url)
+    let http = Client::new(&server);
+    let created = http.create("/v1/stream/live", "text/plain", "").await;
+    assert_eq!(created.status(), 201);
+    let sse = || async {
+        http.request(Method::GET, "/v1/stream/live?offset=-1&live=sse")
             .timeout(Duration::from_secs(30))
             .send()
             .await
             .unwrap()
     };
-    let first = sse(server.url("/v1/stream/live?offset=-1&live=sse")).await;
-    let second = sse(server.url("/v1/stream/live?offset=-1&live=sse")).await;
+    let first = sse().await;
+    let second = sse().await;
     assert_eq!(
         (first.status().as_u16(), second.status().as_u16()),
         (200, 200)
     );
-    let third = client()
-        .get(server.url("/v1/stream/live?offset=now&live=long-poll"))
-        .send()
-        .await
-        .unwrap();
+    let third = http.get("/v1/stream/live?offset=now&live=long-poll").await;
     assert_eq!(third.status(), 503);
     assert_eq!(header(&third, "retry-after"), Some("1"));
     // On S2's routes the refusal takes S2's error shape.
-    let s2 = client()
-        .get(server.url("/v1/streams/s/records?seq_num=0"))
-        .header("s2-basin", "some-basin")
+    let s2 = http
+        .s2(Method::GET, "some-basin", "/v1/streams/s/records?seq_num=0")
         .header("accept", "text/event-stream")
         .send()
         .await
         .unwrap();
     assert_eq!(s2.status(), 503);
-    let error: serde_json::Value = serde_json::from_slice(&s2.bytes().await.unwrap()).unwrap();
-    assert_eq!(error["code"], "unavailable");
-    let catch_up = client()
-        .get(server.url("/v1/stream/live?offset=-1"))
-        .send()
-        .await
-        .unwrap();
+    assert_eq!(json_of(s2).await["code"], "unavailable");
+    let catch_up = http.read("/v1/stream/live", "-1").await;
     assert_eq!(
         catch_up.status(),
         200,
@@ -72,12 +54,7 @@ async fn live_readers_beyond_the_limit_get_503_with_retry_after() {
     // Once a live reader leaves, its slot is free again.
     let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
     loop {
-        let again = client()
-            .get(server.url("/v1/stream/live?offset=-1&live=sse"))
-            .timeout(Duration::from_secs(30))
-            .send()
-            .await
-            .unwrap();
+        let again = sse().await;
         if again.status() == 200 {
             break;
         }
@@ -92,18 +69,16 @@ async fn live_readers_beyond_the_limit_get_503_with_retry_after() {
 #[tokio::test]
 async fn streams_beyond_the_bucket_limit_get_409_and_are_not_created() {
     let server = Server::start(&["--memory", "--max-streams-per-bucket", "2"]);
-    assert_eq!(put(&server, "/limited").await.status(), 201);
-    assert_eq!(put(&server, "/limited/a").await.status(), 201);
-    assert_eq!(put(&server, "/limited/b").await.status(), 201);
-    let refused = put(&server, "/limited/c").await;
+    let http = Client::new(&server);
+    let put = |path: &'static str| http.create(path, "text/plain", "");
+    assert_eq!(put("/limited").await.status(), 201);
+    assert_eq!(put("/limited/a").await.status(), 201);
+    assert_eq!(put("/limited/b").await.status(), 201);
+    let refused = put("/limited/c").await;
     assert_eq!(refused.status(), 409);
     assert!(refused.text().await.unwrap().contains("limit of 2 streams"));
-    let missing = client()
-        .get(server.url("/limited/c?offset=-1"))
-        .send()
-        .await
-        .unwrap();
+    let missing = http.read("/limited/c", "-1").await;
     assert_eq!(missing.status(), 404);
     // The base surface is not a bucket; it has no such limit.
-    assert_eq!(put(&server, "/v1/stream/free").await.status(), 201);
+    assert_eq!(put("/v1/stream/free").await.status(), 201);
 }

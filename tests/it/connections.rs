@@ -4,14 +4,14 @@
 //! (over HTTP/2 too, where a client leaving a response untaken loses its connection),
 //! SIGTERM drains cleanly, and the process faults its memory in base pages.
 
-mod common;
-
 use std::time::{Duration, Instant};
 
-use common::{Server, TlsServer, client};
 use futures::StreamExt as _;
+use reqwest::Method;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
+
+use crate::common::{Client, Server, TlsServer};
 
 fn addr(server: &Server) -> String {
     server.base.trim_start_matches("http://").to_string()
@@ -31,12 +31,9 @@ async fn closed_within(stream: &mut TcpStream, within: Duration) -> bool {
 }
 
 async fn create(server: &Server, path: &str) {
-    let response = client()
-        .put(server.url(path))
-        .header("content-type", "application/octet-stream")
-        .send()
-        .await
-        .unwrap();
+    let response = Client::new(server)
+        .create(path, "application/octet-stream", "")
+        .await;
     assert_eq!(response.status(), 201, "create {path}");
 }
 
@@ -90,7 +87,7 @@ async fn slowloris_clients_are_cut_off_and_others_are_still_served() {
             .unwrap();
         slow.push(stream);
     }
-    let response = client().get(server.url("/healthz")).send().await.unwrap();
+    let response = Client::new(&server).get("/healthz").await;
     assert_eq!(response.status(), 200, "others are served meanwhile");
     for stream in &mut slow {
         assert!(
@@ -220,11 +217,7 @@ async fn a_request_body_that_stalls_gets_408_the_connection_closes_and_nothing_i
     assert!(head.starts_with("HTTP/1.1 408"), "{head}");
     assert!(head.contains("stalled"), "{head}");
     assert!(closed_within(&mut stream, Duration::from_secs(5)).await);
-    let read = client()
-        .get(server.url("/v1/stream/stalled?offset=-1"))
-        .send()
-        .await
-        .unwrap();
+    let read = Client::new(&server).read("/v1/stream/stalled", "-1").await;
     assert_eq!(read.status(), 200);
     assert!(read.bytes().await.unwrap().is_empty(), "nothing appended");
 }
@@ -232,8 +225,8 @@ async fn a_request_body_that_stalls_gets_408_the_connection_closes_and_nothing_i
 #[tokio::test]
 async fn an_oversized_request_head_gets_431() {
     let server = Server::start(&["--memory", "--max-header-bytes", "16384"]);
-    let response = client()
-        .get(server.url("/healthz"))
+    let response = Client::new(&server)
+        .request(Method::GET, "/healthz")
         .header("x-big", "a".repeat(64 << 10))
         .send()
         .await
@@ -268,7 +261,11 @@ async fn connections_beyond_the_limit_are_closed_on_arrival() {
     // Once the held ones are gone, new connections are served again.
     let deadline = Instant::now() + Duration::from_secs(5);
     loop {
-        match client().get(server.url("/healthz")).send().await {
+        match Client::new(&server)
+            .request(Method::GET, "/healthz")
+            .send()
+            .await
+        {
             Ok(r) if r.status() == 200 => break,
             _ if Instant::now() < deadline => tokio::time::sleep(Duration::from_millis(50)).await,
             other => panic!("not served after the held connections closed: {other:?}"),
@@ -279,33 +276,23 @@ async fn connections_beyond_the_limit_are_closed_on_arrival() {
 /// `/v1/stream/backlog` with 16 MiB in it: more than a socket's buffers hold.
 async fn fill_backlog(server: &Server) {
     create(server, "/v1/stream/backlog").await;
-    let http = client();
+    let http = Client::new(server);
     for _ in 0..64 {
         let appended = http
-            .post(server.url("/v1/stream/backlog"))
-            .header("content-type", "application/octet-stream")
-            .body(vec![b'x'; 256 << 10])
-            .send()
-            .await
-            .unwrap();
+            .append(
+                "/v1/stream/backlog",
+                "application/octet-stream",
+                vec![b'x'; 256 << 10],
+            )
+            .await;
         assert_eq!(appended.status(), 204);
     }
 }
 
 /// `runnel_live_readers` from `/metrics`.
 async fn live_readers(server: &Server) -> u64 {
-    let text = client()
-        .get(server.url("/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
-    text.lines()
-        .find_map(|l| l.strip_prefix("runnel_live_readers "))
-        .and_then(|v| v.trim().parse::<f64>().ok())
-        .expect("runnel_live_readers") as u64
+    let readers = Client::new(server).gauge("runnel_live_readers").await;
+    readers.expect("runnel_live_readers") as u64
 }
 
 #[tokio::test]
@@ -412,11 +399,9 @@ async fn an_http2_reader_that_takes_nothing_frees_its_live_reader_slot_after_the
         live_readers_reach(&server, 0, Duration::from_secs(10)).await,
         "the reader that takes nothing still holds the only live-reader slot"
     );
-    let next = client()
-        .get(server.url("/v1/stream/h2-stall?offset=-1&live=long-poll"))
-        .send()
-        .await
-        .unwrap();
+    let next = Client::new(&server)
+        .get("/v1/stream/h2-stall?offset=-1&live=long-poll")
+        .await;
     assert_ne!(next.status(), 503, "a new live reader is served");
     assert!(
         !connection.is_finished(),
@@ -438,12 +423,9 @@ async fn an_http2_reader_waiting_for_events_keeps_its_slot_past_the_send_timeout
     ];
     let server = Server::start(&args);
     create(&server, "/v1/stream/h2-live").await;
-    let h2 = reqwest::Client::builder()
-        .http2_prior_knowledge()
-        .build()
-        .unwrap();
-    let url = server.url("/v1/stream/h2-live?offset=-1&live=sse");
-    let response = h2.get(url).send().await.unwrap();
+    let response = Client::h2(&server)
+        .get("/v1/stream/h2-live?offset=-1&live=sse")
+        .await;
     assert_eq!(response.version(), reqwest::Version::HTTP_2);
     let mut events = response.bytes_stream();
     let started = Instant::now();
@@ -471,13 +453,9 @@ async fn one_mebibyte_record_and_an_http2_client(
     tokio::task::JoinHandle<Result<(), h2::Error>>,
 ) {
     create(server, path).await;
-    let appended = client()
-        .post(server.url(path))
-        .header("content-type", "application/octet-stream")
-        .body(vec![7u8; 1 << 20])
-        .send()
-        .await
-        .unwrap();
+    let appended = Client::new(server)
+        .append(path, "application/octet-stream", vec![7u8; 1 << 20])
+        .await;
     assert_eq!(appended.status(), 204);
     http2_client(server, window).await
 }
@@ -543,13 +521,9 @@ async fn an_http2_client_that_takes_nothing_of_a_small_response_loses_its_connec
     let server = Server::start(&["--memory", "--send-timeout-secs", "1"]);
     let path = "/v1/stream/h2-small-untaken";
     create(&server, path).await;
-    let appended = client()
-        .post(server.url(path))
-        .header("content-type", "application/octet-stream")
-        .body(vec![7u8; 100])
-        .send()
-        .await
-        .unwrap();
+    let appended = Client::new(&server)
+        .append(path, "application/octet-stream", vec![7u8; 100])
+        .await;
     assert_eq!(appended.status(), 204);
     // Streams that open with no window: one client could hold as many such responses as it may
     // open streams, on each of its connections.
@@ -606,25 +580,21 @@ async fn a_stalled_sse_reader_costs_bounded_memory_and_does_not_slow_writers() {
         "600",
     ]);
     create(&server, "/v1/stream/firehose").await;
-    let http = client();
+    let http = Client::new(&server);
     let chunk = vec![b'x'; 256 << 10];
     let write = |count: usize| {
-        let (http, chunk, url) = (
-            http.clone(),
-            chunk.clone(),
-            server.url("/v1/stream/firehose"),
-        );
+        let (http, chunk) = (http.clone(), chunk.clone());
         async move {
             let mut slowest = Duration::ZERO;
             for _ in 0..count {
                 let started = Instant::now();
                 let response = http
-                    .post(&url)
-                    .header("content-type", "application/octet-stream")
-                    .body(chunk.clone())
-                    .send()
-                    .await
-                    .unwrap();
+                    .append(
+                        "/v1/stream/firehose",
+                        "application/octet-stream",
+                        chunk.clone(),
+                    )
+                    .await;
                 assert_eq!(response.status(), 204);
                 slowest = slowest.max(started.elapsed());
             }
@@ -651,11 +621,7 @@ async fn a_stalled_sse_reader_costs_bounded_memory_and_does_not_slow_writers() {
         "a writer waited {slowest:?} behind the stalled reader"
     );
     // A reader that does read gets everything, with the stalled one still connected.
-    let response = http
-        .get(server.url("/v1/stream/firehose?offset=-1"))
-        .send()
-        .await
-        .unwrap();
+    let response = http.read("/v1/stream/firehose", "-1").await;
     assert_eq!(response.status(), 200);
     // The stalled reader may pin its socket buffers and one read's worth of records, not what it
     // falls behind by.
@@ -678,17 +644,17 @@ async fn sigterm_answers_long_polls_ends_live_readers_and_exits_cleanly() {
         "600",
     ]);
     create(&server, "/v1/stream/drain").await;
-    let ready = client().get(server.url("/readyz")).send().await.unwrap();
+    let http = Client::new(&server);
+    let ready = http.get("/readyz").await;
     assert_eq!(ready.status(), 200);
 
     let long_poll = tokio::spawn(
-        client()
-            .get(server.url("/v1/stream/drain?offset=now&live=long-poll"))
+        http.request(Method::GET, "/v1/stream/drain?offset=now&live=long-poll")
             .timeout(Duration::from_secs(30))
             .send(),
     );
-    let mut sse = client()
-        .get(server.url("/v1/stream/drain?offset=-1&live=sse"))
+    let mut sse = http
+        .request(Method::GET, "/v1/stream/drain?offset=-1&live=sse")
         .timeout(Duration::from_secs(30))
         .send()
         .await
@@ -759,6 +725,9 @@ async fn tls_serves_http1_and_offers_h2_by_alpn() {
         .unwrap();
     assert_eq!(tls.get_ref().1.alpn_protocol(), Some(b"h2".as_ref()));
 
-    let plain = client().get(server.url("/healthz")).send().await;
+    let plain = Client::new(server)
+        .request(Method::GET, "/healthz")
+        .send()
+        .await;
     assert!(plain.is_err(), "plain HTTP is not served on a TLS port");
 }

@@ -1,11 +1,11 @@
 //! Acknowledged means durable: appends, offsets, producer state, TTL, expiry and the closed flag
 //! all survive the server being killed with SIGKILL in the middle of a write load.
 
-mod common;
-
 use std::collections::HashMap;
 
-use common::{Server, client, header};
+use reqwest::Method;
+
+use crate::common::{Client, Server, header};
 
 const WRITERS: usize = 8;
 
@@ -17,14 +17,8 @@ struct Ack {
     seq: u64,
 }
 
-async fn create(
-    http: &reqwest::Client,
-    server: &Server,
-    path: &str,
-    headers: &[(&str, &str)],
-    body: &str,
-) {
-    let mut request = http.put(server.url(path)).body(body.to_string());
+async fn create(http: &Client, path: &str, headers: &[(&str, &str)], body: &str) {
+    let mut request = http.request(Method::PUT, path).body(body.to_string());
     for (name, value) in headers {
         request = request.header(*name, *value);
     }
@@ -32,13 +26,28 @@ async fn create(
     assert_eq!(response.status(), 201, "create {path}");
 }
 
-/// Appends with producer headers until the server disappears; returns what was acknowledged.
-async fn write_until_killed(
-    http: reqwest::Client,
-    url: String,
-    json: bool,
+/// An append to `path` as writer `writer`'s producer, with sequence number `seq`.
+fn as_producer(
+    http: &Client,
+    path: &str,
     writer: usize,
-) -> Vec<Ack> {
+    seq: u64,
+    json: bool,
+) -> reqwest::RequestBuilder {
+    let content_type = if json {
+        "application/json"
+    } else {
+        "text/plain"
+    };
+    http.request(Method::POST, path)
+        .header("content-type", content_type)
+        .header("producer-id", format!("writer-{writer}"))
+        .header("producer-epoch", "0")
+        .header("producer-seq", seq.to_string())
+}
+
+/// Appends with producer headers until the server disappears; returns what was acknowledged.
+async fn write_until_killed(http: Client, path: &str, json: bool, writer: usize) -> Vec<Ack> {
     let mut acks = Vec::new();
     for seq in 0u64.. {
         let body = if json {
@@ -46,19 +55,7 @@ async fn write_until_killed(
         } else {
             format!("w{writer}-n{seq};")
         };
-        let sent = http
-            .post(&url)
-            .header(
-                "content-type",
-                if json {
-                    "application/json"
-                } else {
-                    "text/plain"
-                },
-            )
-            .header("producer-id", format!("writer-{writer}"))
-            .header("producer-epoch", "0")
-            .header("producer-seq", seq.to_string())
+        let sent = as_producer(&http, path, writer, seq, json)
             .body(body.clone())
             .send()
             .await;
@@ -78,12 +75,11 @@ async fn write_until_killed(
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn every_acknowledged_write_survives_sigkill() {
     let dir = tempfile::tempdir().unwrap();
-    let http = client();
     let server = Server::on_disk(dir.path());
+    let http = Client::new(&server);
 
     create(
         &http,
-        &server,
         "/v1/stream/bytes",
         &[("content-type", "text/plain"), ("stream-ttl", "3600")],
         "",
@@ -91,7 +87,6 @@ async fn every_acknowledged_write_survives_sigkill() {
     .await;
     create(
         &http,
-        &server,
         "/v1/stream/events",
         &[
             ("content-type", "application/json"),
@@ -102,7 +97,6 @@ async fn every_acknowledged_write_survives_sigkill() {
     .await;
     create(
         &http,
-        &server,
         "/v1/stream/sealed",
         &[("content-type", "text/plain"), ("stream-closed", "true")],
         "final",
@@ -119,16 +113,11 @@ async fn every_acknowledged_write_survives_sigkill() {
         tasks.push((
             writer,
             path,
-            tokio::spawn(write_until_killed(
-                http.clone(),
-                server.url(path),
-                json,
-                writer,
-            )),
+            tokio::spawn(write_until_killed(http.clone(), path, json, writer)),
         ));
     }
     // Kill once every writer has had some appends acknowledged, while all of them are mid-flight.
-    wait_for_appends(&http, &server, 40 * WRITERS as u64).await;
+    wait_for_appends(&http, 40 * WRITERS as u64).await;
     server.kill();
 
     let mut acked: HashMap<&str, Vec<(usize, Vec<Ack>)>> = HashMap::new();
@@ -140,9 +129,10 @@ async fn every_acknowledged_write_survives_sigkill() {
     }
 
     let server = Server::on_disk(dir.path());
+    let http = Client::new(&server);
     for (path, writers) in &acked {
         let json = path.ends_with("events");
-        let content = read_all(&http, &server, path).await;
+        let content = read_all(&http, path).await;
         let messages = split_messages(&content, json);
         for (writer, acks) in writers {
             assert!(!acks.is_empty(), "writer {writer} got nothing acknowledged");
@@ -162,11 +152,7 @@ async fn every_acknowledged_write_survives_sigkill() {
             }
             // At its original offset: reading from the offset before an ack starts with its body.
             for pair in acks.windows(2) {
-                let response = http
-                    .get(server.url(&format!("{path}?offset={}", pair[0].next_offset)))
-                    .send()
-                    .await
-                    .unwrap();
+                let response = http.read(path, &pair[0].next_offset).await;
                 let rest = response.text().await.unwrap();
                 assert!(!rest.is_empty());
                 let first = split_messages(&rest, json)
@@ -182,7 +168,7 @@ async fn every_acknowledged_write_survives_sigkill() {
             // Producer state survived: the last acknowledged seq is a duplicate, the one after a gap
             // would be refused, and continuing from wherever the writer really got to is accepted.
             let last = acks.last().unwrap();
-            let retry = append_as(&http, &server, path, *writer, last.seq, json, "retry").await;
+            let retry = append_as(&http, path, *writer, last.seq, json, "retry").await;
             assert_eq!(
                 retry.status(),
                 204,
@@ -190,7 +176,7 @@ async fn every_acknowledged_write_survives_sigkill() {
                 last.seq
             );
             let stored_last = (mine.len() - 1) as u64;
-            let gap = append_as(&http, &server, path, *writer, stored_last + 2, json, "gap").await;
+            let gap = append_as(&http, path, *writer, stored_last + 2, json, "gap").await;
             assert_eq!(gap.status(), 409);
             assert_eq!(
                 header(&gap, "producer-expected-seq"),
@@ -206,37 +192,24 @@ async fn every_acknowledged_write_survives_sigkill() {
         }
     }
 
-    let bytes = http
-        .head(server.url("/v1/stream/bytes"))
-        .send()
-        .await
-        .unwrap();
+    let bytes = http.head("/v1/stream/bytes").await;
     assert_eq!(header(&bytes, "stream-ttl"), Some("3600"));
-    let events = http
-        .head(server.url("/v1/stream/events"))
-        .send()
-        .await
-        .unwrap();
+    let events = http.head("/v1/stream/events").await;
     assert_eq!(
         header(&events, "stream-expires-at"),
         Some("2099-01-01T00:00:00Z")
     );
-    let sealed = http
-        .get(server.url("/v1/stream/sealed?offset=-1"))
-        .send()
-        .await
-        .unwrap();
+    let sealed = http.read("/v1/stream/sealed", "-1").await;
     assert_eq!(header(&sealed, "stream-closed"), Some("true"));
     assert_eq!(sealed.text().await.unwrap(), "final");
 }
 
-async fn wait_for_appends(http: &reqwest::Client, server: &Server, at_least: u64) {
+async fn wait_for_appends(http: &Client, at_least: u64) {
     let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(30);
     loop {
         let mut total = 0;
         for path in ["/v1/stream/bytes", "/v1/stream/events"] {
-            let response = http.head(server.url(path)).send().await.unwrap();
-            let offset = header(&response, "stream-next-offset").unwrap();
+            let offset = http.next_offset(path).await;
             total += offset[..16].parse::<u64>().unwrap();
         }
         if total >= at_least {
@@ -251,8 +224,7 @@ async fn wait_for_appends(http: &reqwest::Client, server: &Server, at_least: u64
 }
 
 async fn append_as(
-    http: &reqwest::Client,
-    server: &Server,
+    http: &Client,
     path: &str,
     writer: usize,
     seq: u64,
@@ -264,18 +236,7 @@ async fn append_as(
     } else {
         body.to_string()
     };
-    http.post(server.url(path))
-        .header(
-            "content-type",
-            if json {
-                "application/json"
-            } else {
-                "text/plain"
-            },
-        )
-        .header("producer-id", format!("writer-{writer}"))
-        .header("producer-epoch", "0")
-        .header("producer-seq", seq.to_string())
+    as_producer(http, path, writer, seq, json)
         .body(body)
         .send()
         .await
@@ -283,27 +244,13 @@ async fn append_as(
 }
 
 /// The bodies of the reads that take a stream from its start to its tail.
-async fn read_chunks(http: &reqwest::Client, server: &Server, path: &str) -> Vec<bytes::Bytes> {
-    let mut chunks = Vec::new();
-    let mut offset = "-1".to_string();
-    loop {
-        let response = http
-            .get(server.url(&format!("{path}?offset={offset}")))
-            .send()
-            .await
-            .unwrap();
-        assert_eq!(response.status(), 200);
-        let done = header(&response, "stream-up-to-date") == Some("true");
-        offset = header(&response, "stream-next-offset").unwrap().to_string();
-        chunks.push(response.bytes().await.unwrap());
-        if done {
-            return chunks;
-        }
-    }
+async fn read_chunks(http: &Client, path: &str) -> Vec<bytes::Bytes> {
+    let chunks = http.read_chunks(path).await;
+    chunks.unwrap_or_else(|status| panic!("a read of {path} answered {status}"))
 }
 
-async fn read_all(http: &reqwest::Client, server: &Server, path: &str) -> String {
-    let chunks = read_chunks(http, server, path).await;
+async fn read_all(http: &Client, path: &str) -> String {
+    let chunks = read_chunks(http, path).await;
     let texts = chunks.iter().map(|c| std::str::from_utf8(c).unwrap());
     if !path.ends_with("events") {
         return texts.collect();
@@ -338,25 +285,20 @@ fn belongs_to(message: &str, writer: usize, json: bool) -> bool {
 #[tokio::test]
 async fn with_sync_none_acknowledged_appends_survive_sigkill() {
     let dir = tempfile::tempdir().unwrap();
-    let http = client();
     let data_dir = dir.path().to_str().unwrap();
     let server = Server::start(&["--data-dir", data_dir, "--sync", "none"]);
+    let http = Client::new(&server);
     let path = "/v1/stream/unsynced";
-    create(&http, &server, path, &[("content-type", "text/plain")], "").await;
+    create(&http, path, &[("content-type", "text/plain")], "").await;
     for body in ["one;", "two;", "three;"] {
-        let response = http
-            .post(server.url(path))
-            .header("content-type", "text/plain")
-            .body(body)
-            .send()
-            .await
-            .unwrap();
+        let response = http.append(path, "text/plain", body).await;
         assert_eq!(response.status(), 204);
     }
     server.kill();
 
     let server = Server::on_disk(dir.path());
-    assert_eq!(read_all(&http, &server, path).await, "one;two;three;");
+    let http = Client::new(&server);
+    assert_eq!(read_all(&http, path).await, "one;two;three;");
 }
 
 /// Distinct bytes at every position, so a body read from the wrong place cannot pass for it.
@@ -376,65 +318,42 @@ fn staged_files(data: &std::path::Path) -> usize {
 #[tokio::test]
 async fn large_appends_and_snapshots_kept_in_their_own_files_survive_sigkill() {
     let dir = tempfile::tempdir().unwrap();
-    let http = client();
     let server = Server::on_disk(dir.path());
-    let octets = [("content-type", "application/octet-stream")];
-    let status = |response: reqwest::Response| response.status().as_u16();
-    let put = |path: &str, headers: &[(&str, &str)], body: Vec<u8>| {
-        let mut request = http.put(server.url(path)).body(body);
-        for (name, value) in headers {
-            request = request.header(*name, *value);
-        }
-        request.send()
+    let http = Client::new(&server);
+    let octets = "application/octet-stream";
+    let with_seq = |seq: &'static str, body: Vec<u8>| {
+        http.request(Method::POST, "/bkt1/bin")
+            .header("content-type", octets)
+            .header("stream-seq", seq)
+            .body(body)
+            .send()
     };
-    let post = |path: &str, headers: &[(&str, &str)], body: Vec<u8>| {
-        let mut request = http.post(server.url(path)).body(body);
-        for (name, value) in headers {
-            request = request.header(*name, *value);
-        }
-        request.send()
-    };
-    assert_eq!(status(put("/bkt1", &[], Vec::new()).await.unwrap()), 201);
-    assert_eq!(
-        status(put("/bkt1/bin", &octets, Vec::new()).await.unwrap()),
-        201
-    );
+    assert_eq!(http.create_bucket("bkt1").await.status(), 201);
+    assert_eq!(http.create("/bkt1/bin", octets, "").await.status(), 201);
     let large = patterned(3 << 20, 1);
-    let seq_b = [octets[0], ("stream-seq", "b")];
-    let appended = post("/bkt1/bin", &seq_b, large.clone()).await.unwrap();
+    let appended = with_seq("b", large.clone()).await.unwrap();
     assert_eq!(appended.status(), 204);
     let after_large = header(&appended, "stream-next-offset").unwrap().to_string();
-    let seq_a = [octets[0], ("stream-seq", "a")];
-    let refused = post("/bkt1/bin", &seq_a, patterned(2 << 20, 2))
-        .await
-        .unwrap();
-    assert_eq!(status(refused), 409, "a Stream-Seq going back is refused");
-    assert_eq!(
-        status(post("/bkt1/bin", &octets, b"tail".to_vec()).await.unwrap()),
-        204
-    );
+    let refused = with_seq("a", patterned(2 << 20, 2)).await.unwrap();
+    assert_eq!(refused.status(), 409, "a Stream-Seq going back is refused");
+    let tail = http.append("/bkt1/bin", octets, b"tail".to_vec()).await;
+    assert_eq!(tail.status(), 204);
     let blob = patterned(2 << 20, 3);
-    let at = format!("/bkt1/bin/snapshot/{after_large}");
-    let snapshot = put(&at, &octets, blob.clone());
-    assert_eq!(status(snapshot.await.unwrap()), 204);
+    let snapshot = http
+        .request(Method::PUT, &format!("/bkt1/bin/snapshot/{after_large}"))
+        .header("content-type", octets)
+        .body(blob.clone())
+        .send();
+    assert_eq!(snapshot.await.unwrap().status(), 204);
 
-    let json = [("content-type", "application/json")];
-    assert_eq!(
-        status(put("/bkt1/events", &json, Vec::new()).await.unwrap()),
-        201
-    );
+    let json = "application/json";
+    assert_eq!(http.create("/bkt1/events", json, "").await.status(), 201);
     let messages: Vec<String> = (0..20_000)
         .map(|n| format!("{{\"n\":{n},\"pad\":\"{}\"}}", "x".repeat(100)))
         .collect();
     let array = format!("[{}]", messages.join(","));
-    assert_eq!(
-        status(
-            post("/bkt1/events", &json, array.into_bytes())
-                .await
-                .unwrap()
-        ),
-        204
-    );
+    let appended = http.append("/bkt1/events", json, array).await;
+    assert_eq!(appended.status(), 204);
     assert_eq!(
         staged_files(dir.path()),
         3,
@@ -443,22 +362,19 @@ async fn large_appends_and_snapshots_kept_in_their_own_files_survive_sigkill() {
 
     server.kill();
     let server = Server::on_disk(dir.path());
+    let http = Client::new(&server);
     let mut expected = large;
     expected.extend_from_slice(b"tail");
-    let chunks = read_chunks(&http, &server, "/bkt1/bin").await;
+    let chunks = read_chunks(&http, "/bkt1/bin").await;
     assert!(chunks.concat() == expected);
-    let response = http
-        .get(server.url("/bkt1/bin/snapshot"))
-        .send()
-        .await
-        .unwrap();
+    let response = http.get("/bkt1/bin/snapshot").await;
     assert_eq!(
         response.status(),
         200,
         "the redirect to the snapshot is followed"
     );
     assert!(response.bytes().await.unwrap() == blob);
-    let events = read_all(&http, &server, "/bkt1/events").await;
+    let events = read_all(&http, "/bkt1/events").await;
     let read: Vec<String> = split_messages(&events, true);
     assert_eq!(read.len(), messages.len());
     assert_eq!(read[19_999], messages[19_999]);
@@ -468,7 +384,7 @@ async fn large_appends_and_snapshots_kept_in_their_own_files_survive_sigkill() {
         "the restart kept every file in use"
     );
 
-    let deleted = http.delete(server.url("/bkt1/bin")).send().await.unwrap();
+    let deleted = http.delete("/bkt1/bin").await;
     assert_eq!(deleted.status(), 204);
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
     while staged_files(dir.path()) != 1 {

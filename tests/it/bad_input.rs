@@ -1,13 +1,13 @@
 //! Bad input gets a clear 4xx, changes nothing, and never takes the server down.
 
-mod common;
-
-use common::{Server, client, header};
 use rand::{Rng, SeedableRng};
+use reqwest::Method;
+
+use crate::common::{Client, Server, header};
 
 /// The stream's tail and content, to check that a rejected request changed nothing.
-async fn snapshot(http: &reqwest::Client, url: &str) -> (String, String) {
-    let response = http.get(format!("{url}?offset=-1")).send().await.unwrap();
+async fn snapshot(http: &Client, path: &str) -> (String, String) {
+    let response = http.read(path, "-1").await;
     assert_eq!(response.status(), 200);
     let tail = header(&response, "stream-next-offset").unwrap().to_string();
     (tail, response.text().await.unwrap())
@@ -25,23 +25,16 @@ async fn expect_status(request: reqwest::RequestBuilder, status: u16, what: &str
 #[tokio::test]
 async fn malformed_requests_get_4xx_and_change_nothing() {
     let server = Server::start(&["--memory", "--max-body-bytes", "1024"]);
-    let http = client();
-    let text = server.url("/v1/stream/text");
-    let json = server.url("/v1/stream/json");
-    for (url, content_type, body) in [
-        (&text, "text/plain", "hello"),
-        (&json, "application/json", "[1,2]"),
+    let http = Client::new(&server);
+    let (text, json) = ("/v1/stream/text", "/v1/stream/json");
+    for (path, content_type, body) in [
+        (text, "text/plain", "hello"),
+        (json, "application/json", "[1,2]"),
     ] {
-        let response = http
-            .put(url)
-            .header("content-type", content_type)
-            .body(body)
-            .send()
-            .await
-            .unwrap();
+        let response = http.create(path, content_type, body).await;
         assert_eq!(response.status(), 201);
     }
-    let before = (snapshot(&http, &text).await, snapshot(&http, &json).await);
+    let before = (snapshot(&http, text).await, snapshot(&http, json).await);
 
     // Offsets and query parameters.
     for query in [
@@ -56,10 +49,12 @@ async fn malformed_requests_get_4xx_and_change_nothing() {
         "live=sse",
         "live=long-poll",
     ] {
-        expect_status(http.get(format!("{text}?{query}")), 400, query).await;
+        let read = http.request(Method::GET, &format!("{text}?{query}"));
+        expect_status(read, 400, query).await;
     }
 
     // Create headers.
+    let create = || http.request(Method::PUT, "/v1/stream/new");
     for (name, value) in [
         ("stream-ttl", "-1"),
         ("stream-ttl", "1e3"),
@@ -68,15 +63,10 @@ async fn malformed_requests_get_4xx_and_change_nothing() {
         ("stream-fork-sub-offset", "1"),
         ("stream-fork-offset", "0000000000000000_0000000000000000"),
     ] {
-        expect_status(
-            http.put(server.url("/v1/stream/new")).header(name, value),
-            400,
-            name,
-        )
-        .await;
+        expect_status(create().header(name, value), 400, name).await;
     }
     expect_status(
-        http.put(server.url("/v1/stream/new"))
+        create()
             .header("stream-ttl", "60")
             .header("stream-expires-at", "2099-01-01T00:00:00Z"),
         400,
@@ -84,7 +74,7 @@ async fn malformed_requests_get_4xx_and_change_nothing() {
     )
     .await;
     expect_status(
-        http.put(server.url("/v1/stream/new"))
+        create()
             .header("stream-forked-from", "/v1/stream/text")
             .header("stream-fork-sub-offset", "05"),
         400,
@@ -92,7 +82,7 @@ async fn malformed_requests_get_4xx_and_change_nothing() {
     )
     .await;
     expect_status(
-        http.put(server.url("/v1/stream/new"))
+        create()
             .header("content-type", "application/json")
             .body("{not json"),
         400,
@@ -100,22 +90,25 @@ async fn malformed_requests_get_4xx_and_change_nothing() {
     )
     .await;
     expect_status(
-        http.get(server.url("/v1/stream/new")),
+        http.request(Method::GET, "/v1/stream/new"),
         404,
         "rejected creates create nothing",
     )
     .await;
 
     // Appends.
-    let post = |url: &str| http.post(url).header("content-type", "text/plain");
+    let post = |path: &str| {
+        http.request(Method::POST, path)
+            .header("content-type", "text/plain")
+    };
     expect_status(
-        post(&text).header("producer-id", "p").body("x"),
+        post(text).header("producer-id", "p").body("x"),
         400,
         "partial producer headers",
     )
     .await;
     expect_status(
-        post(&text)
+        post(text)
             .header("producer-id", "p")
             .header("producer-epoch", "0")
             .header("producer-seq", "1abc")
@@ -124,10 +117,15 @@ async fn malformed_requests_get_4xx_and_change_nothing() {
         "non-numeric producer seq",
     )
     .await;
-    expect_status(post(&text), 400, "empty body without close").await;
-    expect_status(http.post(&text).body("x"), 400, "body without content type").await;
+    expect_status(post(text), 400, "empty body without close").await;
     expect_status(
-        http.post(&text)
+        http.request(Method::POST, text).body("x"),
+        400,
+        "body without content type",
+    )
+    .await;
+    expect_status(
+        http.request(Method::POST, text)
             .header("content-type", "application/json")
             .body("{}"),
         409,
@@ -135,7 +133,7 @@ async fn malformed_requests_get_4xx_and_change_nothing() {
     )
     .await;
     expect_status(
-        post(&text).body(vec![b'a'; 2048]),
+        post(text).body(vec![b'a'; 2048]),
         413,
         "declared length over the limit",
     )
@@ -143,13 +141,11 @@ async fn malformed_requests_get_4xx_and_change_nothing() {
     let chunked = reqwest::Body::wrap_stream(futures::stream::iter(
         (0..4).map(|_| Ok::<_, std::io::Error>(vec![b'b'; 512])),
     ));
-    expect_status(
-        post(&text).body(chunked),
-        413,
-        "chunked body over the limit",
-    )
-    .await;
-    let json_post = || http.post(&json).header("content-type", "application/json");
+    expect_status(post(text).body(chunked), 413, "chunked body over the limit").await;
+    let json_post = || {
+        http.request(Method::POST, json)
+            .header("content-type", "application/json")
+    };
     expect_status(json_post().body("[]"), 400, "empty JSON array append").await;
     expect_status(json_post().body("[1,"), 400, "invalid JSON append").await;
     expect_status(
@@ -182,7 +178,7 @@ async fn malformed_requests_get_4xx_and_change_nothing() {
     // `a%25zz` would name one stream).
     for path in ["/v1/stream/a%zz", "/bkt1/a%zz", "/v1/streams/a%2/records"] {
         expect_status(
-            http.put(server.url(path))
+            http.request(Method::PUT, path)
                 .header("content-type", "text/plain"),
             400,
             path,
@@ -191,21 +187,17 @@ async fn malformed_requests_get_4xx_and_change_nothing() {
     }
 
     // Methods.
-    let response = http.patch(&text).send().await.unwrap();
+    let response = http.send(Method::PATCH, text).await;
     assert_eq!(response.status(), 405);
     assert!(header(&response, "allow").unwrap().contains("POST"));
     // A method a route does not take is explained, in S2's error shape on S2's routes.
     for (method, path, allow) in [
-        (reqwest::Method::DELETE, "/healthz", "GET"),
-        (reqwest::Method::POST, "/metrics", "GET"),
-        (reqwest::Method::DELETE, "/v1/basins", "GET"),
-        (reqwest::Method::POST, "/v1/streams/x/records/tail", "GET"),
+        (Method::DELETE, "/healthz", "GET"),
+        (Method::POST, "/metrics", "GET"),
+        (Method::DELETE, "/v1/basins", "GET"),
+        (Method::POST, "/v1/streams/x/records/tail", "GET"),
     ] {
-        let response = http
-            .request(method.clone(), server.url(path))
-            .send()
-            .await
-            .unwrap();
+        let response = http.send(method.clone(), path).await;
         assert_eq!(response.status(), 405, "{method} {path}");
         assert!(header(&response, "allow").unwrap().contains(allow));
         let body = response.text().await.unwrap();
@@ -218,7 +210,7 @@ async fn malformed_requests_get_4xx_and_change_nothing() {
     }
 
     assert_eq!(
-        (snapshot(&http, &text).await, snapshot(&http, &json).await),
+        (snapshot(&http, text).await, snapshot(&http, json).await),
         before
     );
 }
@@ -226,13 +218,10 @@ async fn malformed_requests_get_4xx_and_change_nothing() {
 #[tokio::test]
 async fn random_garbage_never_gets_a_5xx() {
     let server = Server::start(&["--memory", "--max-body-bytes", "4096"]);
-    let http = client();
+    let http = Client::new(&server);
     let response = http
-        .put(server.url("/v1/stream/target"))
-        .header("content-type", "application/json")
-        .send()
-        .await
-        .unwrap();
+        .create("/v1/stream/target", "application/json", "")
+        .await;
     assert_eq!(response.status(), 201);
 
     let mut rng = rand::rngs::StdRng::seed_from_u64(0x5eed);
@@ -285,11 +274,11 @@ async fn random_garbage_never_gets_a_5xx() {
         b"not json",
     ];
     let methods = [
-        reqwest::Method::GET,
-        reqwest::Method::PUT,
-        reqwest::Method::POST,
-        reqwest::Method::HEAD,
-        reqwest::Method::DELETE,
+        Method::GET,
+        Method::PUT,
+        Method::POST,
+        Method::HEAD,
+        Method::DELETE,
     ];
 
     for i in 0..300 {
@@ -300,10 +289,7 @@ async fn random_garbage_never_gets_a_5xx() {
             "other"
         };
         let query = queries[rng.random_range(0..queries.len())];
-        let mut request = http.request(
-            method.clone(),
-            server.url(&format!("/v1/stream/{stream}?{query}")),
-        );
+        let mut request = http.request(method.clone(), &format!("/v1/stream/{stream}?{query}"));
         for _ in 0..rng.random_range(0..4) {
             request = request.header(
                 names[rng.random_range(0..names.len())],
@@ -323,14 +309,14 @@ async fn random_garbage_never_gets_a_5xx() {
     }
     let non_ascii = reqwest::header::HeaderValue::from_bytes(b"caf\xe9").unwrap();
     let response = http
-        .post(server.url("/v1/stream/target"))
+        .request(Method::POST, "/v1/stream/target")
         .header("content-type", non_ascii)
         .body("1")
         .send()
         .await
         .unwrap();
     assert_eq!(response.status(), 400, "a header that is not ASCII text");
-    let health = http.get(server.url("/healthz")).send().await.unwrap();
+    let health = http.get("/healthz").await;
     assert_eq!(health.status(), 200);
 }
 
@@ -339,30 +325,32 @@ async fn random_garbage_never_gets_a_5xx() {
 #[tokio::test]
 async fn appends_decode_the_stream_path_as_every_other_request_does() {
     let server = Server::start(&["--memory"]);
-    let http = client();
-    let created = server.url("/v1/stream/caf%C3%A9%20au%20lait");
-    let create = http.put(&created).header("content-type", "text/plain");
+    let http = Client::new(&server);
+    let created = "/v1/stream/caf%C3%A9%20au%20lait";
+    let create = http
+        .request(Method::PUT, created)
+        .header("content-type", "text/plain");
     expect_status(create, 201, "create").await;
     let append = http
-        .post(server.url("/v1/stream/caf%c3%a9%20au%20lait"))
+        .request(Method::POST, "/v1/stream/caf%c3%a9%20au%20lait")
         .header("content-type", "text/plain")
         .body("x");
     expect_status(append, 204, "append with lower-case escapes").await;
-    let (_, content) = snapshot(&http, &created).await;
+    let (_, content) = snapshot(&http, created).await;
     assert_eq!(
         content, "x",
         "the append reached the stream the create made"
     );
 
-    for method in [reqwest::Method::POST, reqwest::Method::GET] {
-        let not_utf8 = http.request(method.clone(), server.url("/v1/stream/%FF"));
+    for method in [Method::POST, Method::GET] {
+        let not_utf8 = http.request(method.clone(), "/v1/stream/%FF");
         expect_status(
             not_utf8,
             400,
             &format!("{method} on a path that is not UTF-8"),
         )
         .await;
-        let no_name = http.request(method.clone(), server.url("/v1/stream/"));
+        let no_name = http.request(method.clone(), "/v1/stream/");
         expect_status(no_name, 404, &format!("{method} with no stream name")).await;
     }
 }
@@ -371,29 +359,24 @@ async fn appends_decode_the_stream_path_as_every_other_request_does() {
 async fn an_append_batch_over_the_servers_body_limit_gets_413_and_writes_nothing() {
     // The batch route's own bound (32 MiB) is higher than this server's limit: the lower holds.
     let server = Server::start(&["--memory", "--max-body-bytes", "1024"]);
-    let http = client();
-    let bucket = http.put(server.url("/docs")).send().await.unwrap();
+    let http = Client::new(&server);
+    let bucket = http.create_bucket("docs").await;
     assert_eq!(bucket.status(), 201);
-    let stream = server.url("/docs/s");
-    let created = http
-        .put(&stream)
-        .header("content-type", "text/plain")
-        .send()
-        .await
-        .unwrap();
+    let stream = "/docs/s";
+    let created = http.create(stream, "text/plain", "").await;
     assert_eq!(created.status(), 201);
     let frame = vec![b'x'; 2048];
     let mut batch = (frame.len() as u32).to_be_bytes().to_vec();
     batch.extend_from_slice(&frame);
     expect_status(
-        http.post(format!("{stream}/append-batch"))
+        http.request(Method::POST, &format!("{stream}/append-batch"))
             .header("content-type", "text/plain")
             .body(batch),
         413,
         "a 2 KiB batch on a server that takes 1 KiB bodies",
     )
     .await;
-    let (tail, content) = snapshot(&http, &stream).await;
+    let (tail, content) = snapshot(&http, stream).await;
     assert_eq!(
         (tail.as_str(), content.as_str()),
         ("0000000000000000_0000000000000000", "")
@@ -403,10 +386,10 @@ async fn an_append_batch_over_the_servers_body_limit_gets_413_and_writes_nothing
 #[tokio::test]
 async fn a_read_refused_for_its_headers_does_not_renew_the_streams_ttl() {
     let server = Server::start(&["--memory"]);
-    let http = client();
-    let stream = server.url("/v1/stream/short-lived");
+    let http = Client::new(&server);
+    let stream = "/v1/stream/short-lived";
     let created = http
-        .put(&stream)
+        .request(Method::PUT, stream)
         .header("content-type", "text/plain")
         .header("stream-ttl", "1")
         .send()
@@ -415,7 +398,7 @@ async fn a_read_refused_for_its_headers_does_not_renew_the_streams_ttl() {
     assert_eq!(created.status(), 201);
     tokio::time::sleep(std::time::Duration::from_millis(600)).await;
     expect_status(
-        http.get(format!("{stream}?offset=-1"))
+        http.request(Method::GET, &format!("{stream}?offset=-1"))
             .header("if-none-match", "\"a\"")
             .header("if-none-match", "\"b\""),
         400,
@@ -423,7 +406,7 @@ async fn a_read_refused_for_its_headers_does_not_renew_the_streams_ttl() {
     )
     .await;
     tokio::time::sleep(std::time::Duration::from_millis(600)).await;
-    let gone = http.head(&stream).send().await.unwrap();
+    let gone = http.head(stream).await;
     assert_eq!(
         gone.status(),
         404,

@@ -1,40 +1,22 @@
 //! What operators see: Prometheus metrics per route and status, commit and live-reader figures,
 //! and request ids on every response.
 
-mod common;
+use reqwest::Method;
 
-use common::{Server, client, header};
+use crate::common::{Client, Server, header};
 
 #[tokio::test]
 async fn metrics_count_requests_per_route_and_show_commits_and_live_readers() {
     let dir = tempfile::tempdir().unwrap();
     let server = Server::on_disk(dir.path());
-    let http = client();
-    let created = http
-        .put(server.url("/v1/stream/observed"))
-        .header("content-type", "text/plain")
-        .send()
-        .await
-        .unwrap();
+    let http = Client::new(&server);
+    let created = http.create("/v1/stream/observed", "text/plain", "").await;
     assert_eq!(created.status(), 201);
     for _ in 0..3 {
-        let appended = http
-            .post(server.url("/v1/stream/observed"))
-            .header("content-type", "text/plain")
-            .body("x")
-            .send()
-            .await
-            .unwrap();
+        let appended = http.append("/v1/stream/observed", "text/plain", "x").await;
         assert_eq!(appended.status(), 204);
     }
-    let text = http
-        .get(server.url("/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let text = http.metrics().await;
     let has = |needle: &str| text.lines().any(|l| l.contains(needle));
     assert!(
         text.lines()
@@ -55,16 +37,16 @@ async fn metrics_count_requests_per_route_and_show_commits_and_live_readers() {
 #[tokio::test]
 async fn every_response_carries_a_request_id_and_echoes_the_clients() {
     let server = Server::start(&["--memory"]);
-    let http = client();
-    let first = http.get(server.url("/healthz")).send().await.unwrap();
-    let second = http.get(server.url("/healthz")).send().await.unwrap();
+    let http = Client::new(&server);
+    let first = http.get("/healthz").await;
+    let second = http.get("/healthz").await;
     let (a, b) = (
         header(&first, "x-request-id").unwrap().to_string(),
         header(&second, "x-request-id").unwrap().to_string(),
     );
     assert_ne!(a, b);
     let echoed = http
-        .get(server.url("/no/such/route/here"))
+        .request(Method::GET, "/no/such/route/here")
         .header("x-request-id", "client-chosen-42")
         .send()
         .await

@@ -2,13 +2,13 @@
 //! nothing acknowledged is lost, reads go on, and writes resume by themselves once space returns.
 //! Runs on a small tmpfs, which needs root to mount; elsewhere the test says so and skips.
 
-mod common;
-
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use common::{Server, client, header};
+use reqwest::Method;
+
+use crate::common::{Client, Server, header};
 
 const RESERVE: u64 = 32 << 20;
 
@@ -44,21 +44,13 @@ impl Drop for SmallDisk {
 }
 
 async fn append(server: &Server, body: &str) -> reqwest::Response {
-    client()
-        .post(server.url("/v1/stream/log"))
-        .header("content-type", "text/plain")
-        .body(body.to_string())
-        .send()
+    Client::new(server)
+        .append("/v1/stream/log", "text/plain", body.to_string())
         .await
-        .unwrap()
 }
 
 async fn contents(server: &Server) -> String {
-    let response = client()
-        .get(server.url("/v1/stream/log?offset=-1"))
-        .send()
-        .await
-        .unwrap();
+    let response = Client::new(server).read("/v1/stream/log", "-1").await;
     assert_eq!(response.status(), 200);
     response.text().await.unwrap()
 }
@@ -80,25 +72,11 @@ async fn a_full_disk_refuses_appends_loses_nothing_and_recovers_when_space_retur
     };
     let data = disk.mount.join("data");
     let server = start(&data);
-    let created = client()
-        .put(server.url("/v1/stream/log"))
-        .header("content-type", "text/plain")
-        .send()
-        .await
-        .unwrap();
+    let http = Client::new(&server);
+    let created = http.create("/v1/stream/log", "text/plain", "").await;
     assert_eq!(created.status(), 201);
-    let http = client();
-    assert_eq!(
-        http.put(server.url("/bkt1")).send().await.unwrap().status(),
-        201
-    );
-    let bucketed = http
-        .put(server.url("/bkt1/s"))
-        .header("content-type", "text/plain")
-        .body("x")
-        .send()
-        .await
-        .unwrap();
+    assert_eq!(http.create_bucket("bkt1").await.status(), 201);
+    let bucketed = http.create("/bkt1/s", "text/plain", "x").await;
     assert_eq!(bucketed.status(), 201);
     let snapshot_at = header(&bucketed, "stream-next-offset").unwrap().to_string();
     let mut acked = String::new();
@@ -129,13 +107,12 @@ async fn a_full_disk_refuses_appends_loses_nothing_and_recovers_when_space_retur
     assert!(header(&refused, "retry-after").is_some());
     assert!(refused.text().await.unwrap().contains("disk is full"));
     // Every other write is refused too: a bucket, attributes, a snapshot (up to the body limit).
-    let http = client();
     let others = [
-        http.put(server.url("/bkt2")),
-        http.put(server.url("/bkt1/s/attrs"))
+        http.request(Method::PUT, "/bkt2"),
+        http.request(Method::PUT, "/bkt1/s/attrs")
             .header("content-type", "application/json")
             .body(r#"{"k":"v"}"#),
-        http.put(server.url(&format!("/bkt1/s/snapshot/{snapshot_at}")))
+        http.request(Method::PUT, &format!("/bkt1/s/snapshot/{snapshot_at}"))
             .header("content-type", "application/octet-stream")
             .body(vec![7u8; 1 << 20]),
     ];

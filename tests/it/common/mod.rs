@@ -1,6 +1,8 @@
-//! A real Runnel server process on a loopback port, for integration tests.
+//! A real Runnel server process on a loopback port, and a typed client for it.
 
-#![allow(dead_code)] // each test crate uses its own part of this module
+mod client;
+
+pub use client::{Client, json_of};
 
 use std::io::{BufRead, BufReader};
 use std::path::Path;
@@ -177,5 +179,16 @@ impl TlsServer {
     pub fn https_base(&self) -> String {
         let port = self.server.base.rsplit(':').next().expect("a port");
         format!("https://localhost:{port}")
+    }
+
+    /// A client of `https_base` that trusts this server's certificate.
+    pub fn client(&self) -> Client {
+        let pem = std::fs::read(&self.cert_path).expect("the certificate");
+        let http = reqwest::Client::builder()
+            .add_root_certificate(reqwest::Certificate::from_pem(&pem).expect("a PEM certificate"))
+            .timeout(Duration::from_secs(20))
+            .build()
+            .expect("client");
+        Client::over(http, &self.https_base())
     }
 }

@@ -1,13 +1,13 @@
 //! A producer's pipelined appends, each on a connection of its own: they are ordered by when
 //! their requests began, not by when their bodies finished arriving.
 
-mod common;
-
 use std::time::Duration;
 
-use common::{Server, client};
+use reqwest::Method;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
+
+use crate::common::{Client, Server};
 
 /// Reads from `stream` until `wanted` has arrived, for at most 10 s.
 async fn read_until(stream: &mut TcpStream, wanted: &str) -> String {
@@ -30,12 +30,9 @@ async fn read_until(stream: &mut TcpStream, wanted: &str) -> String {
 /// answers `100 Continue`: it starts reading that body only after it took the append's place.
 async fn server_with_an_append_under_way(first_part: &str) -> (Server, TcpStream) {
     let server = Server::start(&["--memory"]);
-    let created = client()
-        .put(server.url("/v1/stream/p"))
-        .header("content-type", "text/plain")
-        .send()
-        .await
-        .unwrap();
+    let created = Client::new(&server)
+        .create("/v1/stream/p", "text/plain", "")
+        .await;
     assert_eq!(created.status(), 201);
     let addr = server.base.trim_start_matches("http://");
     let mut under_way = TcpStream::connect(addr).await.unwrap();
@@ -52,13 +49,13 @@ async fn server_with_an_append_under_way(first_part: &str) -> (Server, TcpStream
 async fn a_later_sequence_number_waits_for_an_earlier_append_whose_body_is_still_arriving() {
     // Producer-Seq 0 sends its head and half its body.
     let (server, mut first) = server_with_an_append_under_way("first").await;
-    let (http, stream) = (client(), server.url("/v1/stream/p"));
+    let (http, stream) = (Client::new(&server), "/v1/stream/p");
 
     // Producer-Seq 1, whole, on another connection: decided after 0, not refused as a gap.
     let second = tokio::spawn({
-        let (http, stream) = (http.clone(), stream.clone());
+        let http = http.clone();
         async move {
-            http.post(&stream)
+            http.request(Method::POST, stream)
                 .header("content-type", "text/plain")
                 .header("producer-id", "w")
                 .header("producer-epoch", "0")
@@ -82,25 +79,18 @@ async fn a_later_sequence_number_waits_for_an_earlier_append_whose_body_is_still
     assert!(answer.contains("HTTP/1.1 200"), "{answer}");
     let second = second.await.unwrap();
     assert_eq!(second.status(), 200);
-    let body = http
-        .get(format!("{stream}?offset=-1"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let body = http.read(stream, "-1").await.text().await.unwrap();
     assert_eq!(body, "first_halfsecond");
 }
 
 #[tokio::test]
 async fn another_producers_slow_body_holds_up_no_refusal() {
     let (server, mut slow) = server_with_an_append_under_way("slow").await;
-    let (http, stream) = (client(), server.url("/v1/stream/p"));
+    let http = Client::new(&server);
 
     // Another producer, out of sequence: refused at once, whatever "w" is still sending.
     let gap = http
-        .post(&stream)
+        .request(Method::POST, "/v1/stream/p")
         .header("content-type", "text/plain")
         .header("producer-id", "v")
         .header("producer-epoch", "0")
