@@ -12,7 +12,7 @@ use axum::http::{HeaderValue, Method, StatusCode, Version, header};
 use axum::response::Response;
 use futures::stream::{AbortHandle, Abortable};
 
-use super::route::{Extension, Route, S2Route};
+use super::route::{Extension, Face, Route, S2Route};
 use super::taking::{self, ConnectionHandle, Taking};
 use super::task::OwnedTask;
 use super::{AppState, token_expiry};
@@ -83,11 +83,11 @@ fn is_append_session(route: &Route, request: &Request) -> bool {
 /// bootstrap) costs its client the connection if it takes none of it (see `taking`).
 pub async fn serve<F: Future<Output = Response>>(
     app: &AppState,
-    route: &Route,
+    route: Route,
     request: Request,
-    inner: impl FnOnce(Request) -> F,
+    inner: impl FnOnce(Route, Request) -> F,
 ) -> Response {
-    let live = is_live(route, &request);
+    let live = is_live(&route, &request);
     // Only HTTP/2 requests carry their connection. A HEAD's body is dropped before it is sent.
     let connection = match request.method() {
         &Method::HEAD => None,
@@ -97,20 +97,20 @@ pub async fn serve<F: Future<Output = Response>>(
         Some(connection) => taking::watch_finished(response, app.config.send_timeout, connection),
         None => response,
     };
-    if !live && !is_append_session(route, &request) {
-        return finished(inner(request).await);
+    if !live && !is_append_session(&route, &request) {
+        return finished(inner(route, request).await);
     }
     let permit = if live {
         match app.live_readers.clone().try_acquire_owned() {
             Ok(permit) => Some(permit),
-            Err(_) => return too_many_live_readers(route),
+            Err(_) => return too_many_live_readers(route.face()),
         }
     } else {
         None
     };
     let principal = request.extensions().get::<Arc<Principal>>().cloned();
     let version = request.version();
-    let response = inner(request).await;
+    let response = inner(route, request).await;
     if !is_streaming(&response) {
         // A long-poll: it held its permit while it waited.
         return finished(response);
@@ -174,12 +174,12 @@ pub async fn serve<F: Future<Output = Response>>(
     Response::from_parts(parts, Body::from_stream(taking.track(body, watcher)))
 }
 
-fn too_many_live_readers(route: &Route) -> Response {
+fn too_many_live_readers(face: Face) -> Response {
     let (status, reason) = (
         StatusCode::SERVICE_UNAVAILABLE,
         "too many live readers; retry shortly",
     );
-    let mut response = super::refusal(route.face(), status, "unavailable", reason);
+    let mut response = super::refusal(face, status, "unavailable", reason);
     response.headers_mut().insert(
         header::RETRY_AFTER,
         HeaderValue::from_static(RETRY_AFTER_SECS),

@@ -152,7 +152,7 @@ impl Handler {
                 if route.face() == route::Face::S2 && request.method() == Method::OPTIONS {
                     return s2::preflight();
                 }
-                live::serve(app, &route.clone(), request, |request| {
+                live::serve(app, route, request, |route, request| {
                     dispatch::dispatch(app, &self.s2_layers, route, principal, request)
                 })
                 .await
