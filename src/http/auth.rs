@@ -270,8 +270,10 @@ fn authenticate(
             .map_or(Budget::Operator, Budget::Token),
         face,
     )?;
-    if let Access::Operation(op, target) = &access
-        && !principal.scope.allows(*op, target.resource())
+    if let Some((ops, target)) = access.required()
+        && !ops
+            .iter()
+            .all(|op| principal.scope.allows(*op, target.resource()))
     {
         return Err(Box::new(refusal(
             face,

@@ -9,7 +9,9 @@
 use axum::http::{HeaderMap, Method};
 use percent_encoding::percent_decode_str;
 
+use super::header_names;
 use crate::model::access::{Operation, Resource};
+use crate::model::headers::is_closed_flag;
 use crate::model::names::{self, NameError};
 
 /// A request's route, with the names its path carries, percent-decoded.
@@ -118,7 +120,24 @@ pub enum Access {
     AnyToken,
     /// This operation on this resource.
     Operation(Operation, Target),
+    /// Every one of these operations on this resource.
+    Operations(&'static [Operation], Target),
 }
+
+impl Access {
+    /// The operations a token's scope must allow, and on what; `None` when the class names none.
+    pub fn required(&self) -> Option<(&[Operation], &Target)> {
+        match self {
+            Access::Operation(op, target) => Some((std::slice::from_ref(op), target)),
+            Access::Operations(ops, target) => Some((ops, target)),
+            Access::Public | Access::NarrowedByHandler | Access::AnyToken => None,
+        }
+    }
+}
+
+/// What closing a stream needs: it appends (the final record, if the request has one), and it
+/// locks every writer out for good, which is what `fence` guards against an appender doing.
+const CLOSE: &[Operation] = &[Operation::Append, Operation::Fence];
 
 /// The resource of an operation, with owned names.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -262,10 +281,7 @@ impl Route {
             Route::Metrics => op(AccountMetrics, Target::Account),
             Route::BaseStream { key } => {
                 let path = key.strip_prefix(BASE_PREFIX).unwrap_or(key);
-                op(
-                    stream_op(method),
-                    Target::Stream(String::new(), path.into()),
-                )
+                stream_access(method, headers, Target::Stream(String::new(), path.into()))
             }
             Route::Replication => Access::NarrowedByHandler,
             Route::S2(s2) => s2.access(method, read, headers),
@@ -278,8 +294,9 @@ impl Route {
                 }
             }
             Route::Listing { bucket } => op(ListStreams, Target::Basin(bucket.clone())),
-            Route::BucketStream { bucket, stream } => op(
-                stream_op(method),
+            Route::BucketStream { bucket, stream } => stream_access(
+                method,
+                headers,
                 Target::Stream(bucket.clone(), stream.clone()),
             ),
             Route::Extension {
@@ -287,7 +304,7 @@ impl Route {
                 stream,
                 extension,
             } => op(
-                extension.operation(read),
+                extension.operation(method),
                 Target::Stream(bucket.clone(), stream.clone()),
             ),
         }
@@ -377,40 +394,42 @@ impl Extension {
         }
     }
 
-    /// The operation a request on this endpoint is: a `read` (`GET`, `HEAD`) or a write.
-    fn operation(&self, read: bool) -> Operation {
+    /// The operation a request with `method` on this endpoint is. Every endpoint names its
+    /// own; a method an endpoint does not serve (405 after authorization) gets the endpoint's
+    /// write operation.
+    fn operation(&self, method: &Method) -> Operation {
         use Operation::*;
-        match (self, read) {
-            (Extension::Attrs, true) => GetStreamConfig,
-            (Extension::Attrs, false) => ReconfigureStream,
-            (Extension::Retention | Extension::RetentionAt(_), _) => Trim,
-            (
-                Extension::Snapshot
-                | Extension::SnapshotAt(_)
-                | Extension::Bootstrap
-                | Extension::AppendBatch
-                | Extension::StreamLd,
-                true,
-            ) => Read,
-            (
-                Extension::Snapshot
-                | Extension::SnapshotAt(_)
-                | Extension::Bootstrap
-                | Extension::AppendBatch
-                | Extension::StreamLd,
-                false,
-            ) => Append,
+        let read = method == Method::GET || method == Method::HEAD;
+        match self {
+            Extension::Attrs if read => GetStreamConfig,
+            Extension::Attrs => ReconfigureStream,
+            // Moving retention drops records for good; so may replacing or deleting the
+            // snapshot that stands for records already retained away (its only copy).
+            Extension::Retention | Extension::RetentionAt(_) => Trim,
+            Extension::Snapshot | Extension::SnapshotAt(_) if read => Read,
+            Extension::Snapshot | Extension::SnapshotAt(_) => Trim,
+            Extension::Bootstrap => Read,
+            Extension::AppendBatch if read => Read,
+            Extension::AppendBatch => Append,
+            Extension::StreamLd if read => Read,
+            Extension::StreamLd => Append,
         }
     }
 }
 
-/// A Durable Streams stream request's operation.
-fn stream_op(method: &Method) -> Operation {
+/// A Durable Streams stream request's access: a `POST` that closes the stream needs more than
+/// `append` (see [`CLOSE`]).
+fn stream_access(method: &Method, headers: &HeaderMap, target: Target) -> Access {
+    let closes = || {
+        let value = headers.get(&header_names::STREAM_CLOSED);
+        is_closed_flag(value.and_then(|v| v.to_str().ok()))
+    };
     match *method {
-        Method::PUT => Operation::CreateStream,
-        Method::POST => Operation::Append,
-        Method::DELETE => Operation::DeleteStream,
-        _ => Operation::Read,
+        Method::PUT => Access::Operation(Operation::CreateStream, target),
+        Method::POST if closes() => Access::Operations(CLOSE, target),
+        Method::POST => Access::Operation(Operation::Append, target),
+        Method::DELETE => Access::Operation(Operation::DeleteStream, target),
+        _ => Access::Operation(Operation::Read, target),
     }
 }
 

@@ -229,6 +229,105 @@ async fn fencing_needs_the_fence_operation_not_just_append() {
     assert_eq!(r.status(), 403);
 }
 
+/// A token with `ops` on every stream of every bucket.
+async fn token_with(operator: &Client, id: &str, ops: &[&str]) -> Client {
+    let scope = json!({"basins": {"prefix": ""}, "streams": {"prefix": ""}, "ops": ops});
+    operator.bearer(&operator.issued_token(id, scope).await)
+}
+
+/// `POST path` with `Stream-Closed: true`, the `body` and `extra` headers.
+async fn close(client: &Client, path: &str, body: &'static str, extra: &[(&str, &str)]) -> u16 {
+    let mut request = client
+        .request(Method::POST, path)
+        .header("content-type", "text/plain")
+        .header("stream-closed", "true");
+    for (name, value) in extra {
+        request = request.header(*name, *value);
+    }
+    request.body(body).send().await.unwrap().status().as_u16()
+}
+
+#[tokio::test]
+async fn closing_a_stream_needs_fence_as_well_as_append_on_every_face_that_closes() {
+    let server = auth_server(&[]);
+    let operator = operator(&server);
+    assert_eq!(operator.create_bucket("closing").await.status(), 201);
+    let streams = ["/closing/s", "/v1/stream/c"];
+    for path in streams {
+        assert_eq!(operator.create(path, "text/plain", "a").await.status(), 201);
+    }
+    let appender = token_with(&operator, "appender", &["append"]).await;
+    let producer = [
+        ("producer-id", "p"),
+        ("producer-epoch", "0"),
+        ("producer-seq", "0"),
+    ];
+    for path in streams {
+        assert_eq!(
+            close(&appender, path, "", &[]).await,
+            403,
+            "close-only POST {path}"
+        );
+        assert_eq!(
+            close(&appender, path, "z", &[]).await,
+            403,
+            "close with a final append {path}"
+        );
+        assert_eq!(
+            close(&appender, path, "z", &producer).await,
+            403,
+            "producer close {path}"
+        );
+        let r = appender.append(path, "text/plain", "b").await;
+        assert_eq!(r.status(), 204, "{path} still takes appends");
+    }
+    let closer = token_with(&operator, "closer", &["append", "fence"]).await;
+    assert_eq!(close(&closer, "/closing/s", "", &[]).await, 204);
+    assert_eq!(close(&closer, "/v1/stream/c", "z", &producer).await, 200);
+    let fence_only = token_with(&operator, "fence-only", &["fence"]).await;
+    assert_eq!(
+        operator
+            .create("/closing/t", "text/plain", "a")
+            .await
+            .status(),
+        201
+    );
+    assert_eq!(
+        close(&fence_only, "/closing/t", "", &[]).await,
+        403,
+        "closing also appends"
+    );
+}
+
+#[tokio::test]
+async fn publishing_or_deleting_a_snapshot_needs_trim_not_append() {
+    let server = auth_server(&[]);
+    let operator = operator(&server);
+    assert_eq!(operator.create_bucket("snaps").await.status(), 201);
+    let r = operator
+        .create("/snaps/s", "application/json", "[1,2,3]")
+        .await;
+    assert_eq!(r.status(), 201);
+    let appender = token_with(&operator, "appender", &["append", "read"]).await;
+    let trimmer = token_with(&operator, "trimmer", &["trim", "read"]).await;
+    let publish = |client: &Client| {
+        client
+            .request(Method::PUT, "/snaps/s/snapshot?record=2")
+            .header("content-type", "application/json")
+            .body(r#"{"sum":3}"#)
+            .send()
+    };
+    assert_eq!(publish(&appender).await.unwrap().status(), 403);
+    let published = publish(&trimmer).await.unwrap();
+    assert!(published.status().is_success(), "{}", published.status());
+    let latest = Client::no_redirects(&server).bearer(OPERATOR);
+    let r = latest.get("/snaps/s/snapshot").await;
+    assert_eq!(r.status(), 307);
+    let at = header(&r, "location").unwrap().to_string();
+    assert_eq!(appender.delete(&at).await.status(), 403);
+    assert_eq!(trimmer.delete(&at).await.status(), 204);
+}
+
 #[tokio::test]
 async fn an_expiring_token_ends_its_live_session_and_is_then_refused() {
     let server = auth_server(&["--sse-max-duration-secs", "600"]);

@@ -182,7 +182,7 @@ fn every_route() -> Vec<(Method, &'static str, Access)> {
         (
             Method::PUT,
             "/bkt1/s/snapshot",
-            op(Append, stream("bkt1", "s")),
+            op(Trim, stream("bkt1", "s")),
         ),
         (
             Method::GET,
@@ -192,12 +192,12 @@ fn every_route() -> Vec<(Method, &'static str, Access)> {
         (
             Method::PUT,
             "/bkt1/s/snapshot/5",
-            op(Append, stream("bkt1", "s")),
+            op(Trim, stream("bkt1", "s")),
         ),
         (
             Method::DELETE,
             "/bkt1/s/snapshot/5",
-            op(Append, stream("bkt1", "s")),
+            op(Trim, stream("bkt1", "s")),
         ),
         (
             Method::PUT,
@@ -343,5 +343,32 @@ fn route_labels_are_distinct_per_variant() {
         if let Some(other) = by_label.insert(route.label(), variant) {
             assert_eq!(other, variant, "{} labels two routes", route.label());
         }
+    }
+}
+
+#[test]
+fn closing_a_stream_needs_fence_as_well_as_append() {
+    let mut closing = HeaderMap::new();
+    closing.insert("stream-closed", HeaderValue::from_static("TRUE"));
+    let mut not_closing = HeaderMap::new();
+    not_closing.insert("stream-closed", HeaderValue::from_static("false"));
+    for (path, target) in [
+        ("/v1/stream/a/b", stream("", "a/b")),
+        ("/bkt1/s", stream("bkt1", "s")),
+    ] {
+        let route = Route::parse(path).unwrap();
+        assert_eq!(
+            route.access(&Method::POST, &closing),
+            Access::Operations(&[Append, Fence], target.clone())
+        );
+        assert_eq!(
+            route.access(&Method::POST, &not_closing),
+            Access::Operation(Append, target.clone())
+        );
+        // Creating a closed stream is creating it, and needs `create-stream` only.
+        assert_eq!(
+            route.access(&Method::PUT, &closing),
+            Access::Operation(CreateStream, target)
+        );
     }
 }
