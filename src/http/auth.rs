@@ -109,8 +109,10 @@ enum Budget<'a> {
     Operator,
     /// A token issued by the operator, with every token issued under it.
     Token(&'a str),
-    /// Every request with a token the server does not know.
-    UnknownTokens,
+    /// Every request without a valid token: none, one the server does not know, or an expired
+    /// one. Such requests cost the server a refusal each, and share one budget so that they
+    /// cannot be sent at any rate.
+    NoValidToken,
 }
 
 impl Budget<'_> {
@@ -120,7 +122,7 @@ impl Budget<'_> {
         match self {
             Budget::Operator => "",
             Budget::Token(id) => id,
-            Budget::UnknownTokens => "\0unknown",
+            Budget::NoValidToken => "\0no-valid-token",
         }
     }
 
@@ -128,7 +130,7 @@ impl Budget<'_> {
         match self {
             Budget::Operator => "for the operator token",
             Budget::Token(_) => "for this token and the tokens issued under it",
-            Budget::UnknownTokens => "for unknown tokens",
+            Budget::NoValidToken => "for requests without a valid token",
         }
     }
 }
@@ -227,6 +229,7 @@ fn authenticate(
         .nth(1)
         .is_some()
     {
+        within_rate(auth, Budget::NoValidToken, face)?;
         return Err(Box::new(refusal(
             face,
             StatusCode::BAD_REQUEST,
@@ -235,6 +238,7 @@ fn authenticate(
         )));
     }
     let Some(secret) = bearer(request.headers()) else {
+        within_rate(auth, Budget::NoValidToken, face)?;
         return Err(Box::new(refusal(
             face,
             StatusCode::UNAUTHORIZED,
@@ -248,11 +252,9 @@ fn authenticate(
         match app.service.authenticate(secret) {
             Ok(principal) => Arc::new(principal),
             Err(e @ (TokenError::Unknown | TokenError::Expired)) => {
-                // Guesses share one budget, so they cannot be made at any rate. An expired
-                // token is told so at once, so its client renews it rather than retrying.
-                if e == TokenError::Unknown {
-                    within_rate(auth, Budget::UnknownTokens, face)?;
-                }
+                // Guesses share one budget, so they cannot be made at any rate; an expired
+                // token is told it expired (so its client renews it) within the same budget.
+                within_rate(auth, Budget::NoValidToken, face)?;
                 return Err(Box::new(refusal(
                     face,
                     StatusCode::UNAUTHORIZED,

@@ -1,7 +1,6 @@
 //! Request ids, tracing spans and per-route request metrics.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{OnceLock, RwLock};
 use std::time::Instant;
 
@@ -15,32 +14,21 @@ use tracing::instrument::Instrumented;
 
 use super::header_names::X_REQUEST_ID;
 
-/// Request ids: a process-unique prefix and a counter, cheap and never repeated.
+/// A new request id: 96 random bits. Ids are returned on public routes (`/healthz`), so they
+/// must not count anything: a counter would tell anyone the server's request rate.
 fn next_request_id() -> HeaderValue {
-    static NEXT: AtomicU64 = AtomicU64::new(0);
-    static PREFIX: std::sync::OnceLock<u32> = std::sync::OnceLock::new();
-    let prefix = *PREFIX.get_or_init(rand::random);
-    request_id(prefix, NEXT.fetch_add(1, Ordering::Relaxed))
+    request_id(rand::random())
 }
 
-/// `{prefix:08x}-{count:x}`, rendered on the stack: every request gets one.
-fn request_id(prefix: u32, count: u64) -> HeaderValue {
-    let mut text = [0u8; 8 + 1 + 16];
-    let mut len = write_hex(&mut text, u64::from(prefix), 8);
-    text[len] = b'-';
-    len += 1;
-    let digits = (64 - count.leading_zeros()).div_ceil(4).max(1) as usize;
-    len += write_hex(&mut text[len..], count, digits);
-    HeaderValue::from_bytes(&text[..len]).unwrap_or_else(|_| HeaderValue::from_static("unnamed"))
-}
-
-/// Writes the low `digits` hex digits of `value` at the start of `out`; returns `digits`.
-fn write_hex(out: &mut [u8], value: u64, digits: usize) -> usize {
-    for (i, slot) in out[..digits].iter_mut().enumerate() {
-        let shift = 4 * (digits - 1 - i);
-        *slot = b"0123456789abcdef"[((value >> shift) & 0xf) as usize];
+/// The low 96 bits of `bits` as 24 hex digits, rendered on the stack: every request gets one.
+fn request_id(bits: u128) -> HeaderValue {
+    const DIGITS: usize = 24;
+    let mut text = [0u8; DIGITS];
+    for (i, slot) in text.iter_mut().enumerate() {
+        let shift = 4 * (DIGITS - 1 - i);
+        *slot = b"0123456789abcdef"[((bits >> shift) & 0xf) as usize];
     }
-    digits
+    HeaderValue::from_bytes(&text).unwrap_or_else(|_| HeaderValue::from_static("unnamed"))
 }
 
 /// The request counter of one route, method and status, and the latency histogram of its route
@@ -192,15 +180,32 @@ mod tests {
     }
 
     #[test]
-    fn request_ids_are_the_prefix_and_the_counter_in_hex() {
-        for (prefix, count) in [(0, 0), (0xdead_beef, 1), (7, 0xff), (u32::MAX, u64::MAX)] {
-            assert_eq!(
-                request_id(prefix, count).to_str().unwrap(),
-                format!("{prefix:08x}-{count:x}")
-            );
+    fn request_ids_are_24_hex_digits_of_the_random_bits() {
+        for (bits, text) in [
+            (0, "000000000000000000000000"),
+            (0xdead_beef, "0000000000000000deadbeef"),
+            (u128::MAX, "ffffffffffffffffffffffff"),
+        ] {
+            assert_eq!(request_id(bits).to_str().unwrap(), text);
         }
-        let (first, second) = (next_request_id(), next_request_id());
-        assert_ne!(first, second);
-        assert!(is_sane_id(&first));
+    }
+
+    #[test]
+    fn request_ids_reveal_nothing_about_how_many_came_before() {
+        // With a counter, the ids of one process share a prefix and count up by one: a client
+        // reading two of them learns the request rate between.
+        let ids: Vec<u128> = (0..256)
+            .map(|_| {
+                let id = next_request_id();
+                assert!(is_sane_id(&id));
+                u128::from_str_radix(id.to_str().unwrap(), 16).unwrap()
+            })
+            .collect();
+        let distinct: std::collections::BTreeSet<_> = ids.iter().collect();
+        assert_eq!(distinct.len(), ids.len());
+        let in_sequence = ids.windows(2).filter(|w| w[1].wrapping_sub(w[0]) < 1 << 16);
+        assert!(in_sequence.count() < 4, "ids follow each other: {ids:x?}");
+        let top_bytes: std::collections::BTreeSet<_> = ids.iter().map(|id| id >> 88).collect();
+        assert!(top_bytes.len() > 64, "ids share a prefix");
     }
 }

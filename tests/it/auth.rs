@@ -433,6 +433,45 @@ async fn tokens_issued_by_a_token_share_its_rate_budget_and_invalid_tokens_share
 }
 
 #[tokio::test]
+async fn requests_without_a_valid_token_share_one_budget_whether_missing_unknown_or_expired() {
+    let server = auth_server(&["--rate-limit", "20"]);
+    setup(&server).await;
+    let operator = operator(&server);
+    let expires = time::OffsetDateTime::now_utc() + time::Duration::seconds(1);
+    let at = expires
+        .format(&time::format_description::well_known::Rfc3339)
+        .unwrap();
+    let r = operator
+        .issue_token("brief", reader_of("team-alpha"), Some(&at))
+        .await;
+    assert_eq!(r.status(), 201);
+    let expired = operator.bearer(json_of(r).await["access_token"].as_str().unwrap());
+    let path = "/team-alpha/events?offset=-1";
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while expired.get(path).await.status() != 401 {
+        assert!(Instant::now() < deadline, "the token never expired");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+
+    let anonymous = Client::new(&server);
+    let answered = answered_before_the_limit(std::slice::from_ref(&anonymous), path).await;
+    assert!(
+        answered < 40,
+        "{answered} requests without a token answered"
+    );
+    // The same budget: spent by the anonymous requests just now.
+    let answered = answered_before_the_limit(&[expired], path).await;
+    assert!(
+        answered < 10,
+        "{answered} requests with an expired token answered"
+    );
+    let answered = answered_before_the_limit(&[operator.bearer("rnl_guess")], path).await;
+    assert!(answered < 10, "{answered} guesses answered");
+    // The operator's budget is its own.
+    assert_eq!(operator.get("/v1/basins").await.status(), 200);
+}
+
+#[tokio::test]
 async fn tokens_survive_a_restart() {
     let dir = tempfile::tempdir().unwrap();
     let data = dir.path().to_str().unwrap();
