@@ -19,6 +19,7 @@ mod s2;
 mod shared_bodies;
 mod snapshots;
 mod stream;
+mod time_seek;
 
 #[cfg(test)]
 mod tests;

@@ -781,14 +781,13 @@ impl StreamService {
                         Err(beyond())
                     };
                 }
-                self.first_at_or_after(stream, ts, first, tail, |r| r.timestamp_ms)
+                let (low, high) = self.narrow_to_timestamp(stream, ts, first, tail).await?;
+                self.first_at_or_after(stream, ts, low, high, |r| r.timestamp_ms)
                     .await
             }
         }
     }
 
-    /// The first retained record with a timestamp at or after `ts`. Timestamps never decrease
-    /// along a stream, so a binary search over sequence numbers finds it.
     /// The first record in `low..high` whose `time` (timestamp or arrival, both never
     /// decreasing) is at least `ts`.
     async fn first_at_or_after(

@@ -111,6 +111,17 @@ impl StoredEnd {
 }
 
 /// A storage engine. Implementations are internally synchronised.
+/// Where a stream's first record at or after a timestamp lies (see [`Engine::time_bounds`]).
+/// Either bound may be missing (no index entry on that side); both are only hints about records
+/// still stored, and a reader checks the records themselves.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct TimeBounds {
+    /// A record with an earlier timestamp: the one sought comes after it.
+    pub earlier: Option<u64>,
+    /// A record at or after the timestamp: the one sought is this one or an earlier one.
+    pub at_most: Option<u64>,
+}
+
 pub trait Engine: Send + Sync + 'static {
     /// Submits a batch. Batches become durable in the order `commit` is called, each one
     /// all-or-nothing; the returned future resolves once this batch is durable (or failed).
@@ -144,6 +155,17 @@ pub trait Engine: Send + Sync + 'static {
         until: u64,
         max_bytes: usize,
     ) -> BoxFuture<'static, Result<Vec<Record>, StorageError>>;
+
+    /// Bounds on where stream `id`'s first record (of its own, not a fork source's) with a
+    /// timestamp at or after `timestamp_ms` lies, from a timestamp index: one lookup, whatever
+    /// the stream's length. No bounds, by default (an engine without an index).
+    fn time_bounds(
+        &self,
+        _id: StreamId,
+        _timestamp_ms: u64,
+    ) -> BoxFuture<'static, Result<TimeBounds, StorageError>> {
+        Box::pin(futures::future::ready(Ok(TimeBounds::default())))
+    }
 
     /// The blob of the stream's visible snapshot.
     fn read_snapshot(

@@ -19,7 +19,9 @@ use super::{
     StreamService,
 };
 use crate::model::{ReadFrom, Record};
-use crate::storage::{Change, Engine, MemoryEngine, Recovered, Staged, StorageError, StreamId};
+use crate::storage::{
+    Change, Engine, MemoryEngine, Recovered, Staged, StorageError, StreamId, TimeBounds,
+};
 
 /// A test engine that changes one thing about the engine it wraps and passes the rest through:
 /// it implements the hook it changes, and `Engine` comes from the impl below.
@@ -70,6 +72,14 @@ impl<W: Wrapping> Engine for W {
         max: usize,
     ) -> BoxFuture<'static, Result<Vec<Record>, StorageError>> {
         self.on_read(id, from, until, max)
+    }
+
+    fn time_bounds(
+        &self,
+        id: StreamId,
+        timestamp_ms: u64,
+    ) -> BoxFuture<'static, Result<TimeBounds, StorageError>> {
+        self.inner().time_bounds(id, timestamp_ms)
     }
 
     fn read_snapshot(

@@ -10,6 +10,7 @@ mod body_files;
 #[cfg(all(test, target_os = "linux"))]
 pub(crate) use body_files::mapped as mapped_body_files;
 mod space;
+mod time_index;
 mod trims;
 mod writer;
 
@@ -27,13 +28,14 @@ use super::codec::{self, Stored, decode_stored};
 use super::staged;
 use super::{
     ByteBudget, Change, Engine, Recovered, RecoveredStream, Staged, StorageError, StoredEnd,
-    StreamId,
+    StreamId, TimeBounds,
 };
 use crate::model::Record;
 use crate::model::record::held_len_of;
 
 use body_files::{BodyFiles, STAGE_BYTES, SnapshotFile};
 use space::FreeSpace;
+use time_index::TimeIndexer;
 use trims::Trims;
 use writer::{Submission, Writer};
 
@@ -62,6 +64,8 @@ struct Keyspaces {
     /// Which staged files hold records' bodies, and which hold snapshots (see `body_files`).
     record_files: Keyspace,
     snapshot_files: Keyspace,
+    /// The timestamp index (see `time_index`).
+    times: Keyspace,
 }
 
 impl Keyspaces {
@@ -98,6 +102,8 @@ impl Keyspaces {
             trims: open("trims")?,
             record_files: open("record_files")?,
             snapshot_files: open("snapshot_files")?,
+            // Created on first open by this version; streams written before have no entries.
+            times: open("times")?,
             db,
         })
     }
@@ -187,6 +193,7 @@ impl FjallEngine {
             stats: stats.clone(),
             trims: trims.clone(),
             files: files.clone(),
+            times: TimeIndexer::default(),
             runtime: tokio::runtime::Handle::try_current().ok(),
         };
         std::thread::Builder::new()
@@ -373,6 +380,20 @@ impl Engine for FjallEngine {
             })
             .await
             .map_err(io)?
+        }
+        .boxed()
+    }
+
+    fn time_bounds(
+        &self,
+        id: StreamId,
+        timestamp_ms: u64,
+    ) -> BoxFuture<'static, Result<TimeBounds, StorageError>> {
+        let times = self.keyspaces.times.clone();
+        async move {
+            tokio::task::spawn_blocking(move || time_index::bounds(&times, id, timestamp_ms))
+                .await
+                .map_err(io)?
         }
         .boxed()
     }
@@ -669,6 +690,7 @@ mod tests {
             stats: Arc::default(),
             trims,
             files: Arc::new(files),
+            times: TimeIndexer::default(),
             runtime: None,
         }
     }

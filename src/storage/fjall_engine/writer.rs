@@ -10,6 +10,7 @@ use fjall::PersistMode;
 use tokio::sync::oneshot;
 
 use super::body_files::{self, BodyFiles, SnapshotFile};
+use super::time_index::{self, TimeIndexer};
 use super::trims::{PURGE_CHUNK, Trim, Trims};
 use super::{CommitStats, Keyspaces, NEXT_ID_KEY, SyncMode, io};
 use crate::model::Record;
@@ -124,6 +125,7 @@ pub(super) struct Writer {
     pub(super) stats: Arc<CommitStats>,
     pub(super) trims: Arc<Trims>,
     pub(super) files: Arc<BodyFiles>,
+    pub(super) times: TimeIndexer,
     /// The runtime the appends wait in, when the engine was opened inside one: see `acknowledge`.
     pub(super) runtime: Option<tokio::runtime::Handle>,
 }
@@ -412,6 +414,9 @@ impl Writer {
         files: &mut GroupFiles,
     ) {
         let ks = &self.keyspaces;
+        if let Some(first) = records.first() {
+            self.times.note(batch, &ks.times, id, first);
+        }
         let Some(staged) = staged else {
             for run in codec::runs(records) {
                 batch.insert(&ks.records, run.key(id), run.encode());
@@ -497,6 +502,7 @@ impl Writer {
             for record in few {
                 batch.remove(&ks.records, record);
             }
+            time_index::purge_below(batch, &ks.times, id, u64::MAX, PURGE_CHUNK)?;
             batch.remove(&ks.trims, key);
             // Kept at its full height in memory until the deletions are committed.
             let gone = Trim {
@@ -555,6 +561,7 @@ impl Writer {
             batch.remove(&ks.records, key);
             deleted += 1;
         }
+        time_index::purge_below(batch, &ks.times, id, next, PURGE_CHUNK)?;
         // The files whose last run goes in this chunk.
         let gone = codec::record_key(id, trim.purged)..codec::record_key(id, next);
         for guard in ks.record_files.range(gone) {
