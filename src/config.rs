@@ -274,7 +274,6 @@ impl ServeArgs {
         } else {
             self.mirror_from
         };
-        crate::replication::check_targets(&mirror_from).map_err(ConfigError::Invalid)?;
         let storage = if self.memory || file.memory.unwrap_or(false) {
             StorageSettings::Memory
         } else {

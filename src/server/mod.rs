@@ -25,6 +25,8 @@ const SWEEP_INTERVAL: Duration = Duration::from_millis(250);
 const RETENTION_INTERVAL: Duration = Duration::from_secs(5);
 
 pub async fn serve(settings: Settings) -> anyhow::Result<()> {
+    // Before anything is opened: overlapping targets would make two sessions fight over one copy.
+    crate::replication::check_targets(&settings.mirror_from).map_err(anyhow::Error::msg)?;
     let engine: SharedEngine = match &settings.storage {
         StorageSettings::Memory => {
             tracing::warn!(

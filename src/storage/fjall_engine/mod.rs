@@ -10,6 +10,7 @@ mod body_files;
 #[cfg(all(test, target_os = "linux"))]
 pub(crate) use body_files::mapped as mapped_body_files;
 mod space;
+mod submission;
 mod time_index;
 mod trims;
 mod writer;
@@ -35,9 +36,10 @@ use crate::model::record::held_len_of;
 
 use body_files::{BodyFiles, STAGE_BYTES, SnapshotFile};
 use space::FreeSpace;
+use submission::Submission;
 use time_index::TimeIndexer;
 use trims::Trims;
-use writer::{Submission, Writer};
+use writer::Writer;
 
 /// Whether an acknowledged batch is synced to stable storage first.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -7,7 +7,7 @@ use fjall::Keyspace;
 use tokio::sync::oneshot;
 
 use super::io;
-use super::writer::Submission;
+use super::submission::Submission;
 use crate::storage::codec;
 use crate::storage::{StorageError, StreamId};
 

@@ -7,9 +7,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, mpsc};
 
 use fjall::PersistMode;
-use tokio::sync::oneshot;
 
 use super::body_files::{self, BodyFiles, SnapshotFile};
+use super::submission::Submission;
 use super::time_index::{self, TimeIndexer};
 use super::trims::{PURGE_CHUNK, Trim, Trims};
 use super::{CommitStats, Keyspaces, NEXT_ID_KEY, SyncMode, io};
@@ -19,13 +19,6 @@ use crate::storage::{Change, Staged, StorageError, StreamId};
 
 /// The most batches one sync may cover; bounds the latency of the first batch in a group.
 const MAX_GROUP: usize = 4096;
-
-pub(super) struct Submission {
-    pub(super) changes: Vec<Change>,
-    pub(super) done: oneshot::Sender<Result<(), StorageError>>,
-    /// Delete the next chunk of this stream's trimmed records (sent by the purger only).
-    pub(super) purge: Option<StreamId>,
-}
 
 /// Takes what is already queued, up to the group limit.
 fn take_queued(incoming: &mpsc::Receiver<Submission>, group: &mut Vec<Submission>) {
@@ -602,7 +595,7 @@ mod tests {
         (0..size)
             .map(|_| Submission {
                 changes: Vec::new(),
-                done: oneshot::channel().0,
+                done: tokio::sync::oneshot::channel().0,
                 purge: None,
             })
             .collect()
