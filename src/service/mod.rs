@@ -247,7 +247,7 @@ pub struct CreateRequest {
     /// The S2 create request making the stream ([`crate::model::s2::creation_key`]).
     pub s2_creation: Option<String>,
     /// The stream's S2 configuration, stored with it in the same commit.
-    pub s2_config: Option<serde_json::Value>,
+    pub s2_config: Option<crate::model::s2::StreamConfig>,
 }
 
 /// Whether a create made something new, or was a retry of the S2 create request that made it.

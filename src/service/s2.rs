@@ -95,12 +95,6 @@ fn config_value(config: &StreamConfig) -> Value {
     serde_json::to_value(config).unwrap_or_else(|_| json!({}))
 }
 
-fn stream_config(value: Option<&Value>) -> StreamConfig {
-    value
-        .and_then(|v| StreamConfig::deserialize(v).ok())
-        .unwrap_or_default()
-}
-
 /// Parses an S2 configuration object: a malformed one is a bad request, an impossible one
 /// invalid.
 pub fn parse_config<T: serde::de::DeserializeOwned + s2::CheckedConfig>(
@@ -157,7 +151,7 @@ impl StreamService {
 
     /// The S2 configuration a stream created through another face than S2 gets: its basin's
     /// default stream configuration, when the basin has one.
-    pub(super) fn default_s2_config_for(&self, name: &str) -> StreamResult<Option<Value>> {
+    pub(super) fn default_s2_config_for(&self, name: &str) -> StreamResult<Option<StreamConfig>> {
         let Some(bucket) = names::bucket_of(name) else {
             return Ok(None);
         };
@@ -168,7 +162,7 @@ impl StreamService {
         Ok(basin
             .default_stream_config
             .is_some()
-            .then(|| config_value(&StreamConfig::default().resolved_in(&basin))))
+            .then(|| StreamConfig::default().resolved_in(&basin)))
     }
 
     /// Finds an S2 stream, creating it first when the basin says so for this operation.
@@ -219,7 +213,7 @@ impl StreamService {
                 name: key.clone(),
                 content_type: Some(crate::model::content_type::DEFAULT_CONTENT_TYPE.to_string()),
                 cipher: basin_config.stream_cipher.clone(),
-                s2_config: Some(config_value(&asked.resolved_in(&basin_config))),
+                s2_config: Some(asked.resolved_in(&basin_config)),
                 s2_creation: s2_creation.clone(),
                 ..Default::default()
             })
@@ -300,13 +294,8 @@ impl StreamService {
 
     /// The stream's S2 configuration, as stored.
     pub fn stream_config_of(&self, stream: &Stream) -> Value {
-        stream
-            .lock()
-            .meta
-            .extra()
-            .s2_config
-            .clone()
-            .unwrap_or_else(|| Value::Object(Default::default()))
+        let config = stream.lock().meta.extra().s2_config.clone();
+        config.map_or_else(|| Value::Object(Default::default()), |c| config_value(&c))
     }
 
     /// Applies an S2 reconfiguration: JSON Merge Patch over the stored configuration, where a
@@ -338,13 +327,9 @@ impl StreamService {
         Self::writable(&stream)?;
         let (config, commit) = {
             let mut state = stream.lock_present()?;
-            let stored = state
-                .meta
-                .extra()
-                .s2_config
-                .clone()
-                .unwrap_or_else(|| Value::Object(Default::default()));
-            let config = config_value(&change(&stored)?);
+            let stored = (state.meta.extra().s2_config.as_ref())
+                .map_or_else(|| Value::Object(Default::default()), config_value);
+            let config = change(&stored)?;
             state.meta.extra_mut().s2_config = Some(config.clone());
             (
                 config,
@@ -355,7 +340,7 @@ impl StreamService {
             )
         };
         commit.await?;
-        Ok(config)
+        Ok(config_value(&config))
     }
 
     /// Applies an S2 reconfiguration to a basin.
@@ -612,7 +597,7 @@ impl StreamService {
                     }
                     let state = s.lock();
                     let config = state.meta.extra().s2_config.as_ref()?;
-                    (!state.removed).then(|| (s.clone(), stream_config(Some(config))))
+                    (!state.removed).then(|| (s.clone(), config.clone()))
                 },
             )
             .await;
@@ -989,8 +974,8 @@ fn sequence(
     if match_seq_num.is_some_and(|expected| expected != tail.seq) {
         return Err(StreamError::SeqNumMismatch { next: tail.seq });
     }
-    let timestamping: Timestamping = stream_config(state.meta.extra().s2_config.as_ref())
-        .timestamping
+    let timestamping: Timestamping = (state.meta.extra().s2_config.as_ref())
+        .and_then(|config| config.timestamping.clone())
         .unwrap_or_default();
     let arrival = ms(now_ms());
     let mut floor = ms(state.meta.last_timestamp_ms);
