@@ -43,7 +43,7 @@ use crate::model::stream::{
 use crate::model::{Offset, Record, content_type, names};
 use crate::storage::{Change, RecoveredStream, SharedEngine, Staged, StorageError, StreamId};
 
-pub use append::{AppendAck, AppendRequest};
+pub use crate::model::ledger::append::{AppendAck, AppendRequest};
 
 pub use arrivals::Arrival;
 pub use buckets::{BucketInfo, Listing, StreamSummary};
@@ -376,7 +376,9 @@ impl StreamService {
                 }
                 let expired = stream.expired(&state, now);
                 if renew && !expired {
-                    state.last_access_ms = now;
+                    state
+                        .ledger(&stream)
+                        .apply(crate::model::ledger::Renew, now);
                 }
                 expired
             };

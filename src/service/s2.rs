@@ -9,17 +9,17 @@ use futures::StreamExt as _;
 use serde::Deserialize as _;
 use serde_json::{Value, json};
 
-use super::append::Awaited;
+use super::append::Awaited as _;
 use super::snapshots::RetentionMove;
-use super::stream::State;
 use super::{
     CreateRequest, Creation, Ensured, ReadLease, Stream, StreamError, StreamResult, StreamService,
     now_ms,
 };
-use crate::model::cipher::{self, CipherError, RecordKey};
-use crate::model::json;
+use crate::model::cipher::{self, RecordKey};
+use crate::model::ledger::append::DurableBefore;
+use crate::model::ledger::s2::{self as s2_ledger, S2Sequence, Sequenced, ms};
 use crate::model::record::Record;
-use crate::model::s2::{self, BasinConfig, CheckedRecord, Command, StreamConfig, Timestamping};
+use crate::model::s2::{self, BasinConfig, StreamConfig};
 use crate::model::stream::{BucketMeta, RequestedConfig};
 use crate::model::{Offset, names};
 use crate::storage::Change;
@@ -27,21 +27,8 @@ use crate::storage::Change;
 /// Streams a basin delete removes at once (see `delete_basin`).
 const BASIN_DELETES_AT_ONCE: usize = 64;
 
+pub use crate::model::ledger::s2::{S2Ack, S2Position};
 pub use crate::model::s2::{CheckedAppend, S2Append, S2Record};
-
-/// A sequence number with the timestamp of the record there (S2's `StreamPosition`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct S2Position {
-    pub seq_num: u64,
-    pub timestamp: u64,
-}
-
-#[derive(Clone, Copy, Debug)]
-pub struct S2Ack {
-    pub start: S2Position,
-    pub end: S2Position,
-    pub tail: S2Position,
-}
 
 /// Where an S2 read starts.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -84,10 +71,6 @@ pub struct S2Batch {
     /// The read memory its records count against (see `read_memory`): hold it while they, or
     /// what is rendered from them, are held.
     pub lease: ReadLease,
-}
-
-fn ms(timestamp: i64) -> u64 {
-    u64::try_from(timestamp).unwrap_or(0)
 }
 
 /// A configuration as stored.
@@ -504,53 +487,37 @@ impl StreamService {
         Self::writable(stream)?;
         self.engine.room()?;
         let mut prepared = append.records;
-        canonical_json_bodies(stream, &mut prepared)?;
-        let fingerprint = if stream.encrypted {
-            let key = key.ok_or(StreamError::KeyRequired)?;
-            for p in prepared.iter_mut().filter(|p| p.command.is_none()) {
-                p.record.body = key.seal(&p.record.body);
-            }
-            Some(key.fingerprint())
-        } else {
-            None
-        };
+        let fingerprint = s2_ledger::prepare(&mut prepared, stream.json, stream.encrypted, key)?;
         let permit = Arc::clone(&self.commit_permits)
             .acquire_owned()
             .await
             .map_err(|_| crate::storage::StorageError::Failed)?;
         let sequenced = {
             let mut state = stream.lock();
-            let conditions = Conditions {
-                fencing_token: &append.fencing_token,
+            let batch = S2Sequence {
+                records: prepared,
+                fencing_token: append.fencing_token.as_deref(),
                 match_seq_num: append.match_seq_num,
                 fingerprint: fingerprint.as_deref(),
             };
-            match sequence(&mut state, prepared, conditions) {
+            match state.ledger(stream).apply(batch, now_ms()) {
                 Ok(Sequenced {
                     ack,
                     records,
                     trim,
-                    keyed,
+                    meta_changed,
                 }) => {
-                    stream.renew_locked(&mut state);
-                    if let Some(point) = trim {
-                        let pending = &mut state.meta.extra_mut().pending_trim;
-                        *pending = Some(pending.map_or(point, |p| p.max(point)));
-                    }
-                    // A command's effect (the fencing token, the pending trim) and the stream's
-                    // key, fixed by its first records, are stored with them.
-                    let meta_changed = keyed || records.iter().any(|r| r.command);
                     // An S2 batch is at most 1 MiB: too small to be worth staging.
                     let none = std::iter::empty();
                     let commit = self.submit(stream, &mut state, records, none, meta_changed, None);
                     Ok((ack, trim, commit))
                 }
-                Err(error) => Err((error, Awaited::seen(&state))),
+                Err(refusal) => Err((refusal, DurableBefore::seen(&state.meta))),
             }
         };
         let (ack, trim, commit) = match sequenced {
             Ok(sequenced) => sequenced,
-            Err((error, seen)) => return Err(seen.refuse(stream, error).await),
+            Err((refusal, seen)) => return Err(seen.refuse(stream, refusal.into()).await),
         };
         let (service, stream) = (Arc::clone(self), Arc::clone(stream));
         let completion = tokio::spawn(async move {
@@ -884,158 +851,6 @@ fn s2_metered_size(stream: &Stream, record: &Record) -> u64 {
         record.body.len()
     };
     s2::metered_size_of(&record.headers, body_len)
-}
-
-/// A checked batch's bodies as a JSON stream stores them: one canonical JSON value each.
-/// Command records are refused there: each would take a record ordinal that no JSON reader
-/// sees, and JSON record ordinals are consecutive (seed 000 §6.1).
-fn canonical_json_bodies(stream: &Stream, records: &mut [CheckedRecord]) -> StreamResult<()> {
-    if !stream.json {
-        return Ok(());
-    }
-    if records.iter().any(|r| r.command.is_some()) {
-        return Err(StreamError::Invalid(
-            "a JSON stream takes no command records (fence, trim): its record ordinals are \
-             consecutive messages"
-                .into(),
-        ));
-    }
-    for checked in records.iter_mut() {
-        checked.record.body = json::canonical_value(&checked.record.body).map_err(|e| {
-            StreamError::Invalid(format!(
-                "records on a JSON stream carry one JSON value each: {e}"
-            ))
-        })?;
-    }
-    // The canonical form may be longer than what was sent (numbers are written out anew): the
-    // cap holds for what is stored and read back.
-    s2::check_metered(records.iter().map(|r| &r.record))
-        .map_err(|e| StreamError::Invalid(format!("{e}, with its JSON values in canonical form")))
-}
-
-/// What an S2 append requires of its stream.
-struct Conditions<'a> {
-    fencing_token: &'a Option<String>,
-    match_seq_num: Option<u64>,
-    /// The fingerprint of the key the records are sealed under, on an encrypted stream.
-    fingerprint: Option<&'a str>,
-}
-
-/// An S2 append, sequenced.
-struct Sequenced {
-    ack: S2Ack,
-    records: Vec<Record>,
-    /// The trim point its trim commands ask for.
-    trim: Option<u64>,
-    /// Its key became the stream's key.
-    keyed: bool,
-}
-
-/// Checks the append's conditions against the stream and sequences its records. A refused
-/// append changes nothing.
-fn sequence(
-    state: &mut State,
-    prepared: Vec<CheckedRecord>,
-    conditions: Conditions<'_>,
-) -> StreamResult<Sequenced> {
-    let Conditions {
-        fencing_token,
-        match_seq_num,
-        fingerprint,
-    } = conditions;
-    if state.removed {
-        return Err(StreamError::NotFound);
-    }
-    if state.meta.soft_deleted {
-        return Err(StreamError::Gone);
-    }
-    // The first key a stream is written with becomes its key; records under any other would
-    // not open with it.
-    let keyed = match (fingerprint, &state.meta.extra().key_fingerprint) {
-        (Some(_), None) => true,
-        (Some(used), Some(known)) if used != known => {
-            return Err(CipherError::DecryptionFailed.into());
-        }
-        _ => false,
-    };
-    if state.meta.closed {
-        return Err(StreamError::Invalid(
-            "the stream is closed to appends".into(),
-        ));
-    }
-    if let Some(token) = fencing_token
-        && *token != state.meta.extra().fencing_token
-    {
-        return Err(StreamError::FencingMismatch {
-            current: state.meta.extra().fencing_token.clone(),
-        });
-    }
-    let tail = state.meta.tail;
-    if match_seq_num.is_some_and(|expected| expected != tail.seq) {
-        return Err(StreamError::SeqNumMismatch { next: tail.seq });
-    }
-    let timestamping: Timestamping = (state.meta.extra().s2_config.as_ref())
-        .and_then(|config| config.timestamping.clone())
-        .unwrap_or_default();
-    let arrival = ms(now_ms());
-    let mut floor = ms(state.meta.last_timestamp_ms);
-    let mut at = tail;
-    let mut records = Vec::with_capacity(prepared.len());
-    let mut fence = None;
-    let mut trim = None;
-    for (i, CheckedRecord { record, command }) in prepared.into_iter().enumerate() {
-        let timestamp = s2::assign_timestamp(&timestamping, record.timestamp, arrival, floor)
-            .map_err(|e| StreamError::Invalid(e.to_string()))?;
-        floor = timestamp;
-        match &command {
-            Some(Command::Fence(token)) => fence = Some(token.clone()),
-            Some(Command::Trim(point)) => {
-                // A trim never reaches past the trim record itself.
-                let point = (*point).min(at.seq + 1);
-                trim = Some(trim.map_or(point, |t: u64| t.max(point)));
-            }
-            None => {}
-        }
-        let stored = Record {
-            seq: at.seq,
-            pos: at.pos,
-            timestamp_ms: i64::try_from(timestamp).unwrap_or(i64::MAX),
-            arrival_ms: i64::try_from(arrival).unwrap_or(i64::MAX),
-            starts_unit: i == 0,
-            headers: record.headers,
-            body: record.body,
-            command: command.is_some(),
-        };
-        at = stored.next_offset();
-        records.push(stored);
-    }
-    let first_ts = records.first().map_or(floor, |r| ms(r.timestamp_ms));
-    state.meta.tail = at;
-    state.meta.last_timestamp_ms = i64::try_from(floor).unwrap_or(i64::MAX);
-    if let Some(token) = fence {
-        state.meta.extra_mut().fencing_token = token;
-    }
-    if keyed {
-        state.meta.extra_mut().key_fingerprint = fingerprint.map(str::to_string);
-    }
-    let end = S2Position {
-        seq_num: at.seq,
-        timestamp: floor,
-    };
-    let ack = S2Ack {
-        start: S2Position {
-            seq_num: tail.seq,
-            timestamp: first_ts,
-        },
-        end,
-        tail: end,
-    };
-    Ok(Sequenced {
-        ack,
-        records,
-        trim,
-        keyed,
-    })
 }
 
 #[cfg(test)]
