@@ -172,14 +172,15 @@ fn the_timestamping_mode_is_the_streams_configured_one() {
 fn timestamps_never_go_back_along_the_stream() {
     let mut f = Fixture::text().at(1);
     f.meta.last_timestamp_ms = 600;
-    let done = sequenced(&mut f, batch(vec![timed("a", 500), timed("b", 700)]));
+    let records = vec![timed("a", 500), timed("b", 700), timed("c", 650)];
+    let done = sequenced(&mut f, batch(records));
     let stamps: Vec<_> = done.records.iter().map(|r| r.timestamp_ms).collect();
-    assert_eq!(stamps, [600, 700]);
+    assert_eq!(stamps, [600, 700, 700]);
     assert_eq!(done.ack.start.timestamp, 600);
     assert_eq!(
         done.ack.end,
         S2Position {
-            seq_num: 3,
+            seq_num: 4,
             timestamp: 700
         }
     );
@@ -207,6 +208,13 @@ fn a_trim_never_reaches_past_its_own_record_and_the_furthest_trim_is_kept_pendin
     assert_eq!(f.meta.extra().pending_trim, Some(4));
     assert!(done.records.iter().all(|r| r.command && r.byte_len() == 0));
     assert_eq!(f.meta.tail, Offset::new(5, 3), "commands take no bytes");
+    let nearer = sequenced(&mut f, batch(vec![command(RecordCommand::Trim(2))]));
+    assert_eq!(nearer.trim, Some(2));
+    assert_eq!(
+        f.meta.extra().pending_trim,
+        Some(4),
+        "the furthest stays pending"
+    );
 }
 
 #[test]
