@@ -1,6 +1,7 @@
-//! Appends and closes: validation in the protocol's order of precedence, sequencing under the
-//! stream lock, then durability outside it. An append batch (seed 000 §4) sequences each frame as
-//! an independent append and makes them durable together.
+//! Appends and closes: the body split and staged outside the stream lock, the ledger's decision
+//! (`model::ledger::append`, the rules in their order of precedence) under it, then durability
+//! outside it. An append batch (seed 000 §4) sequences each frame as an independent append and
+//! makes them durable together.
 
 use std::sync::Arc;
 
