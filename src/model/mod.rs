@@ -8,6 +8,7 @@ pub mod content_type;
 pub mod cursor;
 pub mod headers;
 pub mod json;
+pub mod ledger;
 pub mod names;
 pub mod offset;
 pub mod producer;

@@ -9,6 +9,7 @@ use serde::{Deserialize, Serialize};
 use super::attrs::Attrs;
 use super::content_type::{self, same_media_type};
 use super::offset::Offset;
+use super::s2::StreamConfig;
 
 /// Everything the server keeps about a stream beside its records and producers.
 ///
@@ -51,8 +52,9 @@ pub struct MetaExtra {
     pub snapshot: Option<SnapshotInfo>,
     /// S2's fencing token ("" until a fence command sets it).
     pub fencing_token: String,
-    /// S2 stream configuration, as a JSON object that parses as `s2::StreamConfig`.
-    pub s2_config: Option<serde_json::Value>,
+    /// S2 stream configuration, parsed once as it is loaded or changed (stored as its JSON
+    /// object).
+    pub s2_config: Option<StreamConfig>,
     /// The cipher record bodies are sealed with (S2 streams in a basin with `stream_cipher`).
     pub cipher: Option<String>,
     /// Identifies the key the stream's records are sealed with (never the key itself).
@@ -141,7 +143,7 @@ struct Stored<'a> {
     #[serde(default, skip_serializing_if = "str::is_empty")]
     fencing_token: Cow<'a, str>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    s2_config: Option<Cow<'a, serde_json::Value>>,
+    s2_config: Option<StoredConfig<'a>>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     cipher: Option<Cow<'a, str>>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -152,6 +154,28 @@ struct Stored<'a> {
     s2_creation: Option<Cow<'a, str>>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pending_trim: Option<u64>,
+}
+
+/// An S2 stream configuration as stored: written from the typed configuration, read back as
+/// whatever JSON is there. Reading never fails on it: a stored configuration that no longer parses
+/// (written by some other version) counts as one that sets nothing, as it always has, rather than
+/// keeping its stream from loading.
+#[derive(Serialize, Deserialize)]
+#[serde(untagged)]
+enum StoredConfig<'a> {
+    #[serde(skip_deserializing)]
+    Typed(&'a StreamConfig),
+    #[serde(skip_serializing)]
+    Read(serde_json::Value),
+}
+
+impl StoredConfig<'_> {
+    fn into_config(self) -> StreamConfig {
+        match self {
+            StoredConfig::Typed(config) => config.clone(),
+            StoredConfig::Read(value) => StreamConfig::deserialize(value).unwrap_or_default(),
+        }
+    }
 }
 
 fn is_start(offset: &Offset) -> bool {
@@ -178,7 +202,7 @@ impl Serialize for StreamMeta {
             snapshot: extra.snapshot.as_ref().map(Cow::Borrowed),
             retained_from: self.retained_from,
             fencing_token: Cow::Borrowed(&extra.fencing_token),
-            s2_config: extra.s2_config.as_ref().map(Cow::Borrowed),
+            s2_config: extra.s2_config.as_ref().map(StoredConfig::Typed),
             cipher: extra.cipher.as_deref().map(Cow::Borrowed),
             key_fingerprint: extra.key_fingerprint.as_deref().map(Cow::Borrowed),
             mirror_of: extra.mirror_of.as_deref().map(Cow::Borrowed),
@@ -199,7 +223,7 @@ impl<'de> Deserialize<'de> for StreamMeta {
             attrs: stored.attrs.map(Cow::into_owned),
             snapshot: stored.snapshot.map(Cow::into_owned),
             fencing_token: stored.fencing_token.into_owned(),
-            s2_config: stored.s2_config.map(Cow::into_owned),
+            s2_config: stored.s2_config.map(StoredConfig::into_config),
             cipher: stored.cipher.map(Cow::into_owned),
             key_fingerprint: stored.key_fingerprint.map(Cow::into_owned),
             mirror_of: stored.mirror_of.map(Cow::into_owned),
@@ -281,7 +305,7 @@ pub struct RequestedConfig {
     pub s2_creation: Option<String>,
     /// The S2 configuration; stored, not compared on repeats (S2 answers a repeat by its request
     /// token).
-    pub s2_config: Option<serde_json::Value>,
+    pub s2_config: Option<StreamConfig>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -529,13 +553,36 @@ mod tests {
             digest: "d".into(),
         });
         extra.fencing_token = "f".into();
-        extra.s2_config = Some(serde_json::json!({"storage_class": "express"}));
+        extra.s2_config = Some(StreamConfig {
+            storage_class: Some(crate::model::s2::StorageClass::Standard),
+            ..StreamConfig::default()
+        });
         extra.cipher = Some("aegis-256".into());
         extra.key_fingerprint = Some("k".into());
         extra.mirror_of = Some("http://up:1".into());
         extra.s2_creation = Some("c".into());
         let stored = serde_json::to_vec(&full).unwrap();
         assert_eq!(serde_json::from_slice::<StreamMeta>(&stored).unwrap(), full);
+    }
+
+    #[test]
+    fn an_s2_configuration_is_stored_as_the_json_object_it_always_was() {
+        let stored = r#"{"name":"/b/s","content_type":"application/octet-stream","closed":false,"tail":{"seq":0,"pos":0},"last_timestamp_ms":0,"soft_deleted":false,"created_ms":0,"s2_config":{"storage_class":"express","retention_policy":{"age":60},"timestamping":{"mode":"arrival","uncapped":false},"delete_on_empty":{"min_age_secs":0}}}"#;
+        let meta: StreamMeta = serde_json::from_str(stored).unwrap();
+        let config = meta.extra().s2_config.as_ref().unwrap();
+        assert_eq!(
+            config.retention_policy,
+            Some(crate::model::s2::RetentionPolicy::Age(60)),
+            "parsed once, as it is read"
+        );
+        assert_eq!(serde_json::to_string(&meta).unwrap(), stored);
+    }
+
+    #[test]
+    fn a_stored_s2_configuration_that_no_longer_parses_still_loads_its_stream() {
+        let stored = r#"{"name":"/b/s","content_type":"a/b","closed":false,"tail":{"seq":0,"pos":0},"last_timestamp_ms":0,"soft_deleted":false,"created_ms":0,"s2_config":{"storage_class":"bogus"}}"#;
+        let meta: StreamMeta = serde_json::from_str(stored).unwrap();
+        assert_eq!(meta.extra().s2_config, Some(StreamConfig::default()));
     }
 
     #[test]

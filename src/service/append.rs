@@ -1,6 +1,7 @@
-//! Appends and closes: validation in the protocol's order of precedence, sequencing under the
-//! stream lock, then durability outside it. An append batch (seed 000 §4) sequences each frame as
-//! an independent append and makes them durable together.
+//! Appends and closes: the body split and staged outside the stream lock, the ledger's decision
+//! (`model::ledger::append`, the rules in their order of precedence) under it, then durability
+//! outside it. An append batch (seed 000 §4) sequences each frame as an independent append and
+//! makes them durable together.
 
 use std::sync::Arc;
 
@@ -12,98 +13,39 @@ use super::heavy;
 use super::stream::State;
 use super::{Durable, StreamError, StreamResult, StreamService, now_ms};
 use crate::model::json::{self, EmptyArray};
-use crate::model::producer::{self, ProducerClaim, ProducerDecision, ProducerError, ProducerState};
-use crate::model::record::lay_out_arrived;
-use crate::model::stream::ClosingProducer;
-use crate::model::{Offset, Record, content_type};
+use crate::model::ledger::append::{
+    Append, AppendAck, AppendRequest, Appended, DurableBefore, Repeated,
+};
+use crate::model::producer::ProducerState;
+use crate::model::{Record, content_type};
 use crate::service::Stream;
 use crate::storage::{Change, Staged, StorageError};
 
-/// An append (or close) request, with header syntax already checked by the face.
-#[derive(Clone, Debug, Default)]
-pub struct AppendRequest<'a> {
-    pub content_type: Option<&'a str>,
-    pub body: Bytes,
-    pub close: bool,
-    pub producer: Option<ProducerClaim>,
-    pub stream_seq: Option<&'a str>,
-    /// `Stream-Record-Match`: append only if the record tail is this.
-    pub record_match: Option<u64>,
+/// Waits until what the ledger said must be durable before an acknowledgement (or a refusal)
+/// goes out is durable.
+pub(super) trait Awaited {
+    fn reached(&self, durable: &Durable) -> bool;
+
+    /// `error`, once the state it was decided on is durable.
+    async fn refuse(self, stream: &Stream, error: StreamError) -> StreamError;
+
+    /// Waits until it is durable; the stream going away first is `NotFound`, and its writes
+    /// failing first a storage failure (it never will be durable).
+    async fn durable(self, stream: &Stream) -> StreamResult<Durable>;
 }
 
-/// The acknowledgement of an append, a close, or a deduplicated retry.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct AppendAck {
-    pub tail: Offset,
-    pub closed: bool,
-    /// Producer epoch and sequence to report, when the request carried producer headers.
-    pub producer: Option<(u64, u64)>,
-    /// Nothing was written: the request repeated one already applied.
-    pub duplicate: bool,
-    /// Records `[start, next)` this append created; for a duplicate the original's, or `None`
-    /// when it is older than the appends its producer's state remembers.
-    pub records: Option<(u64, u64)>,
-    /// The stream is a JSON stream, so `records` are record coordinates worth reporting.
-    pub record_aware: bool,
-    /// The timestamp of the stream's last record after this append.
-    pub timestamp_ms: i64,
-}
-
-/// What the stream lock decided for one append.
-enum Decision {
-    /// Write these records (and producer state); the stream metadata is already updated.
-    Write {
-        ack: AppendAck,
-        records: Vec<Record>,
-        producer: Option<(String, ProducerState)>,
-        /// Metadata beyond the tail changed (Stream-Seq, closure) and must be stored too.
-        meta_changed: bool,
-    },
-    /// Acknowledge without writing (a retry of an append already applied), once what the
-    /// original did is durable.
-    Acknowledge { ack: AppendAck, awaited: Awaited },
-}
-
-/// What acknowledging a retry waits for: the original's records durable, and for a repeated
-/// close, the close itself (it adds no record, so the records alone say nothing of it).
-#[derive(Clone, Copy, Debug, Default)]
-pub(super) struct Awaited {
-    seq: u64,
-    closed: bool,
-}
-
-impl Awaited {
-    fn and(self, other: Awaited) -> Awaited {
-        Awaited {
-            seq: self.seq.max(other.seq),
-            closed: self.closed || other.closed,
-        }
-    }
-
+impl Awaited for DurableBefore {
     fn reached(&self, durable: &Durable) -> bool {
         durable.tail.seq >= self.seq && (durable.closed || !self.closed)
     }
 
-    /// What `state` shows now. A refusal decided on that state is sent only once this is
-    /// durable, so it never reports a close, a tail or a producer's progress that a crash
-    /// could still undo.
-    pub(super) fn seen(state: &State) -> Awaited {
-        Awaited {
-            seq: state.meta.tail.seq,
-            closed: state.meta.closed,
-        }
-    }
-
-    /// `error`, once the state it was decided on is durable.
-    pub(super) async fn refuse(self, stream: &Stream, error: StreamError) -> StreamError {
+    async fn refuse(self, stream: &Stream, error: StreamError) -> StreamError {
         match self.durable(stream).await {
             Ok(_) => error,
             Err(gone) => gone,
         }
     }
 
-    /// Waits until it is durable; the stream going away first is `NotFound`, and its writes
-    /// failing first a storage failure (it never will be durable).
     async fn durable(self, stream: &Stream) -> StreamResult<Durable> {
         let mut rx = stream.subscribe();
         let durable = *rx
@@ -173,17 +115,18 @@ impl StreamService {
             if let Some(arrival) = &mut arrival {
                 arrival.decided(&mut state);
             }
-            match decide(&stream, &mut state, &request, bodies) {
-                Ok(decision) => {
-                    stream.renew_locked(&mut state);
-                    Ok(self.carry_out(&stream, &mut state, decision, staged))
-                }
-                Err(error) => Err((error, Awaited::seen(&state))),
+            let append = Append {
+                request: &request,
+                bodies,
+            };
+            match state.ledger(&stream).apply(append, now_ms()) {
+                Ok(appended) => Ok(self.carry_out(&stream, &mut state, appended, staged)),
+                Err(refusal) => Err((refusal, DurableBefore::seen(&state.meta))),
             }
         };
         let (ack, commit, awaited) = match decided {
             Ok(carried_out) => carried_out,
-            Err((error, seen)) => return Err(seen.refuse(&stream, error).await),
+            Err((refusal, seen)) => return Err(seen.refuse(&stream, refusal.into()).await),
         };
         if let Some(commit) = commit {
             commit.await?;
@@ -202,15 +145,15 @@ impl StreamService {
         &self,
         stream: &Arc<Stream>,
         state: &mut State,
-        decision: Decision,
+        appended: Appended,
         staged: Option<Staged>,
     ) -> (
         AppendAck,
         Option<BoxFuture<'static, Result<(), StorageError>>>,
-        Awaited,
+        DurableBefore,
     ) {
-        match decision {
-            Decision::Write {
+        match appended {
+            Appended::Write {
                 ack,
                 records,
                 producer,
@@ -218,9 +161,12 @@ impl StreamService {
             } => {
                 let producer = producer.into_iter();
                 let commit = self.submit(stream, state, records, producer, meta_changed, staged);
-                (ack, Some(commit), Awaited::default())
+                (ack, Some(commit), DurableBefore::default())
             }
-            Decision::Acknowledge { ack, awaited } => (ack, None, awaited),
+            Appended::Repeated(Repeated {
+                ack,
+                durable_before,
+            }) => (ack, None, durable_before),
         }
     }
 
@@ -260,15 +206,20 @@ impl StreamService {
             let mut results = Vec::with_capacity(frames.len());
             let mut records = Vec::new();
             let mut producers = Vec::new();
-            let mut awaited: Option<Awaited> = None;
+            let mut awaited: Option<DurableBefore> = None;
+            let now = now_ms();
             for (frame, bodies) in frames.into_iter().zip(parsed) {
                 let request = AppendRequest {
                     content_type: Some(content_type),
                     body: frame,
                     ..Default::default()
                 };
-                results.push(match decide(&stream, &mut state, &request, bodies) {
-                    Ok(Decision::Write {
+                let append = Append {
+                    request: &request,
+                    bodies,
+                };
+                results.push(match state.ledger(&stream).apply(append, now) {
+                    Ok(Appended::Write {
                         ack,
                         records: written,
                         producer,
@@ -278,18 +229,19 @@ impl StreamService {
                         producers.extend(producer);
                         Ok(ack)
                     }
-                    Ok(Decision::Acknowledge { ack, awaited: more }) => {
-                        awaited = Some(awaited.unwrap_or_default().and(more));
+                    Ok(Appended::Repeated(Repeated {
+                        ack,
+                        durable_before,
+                    })) => {
+                        awaited = Some(awaited.unwrap_or_default().and(durable_before));
                         Ok(ack)
                     }
-                    Err(e) => Err(e),
+                    Err(refusal) => Err(refusal.into()),
                 });
             }
-            if results.iter().any(Result::is_ok) {
-                stream.renew_locked(&mut state);
-            }
             if results.iter().any(Result::is_err) {
-                awaited = Some(awaited.unwrap_or_default().and(Awaited::seen(&state)));
+                let seen = DurableBefore::seen(&state.meta);
+                awaited = Some(awaited.unwrap_or_default().and(seen));
             }
             let wrote = results
                 .iter()
@@ -336,10 +288,10 @@ impl StreamService {
         if !self.engine.stages(bodies.iter().map(Bytes::len).sum()) {
             return Ok(None);
         }
-        let never_writes = match check(stream, &stream.lock(), request) {
+        let never_writes = match request.check(&stream.lock().ledger(stream)) {
             Ok(None) => false,
-            Ok(Some(_acknowledge)) => true,
-            Err(refusal) => !may_pass_later(&refusal),
+            Ok(Some(_repeated)) => true,
+            Err(refusal) => !refusal.may_pass_later(),
         };
         if never_writes {
             return Ok(None);
@@ -440,72 +392,6 @@ fn parse_frames(json: bool, frames: &[Bytes]) -> StreamResult<Vec<Result<Vec<Byt
     Ok(parsed)
 }
 
-/// Validates one append against the stream's state and, when it writes, updates the state.
-fn decide(
-    stream: &Arc<Stream>,
-    state: &mut State,
-    request: &AppendRequest<'_>,
-    bodies: Result<Vec<Bytes>, String>,
-) -> StreamResult<Decision> {
-    if let Some(acknowledge) = check(stream, state, request)? {
-        return Ok(acknowledge);
-    }
-    let tail = state.meta.tail;
-    let bodies = bodies.map_err(StreamError::BadRequest)?;
-    let arrival = now_ms();
-    let timestamp = arrival.max(state.meta.last_timestamp_ms);
-    let records = lay_out_arrived(tail, timestamp, arrival, bodies);
-    let new_tail = records.last().map_or(tail, Record::next_offset);
-    let range = (tail.seq, new_tail.seq);
-
-    let meta = &mut state.meta;
-    meta.tail = new_tail;
-    if !records.is_empty() {
-        // The timestamp of the last record: a close alone adds none.
-        meta.last_timestamp_ms = timestamp;
-    }
-    if let Some(seq) = &request.stream_seq {
-        meta.extra_mut().last_stream_seq = Some((*seq).to_owned());
-    }
-    if request.close {
-        meta.closed = true;
-        meta.extra_mut().closed_by = request.producer.as_ref().map(|c| ClosingProducer {
-            id: c.id.clone(),
-            epoch: c.epoch,
-            seq: c.seq,
-        });
-    }
-    let producer = request.producer.as_ref().map(|claim| {
-        let producer = match state.producers.get_mut(&claim.id) {
-            Some(known) => {
-                known.advance(claim.epoch, claim.seq, range);
-                known.clone()
-            }
-            None => {
-                let first = ProducerState::first(claim.epoch, claim.seq, range);
-                state.producers.insert(claim.id.clone(), first.clone());
-                first
-            }
-        };
-        (claim.id.clone(), producer)
-    });
-    let ack = AppendAck {
-        tail: new_tail,
-        closed: request.close,
-        producer: request.producer.as_ref().map(|c| (c.epoch, c.seq)),
-        duplicate: false,
-        records: Some(range),
-        record_aware: stream.json,
-        timestamp_ms: state.meta.last_timestamp_ms,
-    };
-    Ok(Decision::Write {
-        ack,
-        records,
-        producer,
-        meta_changed: request.close || request.stream_seq.is_some(),
-    })
-}
-
 /// Waits while `request` would be refused in a way that an append of its producer which arrived
 /// before it, and is not decided yet, may still change (see `arrivals`).
 async fn wait_for_its_producer(stream: &Stream, arrival: &Arrival, request: &AppendRequest<'_>) {
@@ -515,146 +401,13 @@ async fn wait_for_its_producer(stream: &Stream, arrival: &Arrival, request: &App
             let Some(wait) = arrival.earlier_undecided(&mut state) else {
                 return;
             };
-            match check(stream, &state, request) {
-                Err(refusal) if waits_for_its_producer(&refusal) => wait,
+            match request.check(&state.ledger(stream)) {
+                Err(refusal) if refusal.waits_for_its_producer() => wait,
                 _ => return,
             }
         };
         wait.await;
     }
-}
-
-/// Whether an append refused with `refusal` may be accepted once its producer's earlier appends
-/// land: a later sequence number, or the rest of a new epoch, sent before the appends it follows
-/// are decided.
-fn waits_for_its_producer(refusal: &StreamError) -> bool {
-    matches!(
-        refusal,
-        StreamError::Producer(
-            ProducerError::SequenceGap { .. } | ProducerError::EpochBumpNotAtZero
-        )
-    )
-}
-
-/// Whether an append refused with `refusal` may be accepted once appends ahead of it land: a
-/// producer's later sequence number, or the rest of a new epoch, sent before the appends it
-/// follows are decided, or a record match ahead of the tail.
-fn may_pass_later(refusal: &StreamError) -> bool {
-    match refusal {
-        StreamError::RecordMismatch { expected, next, .. } => expected > next,
-        refusal => waits_for_its_producer(refusal),
-    }
-}
-
-/// The checks of [`decide`] that change nothing: a refusal, a retry to acknowledge without
-/// writing, or `None` when the append writes.
-fn check(
-    stream: &Stream,
-    state: &State,
-    request: &AppendRequest<'_>,
-) -> StreamResult<Option<Decision>> {
-    if state.removed {
-        return Err(StreamError::NotFound);
-    }
-    if state.meta.soft_deleted {
-        return Err(StreamError::Gone);
-    }
-    if stream.encrypted {
-        return Err(StreamError::Encrypted);
-    }
-    let tail = state.meta.tail;
-
-    if state.meta.closed {
-        let closing_retry = match (&request.producer, &state.meta.extra().closed_by) {
-            (Some(claim), Some(by)) => {
-                claim.id == by.id && claim.epoch == by.epoch && claim.seq == by.seq
-            }
-            _ => false,
-        };
-        let plain_close_retry =
-            request.body.is_empty() && request.close && request.producer.is_none();
-        if !(closing_retry || plain_close_retry) {
-            return Err(StreamError::Closed { tail });
-        }
-        let records = request
-            .producer
-            .as_ref()
-            .and_then(|c| state.producers.get(&c.id))
-            .map_or((tail.seq, tail.seq), |p| p.records);
-        let ack = AppendAck {
-            tail,
-            closed: true,
-            producer: request.producer.as_ref().map(|c| (c.epoch, c.seq)),
-            duplicate: true,
-            records: Some(records),
-            record_aware: stream.json,
-            timestamp_ms: state.meta.last_timestamp_ms,
-        };
-        return Ok(Some(Decision::Acknowledge {
-            ack,
-            awaited: Awaited {
-                seq: tail.seq,
-                closed: true,
-            },
-        }));
-    }
-
-    if !request.body.is_empty() {
-        let given = request.content_type.unwrap_or_default();
-        if !content_type::same_media_type(given, &stream.content_type) {
-            return Err(StreamError::ContentTypeMismatch);
-        }
-    }
-
-    if let Some(claim) = &request.producer
-        && let ProducerDecision::Duplicate { epoch, last_seq } =
-            producer::decide(state.producers.get(&claim.id), claim)?
-    {
-        let records = state
-            .producers
-            .get(&claim.id)
-            .and_then(|p| p.records_of(claim.seq));
-        let ack = AppendAck {
-            tail,
-            closed: false,
-            producer: Some((epoch, last_seq)),
-            duplicate: true,
-            records,
-            record_aware: stream.json,
-            timestamp_ms: state.meta.last_timestamp_ms,
-        };
-        return Ok(Some(Decision::Acknowledge {
-            ack,
-            awaited: Awaited {
-                seq: records.map_or(tail.seq, |(_, next)| next),
-                closed: false,
-            },
-        }));
-    }
-
-    if let Some(expected) = request.record_match {
-        if !stream.json {
-            return Err(StreamError::NotRecordAware);
-        }
-        if expected != tail.seq {
-            return Err(StreamError::RecordMismatch {
-                expected,
-                next: tail.seq,
-                tail,
-            });
-        }
-    }
-
-    if let (Some(received), Some(last)) = (&request.stream_seq, &state.meta.extra().last_stream_seq)
-        && received.as_bytes() <= last.as_bytes()
-    {
-        return Err(StreamError::StreamSeqRegression {
-            last: last.clone(),
-            received: (*received).to_owned(),
-        });
-    }
-
-    Ok(None)
 }
 
 #[cfg(test)]

@@ -9,8 +9,8 @@
 //! producer must wait and send it again, body and all. So each producer append takes a number
 //! when it arrives (the DS face: when its request head does, before its body), and one that
 //! would be refused in a way its producer's earlier append can change (see
-//! `append::waits_for_its_producer`) first waits until every append of that producer that
-//! arrived before it is decided.
+//! `Refusal::waits_for_its_producer` in `model::ledger`) first waits until every append of that
+//! producer that arrived before it is decided.
 //!
 //! Only the same producer's earlier appends are waited for, so the wait is bounded and nobody
 //! else's slow upload holds anyone up: the earliest undecided append never waits, and an append

@@ -1,6 +1,8 @@
 //! What can go wrong in a stream operation, independent of the face that reports it.
 
 use crate::model::Offset;
+use crate::model::cipher::CipherError;
+use crate::model::ledger::Refusal;
 use crate::model::producer::ProducerError;
 use crate::storage::StorageError;
 
@@ -78,3 +80,40 @@ pub enum StreamError {
 }
 
 pub type StreamResult<T> = Result<T, StreamError>;
+
+impl From<Refusal> for StreamError {
+    fn from(refusal: Refusal) -> Self {
+        match refusal {
+            Refusal::NotFound => StreamError::NotFound,
+            Refusal::Gone => StreamError::Gone,
+            Refusal::Encrypted => StreamError::Encrypted,
+            Refusal::Closed { tail } => StreamError::Closed { tail },
+            Refusal::ContentTypeMismatch => StreamError::ContentTypeMismatch,
+            Refusal::Producer(e) => StreamError::Producer(e),
+            Refusal::NotRecordAware => StreamError::NotRecordAware,
+            Refusal::RecordMismatch {
+                expected,
+                next,
+                tail,
+            } => StreamError::RecordMismatch {
+                expected,
+                next,
+                tail,
+            },
+            Refusal::StreamSeqRegression { last, received } => {
+                StreamError::StreamSeqRegression { last, received }
+            }
+            Refusal::MalformedBody(e) => StreamError::BadRequest(e),
+            Refusal::KeyRequired => StreamError::KeyRequired,
+            Refusal::KeyMismatch => CipherError::DecryptionFailed.into(),
+            Refusal::FencingMismatch { current } => StreamError::FencingMismatch { current },
+            Refusal::SeqNumMismatch { next } => StreamError::SeqNumMismatch { next },
+            refusal @ (Refusal::ClosedToS2
+            | Refusal::Timestamp(_)
+            | Refusal::CommandOnJsonStream
+            | Refusal::NotOneJsonValue(_)
+            | Refusal::CanonicalTooLarge(_)) => StreamError::Invalid(refusal.to_string()),
+            Refusal::Conflict(conflict) => StreamError::Conflict(conflict.reason()),
+        }
+    }
+}

@@ -44,7 +44,7 @@ use crate::model::stream::{
 use crate::model::{Offset, Record, content_type, names};
 use crate::storage::{Change, RecoveredStream, SharedEngine, Staged, StorageError, StreamId};
 
-pub use append::{AppendAck, AppendRequest};
+pub use crate::model::ledger::append::{AppendAck, AppendRequest};
 
 pub use arrivals::Arrival;
 pub use buckets::{BucketInfo, Listing, StreamSummary};
@@ -248,7 +248,7 @@ pub struct CreateRequest {
     /// The S2 create request making the stream ([`crate::model::s2::creation_key`]).
     pub s2_creation: Option<String>,
     /// The stream's S2 configuration, stored with it in the same commit.
-    pub s2_config: Option<serde_json::Value>,
+    pub s2_config: Option<crate::model::s2::StreamConfig>,
 }
 
 /// Whether a create made something new, or was a retry of the S2 create request that made it.
@@ -377,7 +377,9 @@ impl StreamService {
                 }
                 let expired = stream.expired(&state, now);
                 if renew && !expired {
-                    state.last_access_ms = now;
+                    state
+                        .ledger(&stream)
+                        .apply(crate::model::ledger::Renew, now);
                 }
                 expired
             };

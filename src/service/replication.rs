@@ -9,6 +9,7 @@ use bytes::Bytes;
 use tokio::sync::broadcast;
 
 use super::{CreateRequest, Stream, StreamError, StreamResult, StreamService};
+use crate::model::ledger::mirror::{MirrorBatch, MirrorMeta, SnapshotChange};
 use crate::model::stream::SnapshotInfo;
 use crate::model::{Offset, Record, names};
 use crate::storage::{Change, StorageError, StreamId};
@@ -239,28 +240,14 @@ impl StreamService {
         stream: &Arc<Stream>,
         records: Vec<Record>,
     ) -> StreamResult<()> {
-        let Some(last) = records.last() else {
+        if records.is_empty() {
             return Ok(());
-        };
-        if records
-            .windows(2)
-            .any(|w| w[1].offset() != w[0].next_offset())
-        {
-            return Err(StreamError::Conflict(
-                "replicated records do not follow one another",
-            ));
         }
-        let (tail, timestamp) = (last.next_offset(), last.timestamp_ms);
+        let batch = MirrorBatch::new(&records)?;
         let staged = self.stage(records.iter().map(|r| &r.body)).await?;
         let commit = {
-            let mut state = stream.lock_present()?;
-            if records[0].offset() != state.meta.tail {
-                return Err(StreamError::Conflict(
-                    "replicated records do not continue the mirror's tail",
-                ));
-            }
-            state.meta.tail = tail;
-            state.meta.last_timestamp_ms = state.meta.last_timestamp_ms.max(timestamp);
+            let mut state = stream.lock();
+            state.ledger(stream).apply(batch, super::now_ms())?;
             self.submit(
                 stream,
                 &mut state,
@@ -286,62 +273,45 @@ impl StreamService {
             Some(blob) => self.stage(std::iter::once(blob)).await?,
             None => None,
         };
-        let (commit, changed) = {
-            let mut state = stream.lock_present()?;
-            let mut changes = Vec::new();
-            let at_tail = state.meta.tail == upstream.tail;
-            let mut changed = false;
-            if upstream.closed && at_tail && !state.meta.closed {
-                state.meta.closed = true;
-                changed = true;
-            }
-            if state.meta.extra().attrs != upstream.attrs {
-                state.meta.extra_mut().attrs = upstream.attrs.clone();
-                changed = true;
-            }
-            if upstream.key_fingerprint.is_some()
-                && state.meta.extra().key_fingerprint != upstream.key_fingerprint
-            {
-                state.meta.extra_mut().key_fingerprint = upstream.key_fingerprint.clone();
-                changed = true;
-            }
-            if let Some(blob) = snapshot_blob {
-                state.meta.extra_mut().snapshot = upstream.snapshot.clone();
-                changes.push(Change::PutSnapshot(stream.id, blob, staged));
-                changed = true;
-            } else if upstream.snapshot.is_none() && state.meta.extra().snapshot.is_some() {
-                state.meta.extra_mut().snapshot = None;
-                changes.push(Change::RemoveSnapshot(stream.id));
-                changed = true;
-            }
-            if upstream.retained_from > state.meta.retained_from
-                && upstream.retained_from <= state.meta.tail
-            {
-                state.meta.retained_from = upstream.retained_from;
-                changes.extend(state.trim_records(stream.id));
-                changed = true;
-            }
-            if !changed {
+        let commit = {
+            let mut state = stream.lock();
+            let mirrored = MirrorMeta {
+                closed: upstream.closed,
+                tail: upstream.tail,
+                attrs: &upstream.attrs,
+                key_fingerprint: upstream.key_fingerprint.as_deref(),
+                snapshot: upstream.snapshot.as_ref(),
+                new_snapshot: snapshot_blob.is_some(),
+                retained_from: upstream.retained_from,
+            };
+            let Some(changed) = state.ledger(stream).apply(mirrored, super::now_ms())? else {
                 return Ok(());
+            };
+            let mut changes = vec![Change::PutStream(stream.id, Box::new(state.meta.clone()))];
+            match (changed.snapshot, snapshot_blob) {
+                (Some(SnapshotChange::Put), Some(blob)) => {
+                    changes.push(Change::PutSnapshot(stream.id, blob, staged));
+                }
+                (Some(SnapshotChange::Remove), _) => {
+                    changes.push(Change::RemoveSnapshot(stream.id));
+                }
+                _ => {}
             }
-            changes.insert(
-                0,
-                Change::PutStream(stream.id, Box::new(state.meta.clone())),
-            );
+            if changed.retained {
+                changes.extend(state.trim_records(stream.id));
+            }
             state.submit_meta_change();
-            (self.engine.commit(changes), changed)
+            self.engine.commit(changes)
         };
         let committed = commit.await;
-        if changed {
-            let (closed, first) = {
-                let state = stream.lock();
-                (state.meta.closed, state.meta.retained_from)
-            };
-            stream.publish_meta_change(committed.is_ok(), |d| {
-                d.closed |= closed;
-                d.first = d.first.max(first);
-            });
-        }
+        let (closed, first) = {
+            let state = stream.lock();
+            (state.meta.closed, state.meta.retained_from)
+        };
+        stream.publish_meta_change(committed.is_ok(), |d| {
+            d.closed |= closed;
+            d.first = d.first.max(first);
+        });
         Ok(committed?)
     }
 

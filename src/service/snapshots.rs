@@ -14,6 +14,8 @@ use super::stream::State;
 use super::{Stream, StreamError, StreamResult, StreamService};
 use crate::model::Offset;
 use crate::model::attrs::Attrs;
+use crate::model::ledger::retention::Retain;
+pub(super) use crate::model::ledger::retention::RetentionMove;
 use crate::model::records::RecordStart;
 use crate::model::stream::SnapshotInfo;
 use crate::storage::{Change, Staged, StorageError};
@@ -361,17 +363,6 @@ impl StreamService {
     }
 }
 
-/// Why the first retained offset moves, which decides what happens to the visible snapshot.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum RetentionMove {
-    /// Durable Streams retention: bootstrap starts at the snapshot, so retention may not pass
-    /// it (checked under the stream's lock, so a snapshot deleted meanwhile is seen).
-    KeepSnapshot,
-    /// An S2 trim to this sequence number: a snapshot it passes goes with the trimmed records,
-    /// and the trim command's pending mark is cleared in the same commit.
-    Trim(u64),
-}
-
 impl StreamService {
     /// Moves the first retained offset forward, by the rule of the face that asks (`why`).
     pub(super) async fn move_retention(
@@ -381,42 +372,22 @@ impl StreamService {
         why: RetentionMove,
     ) -> StreamResult<()> {
         let (moved, commit) = {
-            let mut state = stream.lock_present()?;
-            let moves = at > state.meta.retained_from;
-            let snapshot = state.meta.extra().snapshot.as_ref();
-            if moves && why == RetentionMove::KeepSnapshot && snapshot.is_none_or(|s| at > s.offset)
-            {
-                return Err(StreamError::Conflict(
-                    "retention cannot pass the latest snapshot",
-                ));
-            }
-            let pending = state.meta.extra().pending_trim;
-            let settles = match why {
-                RetentionMove::Trim(seq) => pending.is_some_and(|p| p <= seq),
-                RetentionMove::KeepSnapshot => false,
-            };
-            if !moves && !settles {
+            let mut state = stream.lock();
+            let retain = Retain { at, why };
+            let Some(retained) = state.ledger(stream).apply(retain, super::now_ms())? else {
                 return Ok(());
-            }
-            if settles {
-                state.meta.extra_mut().pending_trim = None;
-            }
+            };
             // One batch, committed whole: the order of its changes does not matter.
             let mut changes = Vec::with_capacity(3);
-            if moves {
-                state.meta.retained_from = at;
+            if retained.moved {
                 state.submit_meta_change();
                 changes.extend(state.trim_records(stream.id));
-                // A snapshot below the retained start no longer leads to the records after it:
-                // bootstrap would skip the trimmed ones. It goes with them.
-                let outrun = (state.meta.extra().snapshot.as_ref()).is_some_and(|s| s.offset < at);
-                if outrun {
-                    state.meta.extra_mut().snapshot = None;
-                    changes.push(Change::RemoveSnapshot(stream.id));
-                }
+            }
+            if retained.snapshot_dropped {
+                changes.push(Change::RemoveSnapshot(stream.id));
             }
             changes.push(Change::PutStream(stream.id, Box::new(state.meta.clone())));
-            (moves, self.engine.commit(changes))
+            (retained.moved, self.engine.commit(changes))
         };
         let stream = Arc::clone(stream);
         super::to_the_end(async move {

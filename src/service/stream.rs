@@ -6,6 +6,7 @@ use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 
 use tokio::sync::watch;
 
+use crate::model::ledger::{Ledger, Renew};
 use crate::model::producer::ProducerState;
 use crate::model::stream::StreamMeta;
 use crate::model::{Offset, Record};
@@ -115,6 +116,17 @@ pub(super) struct State {
 }
 
 impl State {
+    /// The ledger over this state (see `model::ledger`), of `stream`.
+    pub fn ledger(&mut self, stream: &Stream) -> Ledger<'_> {
+        Ledger {
+            meta: &mut self.meta,
+            producers: &mut self.producers,
+            last_access_ms: &mut self.last_access_ms,
+            removed: self.removed,
+            json: stream.json,
+        }
+    }
+
     /// Counts a metadata change submitted now, under the lock; its committer bumps
     /// [`Durable::meta_version`] (see [`Stream::publish_meta_change`]) once the commit is over.
     pub fn submit_meta_change(&mut self) {
@@ -217,7 +229,7 @@ impl Stream {
     /// [`Self::renew`] under the lock already held.
     pub(super) fn renew_locked(&self, state: &mut State) {
         if self.may_expire {
-            state.last_access_ms = super::now_ms();
+            state.ledger(self).apply(Renew, super::now_ms());
         }
     }
 
