@@ -30,7 +30,10 @@ use crate::model::Offset;
 use crate::model::access::Operation;
 use crate::model::names;
 use crate::model::streamld::{self, GapSignal, Message, SnapshotRef, StreamDeleted, StreamState};
-use crate::service::{FrameView, LiveFrame, Principal, ReplicatedState, Stream, StreamError, Wake};
+use crate::service::{
+    Chunks, Ends, Event, Follow, FollowOptions, FrameView, LiveFrame, Principal, ReplicatedState,
+    Stream, StreamError,
+};
 use crate::storage::StorageError;
 
 /// Messages queued per session before its pumps wait for the replica.
@@ -710,56 +713,49 @@ async fn pump(
             Err(e) => return Err(e),
         }
     }
-    let mut next = after;
-    let mut watch = stream.subscribe();
+    let start = match app.service.record_offset(stream, after, state.tail).await {
+        Ok(at) => at,
+        Err(StreamError::RecordRetained { first, .. }) => {
+            return send(Message::Gap(gap(first))).await;
+        }
+        Err(e) => return Err(e),
+    };
+    let source = Chunks::from(start, Some(READ_BATCH));
+    let mut follow = Follow::new(
+        &app.service,
+        stream.clone(),
+        source,
+        FollowOptions::replica(),
+    );
     loop {
-        let durable = *watch.borrow_and_update();
-        // Deleted, for good or while forks still read through it: gone for the replica either way.
-        if durable.deleted() {
-            return send(Message::Deleted(StreamDeleted {
-                stream: url.to_string(),
-            }))
-            .await;
-        }
-        if next < durable.tail.seq {
-            if next < durable.first.seq {
-                return send(Message::Gap(gap(durable.first.seq))).await;
-            }
-            // Trimmed while this pump read: the replica hears of the gap.
-            let at = match app.service.record_offset(stream, next, durable.tail).await {
-                Ok(at) => at,
-                Err(StreamError::RecordRetained { first, .. }) => {
-                    return send(Message::Gap(gap(first))).await;
+        match follow.next().await {
+            Event::Records(chunk) => {
+                let upstream_next = streamld::sequence_of(stream.durable().tail.seq);
+                for record in &chunk.records {
+                    let frame = streamld::frame(url, &stream.content_type, record, upstream_next);
+                    send(Message::Frame(Box::new(frame))).await?;
                 }
-                Err(e) => return Err(e),
-            };
-            let chunk = match app.service.read_at(stream, at, Some(READ_BATCH)).await {
-                Ok(chunk) => chunk,
-                Err(StreamError::Retained { first }) => {
-                    return send(Message::Gap(gap(first.seq))).await;
+            }
+            Event::CaughtUp(durable) | Event::Changed(durable) => {
+                if described(&durable) != told {
+                    told = described(&durable);
+                    send(state_message(url, &app.service.replicated_state(stream)?)).await?;
                 }
-                Err(e) => return Err(e),
-            };
-            if !streamld::continues(next, chunk.records.first().map(|r| r.seq)) {
-                return send(Message::Gap(gap(stream.durable().first.seq))).await;
             }
-            let upstream_next = streamld::sequence_of(stream.durable().tail.seq);
-            for record in &chunk.records {
-                let frame = streamld::frame(url, &stream.content_type, record, upstream_next);
-                send(Message::Frame(Box::new(frame))).await?;
+            // Trimmed under this pump: the replica hears of the gap.
+            Event::Gap { first } => return send(Message::Gap(gap(first.seq))).await,
+            // Deleted, for good or while forks still read through it: gone for the replica
+            // either way.
+            Event::Deleted(_) => {
+                return send(Message::Deleted(StreamDeleted {
+                    stream: url.to_string(),
+                }))
+                .await;
             }
-            next = chunk.next.seq.max(next);
-            continue;
-        }
-        if described(&durable) != told {
-            told = described(&durable);
-            send(state_message(url, &app.service.replicated_state(stream)?)).await?;
-        }
-        if watch.changed().await.is_err() {
-            return send(Message::Deleted(StreamDeleted {
-                stream: url.to_string(),
-            }))
-            .await;
+            Event::Failed(e) => return Err(e),
+            // The server is shutting down, and the session with it.
+            Event::Ended(_) => return Ok(()),
+            Event::Shared(_) | Event::Idle | Event::Closed => {}
         }
     }
 }
@@ -805,6 +801,21 @@ async fn last_record_is(
         .is_some_and(|r| r.seq == seq && r.timestamp_ms == timestamp_ms))
 }
 
+/// The SSE binding's answer to a cursor it cannot serve: 409 with a `GapSignal` naming the first
+/// record it holds.
+fn gap_response(first: u64) -> Response {
+    let gap = Message::Gap(GapSignal {
+        oldest_available: Some(streamld::sequence_of(first)),
+        ..Default::default()
+    });
+    (
+        StatusCode::CONFLICT,
+        [(header::CONTENT_TYPE, "application/ld+json")],
+        gap.to_json(),
+    )
+        .into_response()
+}
+
 /// The SSE binding: one event per record, `id` = its cursor; `Last-Event-ID` (or `?after=`)
 /// resumes; a cursor that cannot be served answers 409 with a `GapSignal`.
 pub async fn sse(
@@ -820,85 +831,67 @@ pub async fn sse(
     let url = streamld::stream_iri(origin, key);
     let durable = stream.durable();
     if after < durable.first.seq || after > durable.tail.seq {
-        let gap = Message::Gap(GapSignal {
-            oldest_available: Some(streamld::sequence_of(durable.first.seq)),
-            ..Default::default()
-        });
-        return Ok((
-            StatusCode::CONFLICT,
-            [(header::CONTENT_TYPE, "application/ld+json")],
-            gap.to_json(),
-        )
-            .into_response());
+        return Ok(gap_response(durable.first.seq));
     }
     if durable.closed && after == durable.tail.seq {
         // Nothing will ever follow: 204 tells an EventSource to stop reconnecting.
         return Ok(StatusCode::NO_CONTENT.into_response());
     }
-    stream.renew();
-    let service = app.service.clone();
+    let start = match app
+        .service
+        .record_offset(&stream, after, durable.tail)
+        .await
+    {
+        Ok(at) => at,
+        Err(StreamError::RecordRetained { first, .. }) => return Ok(gap_response(first)),
+        Err(e) => return Err(e),
+    };
     let (keepalive, deadline) = super::sse::live_timing(app);
-    let mut tail = service.watch_tail(&stream, keepalive, Some(deadline));
     // Readers at one place render the same events: they share one rendering (see `LiveFrame`).
     let view = FrameView::StreamLd(origin.into());
+    let options = FollowOptions {
+        ends: Ends::At(deadline),
+        frames: Some(view.clone()),
+        ..FollowOptions::live(keepalive)
+    };
+    let source = Chunks::from(start, Some(READ_BATCH));
+    let mut follow = Follow::new(&app.service, stream, source, options);
     let events = async_stream::stream! {
-        let mut next = after;
         loop {
-            let durable = stream.durable();
-            if durable.deleted() {
-                return;
-            }
-            if next < durable.tail.seq {
+            match follow.next().await {
+                Event::Shared(frame) => yield Ok::<Bytes, std::io::Error>(frame.bytes),
+                Event::Records(mut chunk) => {
+                    let stream = follow.stream();
+                    let mut out = Vec::new();
+                    for record in &chunk.records {
+                        let event = streamld::envelope(&url, &stream.content_type, record);
+                        streamld::write_sse_event(&mut out, &event);
+                    }
+                    let events = Bytes::from(out);
+                    if chunk.up_to_date {
+                        let frame = LiveFrame {
+                            view: view.clone(),
+                            start: chunk.start,
+                            next: chunk.next,
+                            closed: chunk.closed,
+                            bytes: events.clone(),
+                            records_len: events.len(),
+                            tag: 0,
+                        };
+                        follow.share(frame, &mut chunk.lease);
+                    }
+                    yield Ok(events);
+                }
+                // A comment line: EventSource ignores it, proxies see the connection alive.
+                Event::Idle => yield Ok(Bytes::from_static(b": keep-alive\n\n")),
+                Event::CaughtUp(_) | Event::Changed(_) => {}
                 // Records trimmed under the reader end the stream rather than being skipped:
                 // the client's reconnect (Last-Event-ID) is then answered with the GapSignal.
-                if next < durable.first.seq {
-                    return;
-                }
-                if tail.past_deadline() {
-                    return;
-                }
-                if let Some(frame) = stream.shared_frame(&view, next) {
-                    next = frame.next.seq;
-                    yield Ok::<Bytes, std::io::Error>(frame.bytes);
-                    tail.sent();
-                    continue;
-                }
-                let Ok(at) = service.record_offset(&stream, next, durable.tail).await else { return };
-                let Ok(mut chunk) = service.read_at(&stream, at, Some(READ_BATCH)).await else { return };
-                if !streamld::continues(next, chunk.records.first().map(|r| r.seq)) {
-                    return;
-                }
-                let mut out = Vec::new();
-                for record in &chunk.records {
-                    let event = streamld::envelope(&url, &stream.content_type, record);
-                    streamld::write_sse_event(&mut out, &event);
-                }
-                next = chunk.next.seq;
-                let events = Bytes::from(out);
-                if chunk.up_to_date {
-                    let frame = LiveFrame {
-                        view: view.clone(),
-                        start: chunk.start,
-                        next: chunk.next,
-                        closed: chunk.closed,
-                        bytes: events.clone(),
-                        records_len: events.len(),
-                        tag: 0,
-                    };
-                    stream.share_frame(frame, &mut chunk.lease);
-                }
-                yield Ok(events);
-                tail.sent();
-                continue;
-            }
-            if durable.closed {
-                return;
-            }
-            match tail.next(durable.tail).await {
-                Wake::Moved(_) => {}
-                // A comment line: EventSource ignores it, proxies see the connection alive.
-                Wake::Idle => yield Ok(Bytes::from_static(b": keep-alive\n\n")),
-                Wake::Ended => return,
+                Event::Gap { .. }
+                | Event::Closed
+                | Event::Deleted(_)
+                | Event::Ended(_)
+                | Event::Failed(_) => return,
             }
         }
     };
