@@ -92,3 +92,23 @@ fn finish(mut response: Response, read: &Read, head: &ChunkHead) -> Response {
     }
     response
 }
+
+#[cfg(test)]
+mod tests {
+    use super::super::live::tests::app_over;
+    use super::super::sse::tests::read_of_three_records;
+    use super::*;
+    use crate::model::records::ReadView;
+
+    #[tokio::test]
+    async fn records_trimmed_under_a_long_poll_answer_it_410() {
+        let (service, read) = read_of_three_records(ReadView::Canonical).await;
+        let app = app_over(service.clone());
+        // Retention moves between the read's resolution and its first look at the stream.
+        service.trim_for_test(&read.stream, 2).await;
+        let answered = respond(&app, read).await;
+        let uri = axum::http::Uri::from_static("/v1/stream/s");
+        let response = answered.unwrap_or_else(|failure| failure.into_response_at(&uri));
+        assert_eq!(response.status(), StatusCode::GONE);
+    }
+}

@@ -907,6 +907,7 @@ pub async fn sse(
 
 #[cfg(test)]
 mod tests {
+    use super::super::live::tests::app_over;
     use super::*;
 
     #[test]
@@ -918,21 +919,6 @@ mod tests {
         );
         assert!(target_of("http://up:1/v1/stream/x").is_none());
         assert!(target_of("http://up:1/").is_none());
-    }
-
-    fn app_over(service: Arc<crate::service::StreamService>) -> AppState {
-        let config = super::super::HttpConfig {
-            long_poll_timeout: Duration::from_secs(1),
-            body: super::super::request::BodyLimits {
-                max_bytes: 1 << 20,
-                idle: Duration::from_secs(1),
-            },
-            sse_max_duration: Duration::from_secs(60),
-            auth: None,
-            max_live_readers: 10,
-            send_timeout: Duration::from_secs(1),
-        };
-        AppState::new(service, config, None)
     }
 
     fn outbox_of(queue: mpsc::Sender<(CancellationToken, Message)>) -> Outbox {
@@ -1088,5 +1074,60 @@ mod tests {
             closed_told = matches!(message, Message::State(state) if state.closed);
         }
         pumping.abort();
+    }
+
+    /// The service and its stream `s`, holding `count` records.
+    async fn stream_of(count: usize) -> (Arc<crate::service::StreamService>, Arc<Stream>) {
+        let (service, stream) = crate::service::one_text_stream().await;
+        for _ in 0..count {
+            let append = crate::service::AppendRequest {
+                content_type: Some("text/plain"),
+                body: Bytes::from_static(b"r"),
+                ..Default::default()
+            };
+            service.append("s", append).await.unwrap();
+        }
+        (service, stream)
+    }
+
+    #[tokio::test]
+    async fn records_trimmed_under_a_replication_pump_are_a_gap_signal_to_its_replica() {
+        let (service, stream) = stream_of(READ_BATCH as usize * 2).await;
+        let trimmed = stream.clone();
+        let app = app_over(service.clone());
+        // Room for one message: the pump sends its state, reads its first batch and waits for
+        // room for the batch's first frame.
+        let (queue, mut sent) = mpsc::channel(1);
+        let outbox = outbox_of(queue);
+        let cursor = Cursor {
+            after: 0,
+            last_timestamp: None,
+        };
+        let pumping =
+            tokio::spawn(async move { pump(&app, &outbox, "http://up/s", &stream, cursor).await });
+        assert!(matches!(sent.recv().await, Some((_, Message::State(_)))));
+        service.trim_for_test(&trimmed, READ_BATCH * 3 / 2).await;
+        let mut last = None;
+        while let Some((_, message)) = sent.recv().await {
+            last = Some(message);
+        }
+        assert!(pumping.await.unwrap().is_ok());
+        let Some(Message::Gap(signal)) = last else {
+            panic!("expected a gap signal last, got {last:?}");
+        };
+        let first = streamld::sequence_of(READ_BATCH * 3 / 2);
+        assert_eq!(signal.oldest_available, Some(first));
+    }
+
+    #[tokio::test]
+    async fn records_trimmed_under_a_streamld_sse_reader_end_its_response() {
+        let (service, stream) = stream_of(3).await;
+        let app = app_over(service.clone());
+        let response = sse(&app, "s", "http://up", 0).await.unwrap();
+        // The body is read once the response goes out: the trim passes its reader first.
+        service.trim_for_test(&stream, 2).await;
+        let body = axum::body::to_bytes(response.into_body(), usize::MAX);
+        let body = tokio::time::timeout(Duration::from_secs(5), body).await;
+        assert!(body.expect("it ends").unwrap().is_empty());
     }
 }

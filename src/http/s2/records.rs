@@ -584,4 +584,17 @@ mod tests {
         drop(rendered);
         assert_eq!(service.read_memory_held(), 0, "given back once sent");
     }
+
+    #[tokio::test]
+    async fn a_waiting_read_whose_records_are_trimmed_from_under_it_gets_the_first_retained() {
+        let (service, stream) = session::tests::stream_of_three_records().await;
+        let app = super::super::super::live::tests::app_over(service.clone());
+        let source = S2Reads::from(0, S2Limits::default(), None);
+        service.trim_for_test(&stream, 2).await;
+        let batch = wait_for_records(&app, stream, source, Duration::from_secs(5)).await;
+        let Ok(batch) = batch else {
+            panic!("expected the retained records");
+        };
+        assert_eq!(batch.records[0].seq, 2);
+    }
 }

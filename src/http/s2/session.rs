@@ -189,4 +189,39 @@ pub(super) mod tests {
             "no End: the client resumes elsewhere"
         );
     }
+
+    /// A service whose stream `s` holds three records.
+    pub(in crate::http::s2) async fn stream_of_three_records()
+    -> (Arc<crate::service::StreamService>, Arc<Stream>) {
+        let (service, stream) = crate::service::one_text_stream().await;
+        for body in ["a", "b", "c"] {
+            let append = crate::service::AppendRequest {
+                content_type: Some("text/plain"),
+                body: Bytes::from_static(body.as_bytes()),
+                ..Default::default()
+            };
+            service.append("s", append).await.unwrap();
+        }
+        (service, stream)
+    }
+
+    #[tokio::test]
+    async fn a_session_whose_records_are_trimmed_from_under_it_goes_on_from_the_first_retained() {
+        let (service, stream) = stream_of_three_records().await;
+        let session = Session {
+            start: 0,
+            limits: S2Limits::default(),
+            may_follow: true,
+            idle: None,
+            resume: None,
+            key: None,
+        };
+        let events = events(service.clone(), stream.clone(), session);
+        service.trim_for_test(&stream, 2).await;
+        futures::pin_mut!(events);
+        match events.next().await {
+            Some(SessionEvent::Batch { batch, .. }) => assert_eq!(batch.records[0].seq, 2),
+            _ => panic!("expected the retained records"),
+        }
+    }
 }
