@@ -110,13 +110,8 @@ pub fn respond(app: &AppState, read: Read) -> Response {
         }
     };
 
-    let mut response = (StatusCode::OK, Body::from_stream(events)).into_response();
+    let mut response = event_stream(Body::from_stream(events));
     let headers = response.headers_mut();
-    headers.insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("text/event-stream"),
-    );
-    headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
     if base64 {
         headers.insert(
             "stream-sse-data-encoding",
@@ -135,6 +130,18 @@ pub fn respond(app: &AppState, read: Read) -> Response {
             HeaderValue::from_static(records::EXTENSION_TOKEN),
         );
     }
+    response
+}
+
+/// A 200 whose body is a live stream of server-sent events.
+pub(super) fn event_stream(body: Body) -> Response {
+    let mut response = (StatusCode::OK, body).into_response();
+    let headers = response.headers_mut();
+    headers.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/event-stream"),
+    );
+    headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
     response
 }
 
@@ -267,21 +274,13 @@ pub(super) mod tests {
 
     use super::super::live::tests::app_over;
     use super::*;
-    use crate::service::{AppendRequest, StreamService};
+    use crate::service::StreamService;
 
     /// A read of the service's stream `s` (three records) from its start, in `view`.
     pub(in crate::http) async fn read_of_three_records(
         view: ReadView,
     ) -> (Arc<StreamService>, Read) {
-        let (service, stream) = crate::service::one_text_stream().await;
-        for body in ["a", "b", "c"] {
-            let append = AppendRequest {
-                content_type: Some("text/plain"),
-                body: Bytes::from_static(body.as_bytes()),
-                ..Default::default()
-            };
-            service.append("s", append).await.unwrap();
-        }
+        let (service, stream) = StreamService::with_text_stream_of(&["a", "b", "c"]).await;
         let read = Read {
             stream,
             start: Offset::START,

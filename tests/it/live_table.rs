@@ -119,7 +119,7 @@ async fn setup(happening: Happening) -> Setup {
 enum Reader {
     Body(Response),
     Pending(tokio::task::JoinHandle<Response>),
-    Socket(Socket),
+    Socket(Box<Socket>),
 }
 
 type Socket =
@@ -206,7 +206,7 @@ async fn open(setup: &Setup, face: Face) -> Reader {
                 .await
                 .unwrap();
             assert_eq!(next_message(&mut socket).await, "StreamState");
-            Reader::Socket(socket)
+            Reader::Socket(Box::new(socket))
         }
     }
 }

@@ -587,7 +587,8 @@ mod tests {
 
     #[tokio::test]
     async fn a_waiting_read_whose_records_are_trimmed_from_under_it_gets_the_first_retained() {
-        let (service, stream) = session::tests::stream_of_three_records().await;
+        let (service, stream) =
+            crate::service::StreamService::with_text_stream_of(&["a", "b", "c"]).await;
         let app = super::super::super::live::tests::app_over(service.clone());
         let source = S2Reads::from(0, S2Limits::default(), None);
         service.trim_for_test(&stream, 2).await;

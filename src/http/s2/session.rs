@@ -165,17 +165,22 @@ pub(super) mod tests {
         );
     }
 
-    #[tokio::test]
-    async fn a_session_waiting_at_the_tail_ends_without_end_when_the_server_shuts_down() {
-        let (service, stream) = crate::service::one_text_stream().await;
-        let session = Session {
+    /// A session that follows the stream from its start, without limits.
+    fn following_from_the_start() -> Session {
+        Session {
             start: 0,
             limits: S2Limits::default(),
             may_follow: true,
             idle: None,
             resume: None,
             key: None,
-        };
+        }
+    }
+
+    #[tokio::test]
+    async fn a_session_waiting_at_the_tail_ends_without_end_when_the_server_shuts_down() {
+        let (service, stream) = crate::service::one_text_stream().await;
+        let session = following_from_the_start();
         let events = events(service.clone(), stream, session);
         futures::pin_mut!(events);
         assert!(
@@ -190,32 +195,11 @@ pub(super) mod tests {
         );
     }
 
-    /// A service whose stream `s` holds three records.
-    pub(in crate::http::s2) async fn stream_of_three_records()
-    -> (Arc<crate::service::StreamService>, Arc<Stream>) {
-        let (service, stream) = crate::service::one_text_stream().await;
-        for body in ["a", "b", "c"] {
-            let append = crate::service::AppendRequest {
-                content_type: Some("text/plain"),
-                body: Bytes::from_static(body.as_bytes()),
-                ..Default::default()
-            };
-            service.append("s", append).await.unwrap();
-        }
-        (service, stream)
-    }
-
     #[tokio::test]
     async fn a_session_whose_records_are_trimmed_from_under_it_goes_on_from_the_first_retained() {
-        let (service, stream) = stream_of_three_records().await;
-        let session = Session {
-            start: 0,
-            limits: S2Limits::default(),
-            may_follow: true,
-            idle: None,
-            resume: None,
-            key: None,
-        };
+        let (service, stream) =
+            crate::service::StreamService::with_text_stream_of(&["a", "b", "c"]).await;
+        let session = following_from_the_start();
         let events = events(service.clone(), stream.clone(), session);
         service.trim_for_test(&stream, 2).await;
         futures::pin_mut!(events);

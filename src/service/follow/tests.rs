@@ -14,16 +14,17 @@ fn text(body: &'static str) -> AppendRequest<'static> {
     }
 }
 
-/// The service and its stream `s`, holding `bodies`.
-async fn stream_of(bodies: &[&'static str]) -> (Arc<StreamService>, Arc<Stream>) {
-    let (service, stream) = one_text_stream().await;
-    for body in bodies {
-        service.append("s", text(body)).await.unwrap();
-    }
-    (service, stream)
-}
-
 impl StreamService {
+    /// A service in memory whose one `text/plain` stream, `s`, holds `bodies`: for the tests of
+    /// live readers.
+    pub(crate) async fn with_text_stream_of(bodies: &[&'static str]) -> (Arc<Self>, Arc<Stream>) {
+        let (service, stream) = one_text_stream().await;
+        for body in bodies {
+            service.append("s", text(body)).await.unwrap();
+        }
+        (service, stream)
+    }
+
     /// Retains `stream`'s records from `seq` on (an S2 trim, which needs no snapshot), for the
     /// tests of readers a trim passes.
     pub(crate) async fn trim_for_test(&self, stream: &Arc<Stream>, seq: u64) {
@@ -45,7 +46,7 @@ fn chunks_from_start(service: &Arc<StreamService>, stream: &Arc<Stream>) -> Foll
 
 #[tokio::test]
 async fn a_follower_behind_a_retention_move_hears_of_the_gap_with_the_first_retained_offset() {
-    let (service, stream) = stream_of(&["a", "b", "c"]).await;
+    let (service, stream) = StreamService::with_text_stream_of(&["a", "b", "c"]).await;
     let mut follow = chunks_from_start(&service, &stream);
     service.trim_for_test(&stream, 2).await;
     match next(&mut follow).await {
@@ -56,7 +57,7 @@ async fn a_follower_behind_a_retention_move_hears_of_the_gap_with_the_first_reta
 
 #[tokio::test]
 async fn an_s2_follower_moves_on_to_the_first_retained_record_past_a_trim() {
-    let (service, stream) = stream_of(&["a", "b", "c"]).await;
+    let (service, stream) = StreamService::with_text_stream_of(&["a", "b", "c"]).await;
     let source = S2Reads::from(0, S2Limits::default(), None);
     let options = FollowOptions::live(Duration::from_secs(60));
     let mut follow = Follow::new(&service, stream.clone(), source, options);
@@ -69,7 +70,7 @@ async fn an_s2_follower_moves_on_to_the_first_retained_record_past_a_trim() {
 
 #[tokio::test]
 async fn a_follower_hears_it_caught_up_once_then_records_as_they_come_then_idle() {
-    let (service, stream) = stream_of(&["a"]).await;
+    let (service, stream) = StreamService::with_text_stream_of(&["a"]).await;
     let source = Chunks::from(Offset::START, None);
     let options = FollowOptions::live(Duration::from_millis(50));
     let mut follow = Follow::new(&service, stream.clone(), source, options);
@@ -88,7 +89,7 @@ async fn a_follower_hears_it_caught_up_once_then_records_as_they_come_then_idle(
 
 #[tokio::test]
 async fn a_closed_stream_ends_a_follower_after_its_last_records() {
-    let (service, stream) = stream_of(&["a"]).await;
+    let (service, stream) = StreamService::with_text_stream_of(&["a"]).await;
     let close = AppendRequest {
         close: true,
         ..text("last")
@@ -102,7 +103,7 @@ async fn a_closed_stream_ends_a_follower_after_its_last_records() {
 
 #[tokio::test]
 async fn a_removed_stream_and_a_soft_deleted_one_are_told_apart() {
-    let (service, stream) = stream_of(&["a"]).await;
+    let (service, stream) = StreamService::with_text_stream_of(&["a"]).await;
     let mut follow = chunks_from_start(&service, &stream);
     service.delete("s").await.unwrap();
     assert!(matches!(
@@ -110,7 +111,7 @@ async fn a_removed_stream_and_a_soft_deleted_one_are_told_apart() {
         Event::Deleted(Deletion::Removed)
     ));
 
-    let (service, stream) = stream_of(&["a"]).await;
+    let (service, stream) = StreamService::with_text_stream_of(&["a"]).await;
     let fork = CreateRequest {
         name: "fork".into(),
         fork: Some(ForkRequest {
@@ -131,7 +132,7 @@ async fn a_removed_stream_and_a_soft_deleted_one_are_told_apart() {
 
 #[tokio::test]
 async fn a_replica_follower_is_told_of_closure_and_follows_on_until_the_stream_goes() {
-    let (service, stream) = stream_of(&["a"]).await;
+    let (service, stream) = StreamService::with_text_stream_of(&["a"]).await;
     let source = Chunks::from(Offset::START, None);
     let mut follow = Follow::new(&service, stream.clone(), source, FollowOptions::replica());
     assert!(matches!(next(&mut follow).await, Event::Records(_)));
