@@ -195,6 +195,13 @@ fn refusal(face: Face, status: StatusCode, code: &str, message: &str) -> Respons
     response
 }
 
+/// What a live reader still waiting when its token stopped working (`why`: revoked, so
+/// unknown, or expired) is answered: the refusal a new request with that token gets.
+pub(super) fn token_ended(face: Face, why: TokenError) -> Response {
+    let message = why.to_string();
+    refusal(face, StatusCode::UNAUTHORIZED, "unauthenticated", &message)
+}
+
 /// Authenticates, rate-limits and authorizes a request on `route`, and returns its principal
 /// (the operator when authentication is off, or the route public), which it also leaves in the
 /// request's extensions for the handlers. `Err` is the refusal to send instead (boxed: refusals

@@ -5,21 +5,27 @@ use std::sync::Arc;
 use axum::body::Body;
 use axum::extract::Request;
 use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, Uri, header};
-use axum::response::{IntoResponse, Response};
+use axum::response::Response;
 
+use super::ds_view::{
+    CACHE_HISTORIC, ChunkHead, Read, content_type, describe_chunk, etag_of, ok_with, render,
+    set_record_range,
+};
 use super::error::{Handled, empty, set, set_number, set_tail};
-use super::gather::{Gather, Pieces};
+use super::gather::Pieces;
 use super::header_names;
 use super::origin::Origin;
 use super::request::{self, Query, Rejection};
-use super::{AppState, sse};
+use super::{AppState, long_poll, sse};
 use crate::model::headers as hv;
-use crate::model::records::{self, ReadParams, ReadView, RecordView};
-use crate::model::{Offset, ReadFrom, Record, attrs, cursor, names};
+use crate::model::records::{self, ReadParams, ReadView};
+use crate::model::{Offset, ReadFrom, attrs, names};
 use crate::service::{
     AppendAck, AppendRequest, BodyRange, CreateRequest, ForkRequest, ReadChunk, SharedBody,
-    SharedRead, Stream, StreamError, StreamInfo,
+    SharedRead, StreamError, StreamInfo,
 };
+
+pub(super) use super::ds_view::{advertise_records, set_record_bounds};
 
 pub const EXPOSED_HEADERS: &str = "Stream-Next-Offset, Stream-Cursor, Stream-Up-To-Date, Stream-Closed, \
     Stream-TTL, Stream-Expires-At, Stream-SSE-Data-Encoding, Producer-Epoch, Producer-Seq, \
@@ -32,9 +38,6 @@ const ALLOWED_HEADERS: &str = "Content-Type, Authorization, If-None-Match, Strea
     Stream-Expires-At, Stream-Closed, Stream-Forked-From, Stream-Fork-Offset, Stream-Fork-Sub-Offset, \
     Stream-Attrs, Stream-Record-Match, Stream-Snapshot-Match, Producer-Id, Producer-Epoch, Producer-Seq, \
     Last-Event-ID";
-
-/// Catch-up chunks that end before the tail never change, so shared caches may keep them.
-const CACHE_HISTORIC: &str = "public, max-age=60, stale-while-revalidate=300";
 
 /// Every base-protocol operation on the stream `key`, whichever surface addressed it. Takes the
 /// request whole: extracting the URI and headers separately would copy them on every append.
@@ -297,27 +300,6 @@ async fn append(app: &AppState, name: &str, headers: &HeaderMap, body: Body) -> 
     Ok(response)
 }
 
-/// `Stream-Extensions` on responses about a JSON stream (seed 000 §6).
-pub(super) fn advertise_records(response: &mut Response) {
-    set(response, "stream-extensions", records::EXTENSION_TOKEN);
-}
-
-/// `Stream-Record-First` / `Stream-Record-Next`: the retained records of a JSON stream. With
-/// them the extension's token: a client must not rely on record headers without it.
-pub(super) fn set_record_bounds(response: &mut Response, first: u64, next: u64) {
-    advertise_records(response);
-    set_number(response, "stream-record-first", first);
-    set_number(response, "stream-record-next", next);
-}
-
-/// `Stream-Record-Start` / `Stream-Record-Next` of an operation that created records, with the
-/// extension's token.
-pub(super) fn set_record_range(response: &mut Response, (start, next): (u64, u64)) {
-    advertise_records(response);
-    set_number(response, "stream-record-start", start);
-    set_number(response, "stream-record-next", next);
-}
-
 fn acknowledge(ack: &AppendAck, has_body: bool) -> Response {
     // A producer's accepted append with data answers 200; everything else has nothing to say.
     let status = if ack.producer.is_some() && has_body && !ack.duplicate {
@@ -409,7 +391,8 @@ async fn read(app: &AppState, name: &str, query: Option<&str>, headers: &HeaderM
         return Err(Rejection::bad_request("live reads need an offset").into());
     }
     let client_cursor = query.get("cursor")?.and_then(|c| c.parse::<u64>().ok());
-    // Read before the stream is renewed: a refused request renews nothing.
+    // Read before the start is resolved, which renews the stream: a refused request renews
+    // nothing.
     let if_none_match = match live {
         Live::No => request::header(headers, "if-none-match")?,
         Live::Sse | Live::LongPoll => None,
@@ -426,7 +409,6 @@ async fn read(app: &AppState, name: &str, query: Option<&str>, headers: &HeaderM
             None,
         ),
     };
-    stream.renew();
     let read = Read {
         stream,
         start,
@@ -436,7 +418,7 @@ async fn read(app: &AppState, name: &str, query: Option<&str>, headers: &HeaderM
     };
     match live {
         Live::Sse => Ok(sse::respond(app, read)),
-        Live::LongPoll => long_poll(app, &read).await,
+        Live::LongPoll => long_poll::respond(app, read).await,
         Live::No => {
             if max_records.is_none()
                 && let Some(shared) = app.service.shared_body(&read.stream, start, view)
@@ -449,52 +431,6 @@ async fn read(app: &AppState, name: &str, query: Option<&str>, headers: &HeaderM
                 .await?;
             let at_now = from == ReadFrom::Now && view == ReadView::Canonical;
             Ok(catch_up(app, &read, chunk, at_now, if_none_match))
-        }
-    }
-}
-
-/// A resolved read: the stream, where it starts, and how the records are shown.
-pub(super) struct Read {
-    pub stream: Arc<Stream>,
-    pub start: Offset,
-    pub view: ReadView,
-    pub max_records: Option<u64>,
-    pub client_cursor: Option<u64>,
-}
-
-/// Where a read's answer starts and ends, and how it stands against the stream.
-struct ChunkHead {
-    start: Offset,
-    next: Offset,
-    up_to_date: bool,
-    closed: bool,
-    /// The first record the body shows: command records written through S2 before JSON
-    /// streams refused them are left out.
-    first_shown: u64,
-}
-
-impl ChunkHead {
-    fn of(chunk: &ReadChunk) -> ChunkHead {
-        ChunkHead {
-            start: chunk.start,
-            next: chunk.next,
-            up_to_date: chunk.up_to_date,
-            closed: chunk.closed,
-            // Nothing shown (only command records, or none): an empty range where it ends.
-            first_shown: visible(&chunk.records)
-                .next()
-                .map_or(chunk.next.seq, |r| r.seq),
-        }
-    }
-
-    fn of_shared(shared: &SharedRead) -> ChunkHead {
-        let range = shared.body.range;
-        ChunkHead {
-            start: range.start,
-            next: range.next,
-            up_to_date: shared.up_to_date,
-            closed: shared.closed,
-            first_shown: range.first_shown,
         }
     }
 }
@@ -590,23 +526,6 @@ fn answer<'a>(
     response
 }
 
-/// The entity tag of a read's answer: the stream, the range, whether it closed, and the view.
-fn etag_of(read: &Read, head: &ChunkHead) -> String {
-    let view_tag = match read.view {
-        ReadView::Canonical => "",
-        ReadView::Records(RecordView::Values) => ":ndjson",
-        ReadView::Records(RecordView::Envelope) => ":envelope",
-    };
-    format!(
-        "\"{}:{}:{}{}{}\"",
-        read.stream.id,
-        head.start,
-        head.next,
-        if head.closed { ":c" } else { "" },
-        view_tag
-    )
-}
-
 /// Whether an `If-None-Match` list names `etag`, by weak comparison (RFC 9110 §13.1.2): a
 /// `W/` prefix is ignored (proxies that compress weaken tags), and `*` matches.
 fn matches_etag(if_none_match: &str, etag: &str) -> bool {
@@ -616,170 +535,9 @@ fn matches_etag(if_none_match: &str, etag: &str) -> bool {
         .any(|tag| tag == "*" || tag.strip_prefix("W/").unwrap_or(tag) == etag)
 }
 
-/// A 200 carrying a rendered body of records.
-fn ok_with(content_type: &str, body: Pieces) -> Response {
-    let mut response = (StatusCode::OK, Body::new(body)).into_response();
-    set(&mut response, "content-type", content_type);
-    response
-}
-
-/// The headers that say where a chunk ends, for the read's view.
-fn describe_chunk(response: &mut Response, read: &Read, head: &ChunkHead) {
-    set_tail(response, head.next, head.closed);
-    if head.up_to_date {
-        set(response, "stream-up-to-date", "true");
-    }
-    if read.stream.json {
-        advertise_records(response);
-    }
-    if let ReadView::Records(_) = read.view {
-        set(
-            response,
-            "stream-record-first",
-            &read.stream.durable().first.seq.to_string(),
-        );
-        set_record_range(response, (head.first_shown, head.next.seq));
-    }
-}
-
-/// The content type of a read's body.
-fn content_type(read: &Read) -> &str {
-    match read.view {
-        ReadView::Canonical => &read.stream.content_type,
-        ReadView::Records(RecordView::Values) => records::NDJSON,
-        ReadView::Records(RecordView::Envelope) => records::ENVELOPE_NDJSON,
-    }
-}
-
-/// The content type and body of records in a read's view.
-pub(super) fn render<'a>(read: &'a Read, records: &[Record]) -> (&'a str, Pieces) {
-    let body = match read.view {
-        ReadView::Canonical => canonical_body(read.stream.json, records),
-        ReadView::Records(RecordView::Values) => {
-            let mut body = Gather::default();
-            for record in visible(records) {
-                body.push(&record.body);
-                body.push_slice(b"\n");
-            }
-            body.finish()
-        }
-        ReadView::Records(RecordView::Envelope) => {
-            let mut body = Gather::default();
-            for record in visible(records) {
-                body.push_slice(&records::envelope(record.seq, &record.body));
-                body.push_slice(b"\n");
-            }
-            body.finish()
-        }
-    };
-    (content_type(read), body)
-}
-
-/// The base protocol's body of a read: the records' bytes, or for JSON one array of them.
-pub(super) fn canonical_body(json_mode: bool, records: &[Record]) -> Pieces {
-    let lengths = visible(records).map(|r| r.body.len());
-    let mut body = Gather::sized_for(lengths, if json_mode { records.len() + 2 } else { 0 });
-    if json_mode {
-        body.push_slice(b"[");
-        for (i, record) in visible(records).enumerate() {
-            if i > 0 {
-                body.push_slice(b",");
-            }
-            body.push(&record.body);
-        }
-        body.push_slice(b"]");
-    } else {
-        for record in visible(records) {
-            body.push(&record.body);
-        }
-    }
-    body.finish()
-}
-
-/// The records Durable Streams readers see: all but S2 command records.
-pub(super) fn visible(records: &[Record]) -> impl Iterator<Item = &Record> {
-    records.iter().filter(|r| !r.command)
-}
-
-/// Whether Durable Streams readers see nothing of `records` (none, or only command records): an
-/// answer with no data, at the offset past them.
-pub(super) fn shows_nothing(records: &[Record]) -> bool {
-    visible(records).next().is_none()
-}
-
-pub(super) fn next_cursor(client: Option<u64>) -> u64 {
-    cursor::next_cursor(
-        crate::service::now_ms(),
-        client,
-        rand::random_range(1..=180),
-    )
-}
-
-async fn long_poll(app: &AppState, read: &Read) -> Handled {
-    let stream = &read.stream;
-    let mut chunk = app
-        .service
-        .read_at(stream, read.start, read.max_records)
-        .await?;
-    if chunk.records.is_empty() && !chunk.closed {
-        let seen = app
-            .service
-            .wait_beyond(stream, read.start, app.config.long_poll_timeout)
-            .await;
-        if seen.removed {
-            return Err(StreamError::NotFound.into());
-        }
-        if seen.soft_deleted {
-            return Err(StreamError::Gone.into());
-        }
-        chunk = app
-            .service
-            .read_at(stream, read.start, read.max_records)
-            .await?;
-    }
-    let head = ChunkHead::of(&chunk);
-    let mut response = if shows_nothing(&chunk.records) {
-        let mut response = empty(StatusCode::NO_CONTENT);
-        set(&mut response, "cache-control", "no-store");
-        response
-    } else {
-        let etag = etag_of(read, &head);
-        let (content_type, body) = render(read, &chunk.records);
-        let body = body.holding(std::mem::take(&mut chunk.lease));
-        let mut response = ok_with(content_type, body);
-        set(&mut response, "cache-control", CACHE_HISTORIC);
-        // As on catch-up reads (base protocol §10.1): a cache may revalidate it.
-        set(&mut response, "etag", &etag);
-        response
-    };
-    describe_chunk(&mut response, read, &head);
-    if !chunk.closed {
-        set(
-            &mut response,
-            "stream-cursor",
-            &next_cursor(read.client_cursor).to_string(),
-        );
-    }
-    Ok(response)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use bytes::Bytes;
-
-    fn record(seq: u64, body: &'static [u8], command: bool) -> Record {
-        Record {
-            seq,
-            pos: 0,
-            timestamp_ms: 0,
-            arrival_ms: 0,
-            starts_unit: true,
-            headers: Vec::new(),
-            body: Bytes::from_static(body),
-            command,
-        }
-    }
 
     #[test]
     fn if_none_match_compares_weakly_and_star_matches() {
@@ -788,27 +546,5 @@ mod tests {
         assert!(matches_etag("\"x\", W/\"7:a:b\"", tag));
         assert!(matches_etag("*", tag));
         assert!(!matches_etag("\"7:a:c\", W/\"x\"", tag));
-    }
-
-    #[test]
-    fn a_json_read_is_one_array_of_the_visible_messages() {
-        let records = [
-            record(0, b"1", false),
-            record(1, b"", true),
-            record(2, b"{\"a\":2}", false),
-        ];
-        assert_eq!(canonical_body(true, &records).into_bytes(), "[1,{\"a\":2}]");
-        assert_eq!(canonical_body(true, &[]).into_bytes(), "[]");
-    }
-
-    #[test]
-    fn a_byte_read_is_the_visible_bodies_back_to_back() {
-        let records = [
-            record(0, b"ab", false),
-            record(1, b"fence", true),
-            record(2, b"c", false),
-        ];
-        assert_eq!(canonical_body(false, &records).into_bytes(), "abc");
-        assert!(canonical_body(false, &[]).into_bytes().is_empty());
     }
 }

@@ -1,8 +1,9 @@
 //! Live reads: long-polls, SSE and S2S read sessions. They are counted against
 //! `--max-live-readers` (beyond it, 503 with `Retry-After`), and their bodies end cleanly,
 //! between two events, when the server starts shutting down, when the access token that opened
-//! them expires, or (over HTTP/2) when their client has taken nothing for the send timeout;
-//! clients then reconnect from where they were.
+//! them expires or is revoked, or (over HTTP/2) when their client has taken nothing for the send
+//! timeout; clients then reconnect from where they were. A long-poll still waiting when its
+//! token expires or is revoked is answered 401, as a new request with that token would be.
 
 use std::sync::Arc;
 
@@ -15,8 +16,8 @@ use futures::stream::{AbortHandle, Abortable};
 use super::route::{Extension, Face, Route, S2Route};
 use super::taking::{self, ConnectionHandle, Taking};
 use super::task::OwnedTask;
-use super::{AppState, token_expiry};
-use crate::service::Principal;
+use super::{AppState, auth, token_expiry};
+use crate::service::{Principal, TokenError};
 
 /// How long a refused live reader is asked to wait before trying again.
 const RETRY_AFTER_SECS: &str = "1";
@@ -110,7 +111,18 @@ pub async fn serve<F: Future<Output = Response>>(
     };
     let principal = request.extensions().get::<Arc<Principal>>().cloned();
     let version = request.version();
-    let response = inner(route, request).await;
+    let face = route.face();
+    let response = match &principal {
+        // A long-poll still waiting when its token ends delivers nothing more: it is answered as
+        // a new request with that token would be. Looked at first, so that a record appended
+        // after the revocation is never sent.
+        Some(principal) if live => tokio::select! {
+            biased;
+            ended = token_end(principal) => return auth::token_ended(face, ended),
+            response = inner(route, request) => response,
+        },
+        _ => inner(route, request).await,
+    };
     if !is_streaming(&response) {
         // A long-poll: it held its permit while it waited.
         return finished(response);
@@ -174,6 +186,14 @@ pub async fn serve<F: Future<Output = Response>>(
     Response::from_parts(parts, Body::from_stream(taking.track(body, watcher)))
 }
 
+/// Completes when `principal`'s token stops working: revoked (it is then unknown) or expired.
+async fn token_end(principal: &Principal) -> TokenError {
+    tokio::select! {
+        () = token_expiry(principal.expires_ms) => TokenError::Expired,
+        () = principal.revoked.cancelled() => TokenError::Unknown,
+    }
+}
+
 fn too_many_live_readers(face: Face) -> Response {
     let (status, reason) = (
         StatusCode::SERVICE_UNAVAILABLE,
@@ -188,8 +208,27 @@ fn too_many_live_readers(face: Face) -> Response {
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
+    use std::time::Duration;
+
     use super::*;
+
+    /// An application over `service` as the live readers' unit tests need it: no
+    /// authentication, a long-poll timeout of a second.
+    pub(in crate::http) fn app_over(service: Arc<crate::service::StreamService>) -> AppState {
+        let config = super::super::HttpConfig {
+            long_poll_timeout: Duration::from_secs(1),
+            body: super::super::request::BodyLimits {
+                max_bytes: 1 << 20,
+                idle: Duration::from_secs(1),
+            },
+            sse_max_duration: Duration::from_secs(60),
+            auth: None,
+            max_live_readers: 10,
+            send_timeout: Duration::from_secs(1),
+        };
+        AppState::new(service, config, None)
+    }
 
     fn live(request: &Request) -> bool {
         let route = Route::parse(request.uri().path()).expect("a route");

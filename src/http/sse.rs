@@ -10,12 +10,12 @@ use bytes::Bytes;
 use tokio::time::Instant;
 
 use super::AppState;
-use super::ds::{Read, canonical_body, next_cursor, shows_nothing, visible};
+use super::ds_view::{Read, canonical_body, next_cursor, shows_nothing, visible};
 use crate::model::Offset;
 use crate::model::content_type::sse_needs_base64;
 use crate::model::records::{self, ReadView, RecordView};
 use crate::model::sse::write_data_event;
-use crate::service::{FrameView, LiveFrame, ReadChunk, Wake};
+use crate::service::{Chunks, Ends, Event, Follow, FollowOptions, FrameView, LiveFrame, ReadChunk};
 
 /// How often an idle connection gets a control event, so proxies and clients see it is alive.
 const KEEPALIVE: Duration = Duration::from_secs(15);
@@ -31,47 +31,45 @@ pub fn respond(app: &AppState, read: Read) -> Response {
     let base64 = read.view == ReadView::Canonical && sse_needs_base64(&read.stream.content_type);
     let envelope = read.view == ReadView::Records(RecordView::Envelope);
     let json = read.stream.json;
-    let service = app.service.clone();
     let (keepalive, deadline) = live_timing(app);
-
     // Readers of the canonical view at one place render the same bytes but for their cursor,
     // so they share one rendering (see `LiveFrame`).
     let shares = read.view == ReadView::Canonical;
+    let options = FollowOptions {
+        ends: Ends::At(deadline),
+        frames: shares.then_some(FrameView::DurableStreams),
+        ..FollowOptions::live(keepalive)
+    };
+    let source = Chunks::from(read.start, None);
+    let mut follow = Follow::new(&app.service, read.stream.clone(), source, options);
 
-    let mut tail = service.watch_tail(&read.stream, keepalive, Some(deadline));
     let events = async_stream::stream! {
-        let stream = &read.stream;
-        let mut at = read.start;
         // Each event's cursor answers the cursor the request carried (feeding an event's own
         // cursor back in would add jitter at every event, days ahead within a connection), and
         // never goes back within the connection.
         let mut cursor = 0;
+        // What the last event sent told the reader: that it is up to date, that the stream
+        // is closed.
+        let mut told_up_to_date = false;
+        let mut told_closed = false;
         loop {
+            let at = follow.source().at();
+            let event = follow.next().await;
             let fresh = next_cursor(read.client_cursor).max(cursor);
             cursor = fresh;
-            let shared = shares.then(|| stream.shared_frame(&FrameView::DurableStreams, at.seq));
-            if let Some(frame) = shared.flatten() {
-                at = frame.next;
-                let closed = frame.closed;
-                let (first, rest) = for_this_reader(&read, frame, fresh);
-                yield Ok::<Bytes, std::io::Error>(first);
-                if let Some(rest) = rest {
-                    yield Ok(rest);
-                }
-                if closed {
-                    break;
-                }
-            } else {
-                let mut chunk = match service.read_at(stream, at, None).await {
-                    Ok(chunk) => chunk,
-                    Err(e) => {
-                        tracing::warn!(stream = %stream.name, error = %e, "SSE read failed");
-                        break;
+            let reached = |closed| Reached { next: at, up_to_date: true, closed };
+            match event {
+                Event::Shared(frame) => {
+                    told_closed = frame.closed;
+                    told_up_to_date = true;
+                    let (first, rest) = for_this_reader(&read, frame, fresh);
+                    yield Ok::<Bytes, std::io::Error>(first);
+                    if let Some(rest) = rest {
+                        yield Ok(rest);
                     }
-                };
-                if !chunk.records.is_empty() {
+                }
+                Event::Records(mut chunk) => {
                     let (events, records_len) = chunk_events(&read, &chunk, envelope, base64, fresh);
-                    at = chunk.next;
                     let events = Bytes::from(events);
                     if let Some(records_len) = records_len.filter(|_| shares && chunk.up_to_date) {
                         let frame = LiveFrame {
@@ -83,50 +81,37 @@ pub fn respond(app: &AppState, read: Read) -> Response {
                             records_len,
                             tag: fresh,
                         };
-                        stream.share_frame(frame, &mut chunk.lease);
+                        follow.share(frame, &mut chunk.lease);
                     }
+                    (told_up_to_date, told_closed) = (chunk.up_to_date, chunk.closed);
                     yield Ok(events);
-                    if chunk.closed {
-                        break;
-                    }
-                    if !chunk.up_to_date {
-                        if tail.past_deadline() {
-                            break;
-                        }
-                        continue;
-                    }
-                } else {
-                    yield Ok(Bytes::from(control_event(&read, Reached::from(&chunk), fresh)));
-                    if chunk.closed {
-                        break;
-                    }
                 }
-            }
-            tail.sent();
-            // Caught up: wait for the tail to move, with a keep-alive control event meanwhile.
-            loop {
-                match tail.next(at).await {
-                    Wake::Moved(seen) if seen.deleted() => return,
-                    Wake::Moved(_) => break,
-                    Wake::Ended => return,
-                    Wake::Idle => {
-                        let idle = Reached { next: at, up_to_date: true, closed: false };
-                        let fresh = next_cursor(read.client_cursor).max(cursor);
-                        cursor = fresh;
-                        yield Ok(Bytes::from(control_event(&read, idle, fresh)));
-                    }
+                // A reader that starts at the tail hears so at once.
+                Event::CaughtUp(durable) if !told_up_to_date => {
+                    told_closed = durable.closed;
+                    yield Ok(Bytes::from(control_event(&read, reached(durable.closed), fresh)));
                 }
+                Event::CaughtUp(_) | Event::Changed(_) => {}
+                Event::Idle => yield Ok(Bytes::from(control_event(&read, reached(false), fresh))),
+                Event::Closed => {
+                    if !told_closed {
+                        yield Ok(Bytes::from(control_event(&read, reached(true), fresh)));
+                    }
+                    return;
+                }
+                Event::Failed(e) => {
+                    tracing::warn!(stream = %read.stream.name, error = %e, "SSE read failed");
+                    return;
+                }
+                // The client's reconnect from its last offset is answered as a new read: 410
+                // below the retained records, 404 or 410 for a deleted stream.
+                Event::Gap { .. } | Event::Deleted(_) | Event::Ended(_) => return,
             }
         }
     };
 
-    let mut response = (StatusCode::OK, Body::from_stream(events)).into_response();
+    let mut response = event_stream(Body::from_stream(events));
     let headers = response.headers_mut();
-    headers.insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("text/event-stream"),
-    );
-    headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
     if base64 {
         headers.insert(
             "stream-sse-data-encoding",
@@ -145,6 +130,18 @@ pub fn respond(app: &AppState, read: Read) -> Response {
             HeaderValue::from_static(records::EXTENSION_TOKEN),
         );
     }
+    response
+}
+
+/// A 200 whose body is a live stream of server-sent events.
+pub(super) fn event_stream(body: Body) -> Response {
+    let mut response = (StatusCode::OK, body).into_response();
+    let headers = response.headers_mut();
+    headers.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/event-stream"),
+    );
+    headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
     response
 }
 
@@ -269,4 +266,41 @@ fn write_control_event(out: &mut Vec<u8>, read: &Read, reached: Reached, cursor:
         out.extend_from_slice(b",\"upToDate\":true");
     }
     out.extend_from_slice(b"}\n\n");
+}
+
+#[cfg(test)]
+pub(super) mod tests {
+    use std::sync::Arc;
+
+    use super::super::live::tests::app_over;
+    use super::*;
+    use crate::service::StreamService;
+
+    /// A read of the service's stream `s` (three records) from its start, in `view`.
+    pub(in crate::http) async fn read_of_three_records(
+        view: ReadView,
+    ) -> (Arc<StreamService>, Read) {
+        let (service, stream) = StreamService::with_text_stream_of(&["a", "b", "c"]).await;
+        let read = Read {
+            stream,
+            start: Offset::START,
+            view,
+            max_records: None,
+            client_cursor: None,
+        };
+        (service, read)
+    }
+
+    #[tokio::test]
+    async fn records_trimmed_under_an_sse_reader_end_its_response() {
+        let (service, read) = read_of_three_records(ReadView::Canonical).await;
+        let app = app_over(service.clone());
+        let stream = read.stream.clone();
+        let response = respond(&app, read);
+        // The body is read once the response goes out: the trim passes its reader first.
+        service.trim_for_test(&stream, 2).await;
+        let body = axum::body::to_bytes(response.into_body(), usize::MAX);
+        let body = tokio::time::timeout(std::time::Duration::from_secs(5), body).await;
+        assert!(body.expect("it ends").unwrap().is_empty());
+    }
 }

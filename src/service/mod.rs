@@ -9,6 +9,7 @@ mod arrivals;
 mod buckets;
 mod cache;
 mod error;
+mod follow;
 mod fork;
 pub mod heavy;
 mod live_frame;
@@ -50,6 +51,9 @@ pub use arrivals::Arrival;
 pub use buckets::{BucketInfo, Listing, StreamSummary};
 pub use cache::CacheLimits;
 pub use error::{StreamError, StreamResult};
+pub use follow::{
+    Chunks, Deletion, End, Ends, Event, Follow, FollowOptions, S2Reads, Source, Step, Until,
+};
 pub use fork::ForkRequest;
 pub use live_frame::{FrameView, LiveFrame};
 pub use read::{ReadChunk, TailWatch, Wake};

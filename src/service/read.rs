@@ -37,8 +37,15 @@ pub struct ReadChunk {
 }
 
 impl StreamService {
-    /// Where a read that asks for `from` begins.
+    /// Where a read that asks for `from` begins. A read that gets this far is accepted: it
+    /// renews the stream's TTL window.
     pub async fn resolve(&self, stream: &Arc<Stream>, from: ReadFrom) -> StreamResult<Offset> {
+        let start = self.start_of(stream, from).await?;
+        stream.renew();
+        Ok(start)
+    }
+
+    async fn start_of(&self, stream: &Arc<Stream>, from: ReadFrom) -> StreamResult<Offset> {
         if stream.encrypted {
             return Err(StreamError::Encrypted);
         }
@@ -54,7 +61,18 @@ impl StreamService {
     }
 
     /// Where a record-aware read begins (seed 000 §6.6), as an offset at a record boundary.
+    /// Like [`Self::resolve`], it renews the stream's TTL window.
     pub async fn resolve_record(
+        &self,
+        stream: &Arc<Stream>,
+        start: RecordStart,
+    ) -> StreamResult<Offset> {
+        let start = self.record_start_of(stream, start).await?;
+        stream.renew();
+        Ok(start)
+    }
+
+    async fn record_start_of(
         &self,
         stream: &Arc<Stream>,
         start: RecordStart,
@@ -299,10 +317,22 @@ impl StreamService {
         idle_after: Duration,
         deadline: Option<Instant>,
     ) -> TailWatch {
+        self.watch_tail_as(stream, idle_after, deadline, true)
+    }
+
+    /// [`Self::watch_tail`]; `live`: whether the watcher counts as a live reader of the stream
+    /// (which keeps it from expiring and shares frames with its other live readers).
+    pub(super) fn watch_tail_as(
+        &self,
+        stream: &Arc<Stream>,
+        idle_after: Duration,
+        deadline: Option<Instant>,
+        live: bool,
+    ) -> TailWatch {
         let last_sent = Instant::now();
         let timer_at = wake_at(last_sent, idle_after, deadline);
         TailWatch {
-            _reader: stream.attach_reader(),
+            _reader: live.then(|| stream.attach_reader()),
             tail: stream.subscribe(),
             shutdown: Box::pin(self.shutdown.clone().cancelled_owned()),
             stopping: self.stopping.clone(),
@@ -338,8 +368,8 @@ impl StreamService {
 /// its one timer is touched only when it fires, so a busy stream costs a reader no timer or
 /// subscription work per event.
 pub struct TailWatch {
-    /// Keeps the stream from expiring while the reader waits.
-    _reader: LiveReader,
+    /// Keeps the stream from expiring while a live reader waits.
+    _reader: Option<LiveReader>,
     tail: watch::Receiver<Durable>,
     shutdown: Pin<Box<WaitForCancellationFutureOwned>>,
     stopping: Arc<AtomicBool>,
@@ -397,7 +427,13 @@ impl TailWatch {
 
     /// Waits for the tail to move past `offset`, for an idle period to pass, or for the end.
     pub async fn next(&mut self, offset: Offset) -> Wake {
-        let moved = |d: &Durable| d.tail.seq > offset.seq || d.closed || d.deleted();
+        self.next_when(|d: &Durable| d.tail.seq > offset.seq || d.closed || d.deleted())
+            .await
+    }
+
+    /// Waits for the durable state to satisfy `moved`, for an idle period to pass, or for the
+    /// end.
+    pub(super) async fn next_when(&mut self, moved: impl Fn(&Durable) -> bool + Copy) -> Wake {
         loop {
             match self.wait(moved).await {
                 // The stream's sender outlives every reader holding the stream.

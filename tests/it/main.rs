@@ -14,6 +14,7 @@ mod disk_full;
 mod durability;
 mod limits;
 mod live_reads;
+mod live_table;
 mod mirror_tls;
 mod observability;
 mod pipelining;

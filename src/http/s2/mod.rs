@@ -12,15 +12,14 @@ use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
 use serde::Deserialize;
 use serde_json::{Value, json};
-use tokio::time::Instant;
 
 use super::AppState;
 use super::request::{self, Part, Query, Rejection};
 use crate::model::access::{Operation, Resource};
 use crate::model::cipher::{CipherError, RecordKey};
 use crate::model::headers::format_timestamp;
+use crate::model::names;
 use crate::model::s2::{self, BasinConfig, EventId, Format, StreamConfig};
-use crate::model::{Offset, names};
 use crate::service::{
     CheckedAppend, Creation, Ensured, Principal, S2Ack, S2Append, S2Batch, S2Limits, S2Position,
     S2Record, S2Start, Stream, StreamError, StreamService, StreamSummary, now_ms,
@@ -37,7 +36,6 @@ mod session;
 mod tokens;
 
 pub(super) use manage::{basin, create_basin, create_stream, list_basins, list_streams, stream};
-use records::batch_json;
 pub(super) use records::{check_tail, is_unary_append, records};
 pub(super) use s2s::CONTENT_TYPE as SESSION_CONTENT_TYPE;
 pub(super) use tokens::{issue_token, list_tokens, revoke_token};

@@ -3,10 +3,13 @@
 
 use std::sync::Arc;
 
+use futures::StreamExt as _;
+
 use super::super::gather::Pieces;
 use super::s2s;
-use super::session::{self, Session};
+use super::session::{self, Session, SessionEvent};
 use super::*;
+use crate::service::{Event, Follow, FollowOptions, ReadLease, S2Reads};
 
 /// The `s2-encryption-key` header, when sent.
 fn key_of(headers: &HeaderMap) -> Result<Option<RecordKey>, S2Error> {
@@ -203,7 +206,8 @@ async fn append_session(
     let stream = records_stream(app, headers, name, Opening::Append, key.is_some()).await?;
     // Refused before the session opens, where the refusal can still redirect.
     StreamService::writable(&stream)?;
-    Ok(s2s::append_session(app, headers, stream, key, guard, body))
+    let admit = move |append| guard.admit(append);
+    Ok(s2s::append_session(app, headers, stream, key, admit, body))
 }
 
 async fn append(
@@ -393,32 +397,25 @@ async fn read(app: &AppState, name: &str, query: Option<&str>, headers: &HeaderM
         if s2s_session {
             return Ok(s2s::read_session(app, headers, stream, session));
         }
-        return Ok(session::sse(app, stream, session, format));
+        return Ok(sse_session(app, stream, session, format));
     }
-    let unary_read = || {
-        let limits = request.limits;
-        app.service.s2_read(
+    let mut batch = if wait == 0 {
+        let read = app.service.s2_read(
             &stream,
             start,
-            limits,
+            request.limits,
             s2::UNARY_MAX_RECORDS,
             s2::UNARY_MAX_BYTES,
-        )
-    };
-    let mut batch = unary_read().await?;
-    if batch.records.is_empty() && !batch.limit_reached && wait > 0 {
+        );
+        let mut batch = read.await?;
+        app.service
+            .s2_open(&stream, key.as_ref(), &mut batch.records)?;
+        batch
+    } else {
         let timeout = Duration::from_secs(wait.min(s2::UNARY_MAX_WAIT_SECS));
-        let seen = app
-            .service
-            .wait_beyond(&stream, Offset::new(start.max(batch.next_seq), 0), timeout)
-            .await;
-        if seen.removed {
-            return Err(StreamError::NotFound.into());
-        }
-        batch = unary_read().await?;
-    }
-    app.service
-        .s2_open(&stream, key.as_ref(), &mut batch.records)?;
+        let source = S2Reads::from(start, request.limits, key);
+        wait_for_records(app, stream, source, timeout).await?
+    };
     let (content_type, rendered) = if wants_protobuf(headers) {
         let message = s2s::batch_message(&batch);
         (
@@ -436,6 +433,74 @@ async fn read(app: &AppState, name: &str, query: Option<&str>, headers: &HeaderM
         Body::new(body),
     )
         .into_response())
+}
+
+/// A unary read that waits (`wait`): the first records from where it starts, or none once
+/// `timeout` passes without any (or the stream closes, or the server stops). A deleted stream is
+/// answered as a new read would be: not found.
+async fn wait_for_records(
+    app: &AppState,
+    stream: Arc<Stream>,
+    source: S2Reads,
+    timeout: Duration,
+) -> Result<S2Batch, S2Error> {
+    let mut follow = Follow::new(&app.service, stream, source, FollowOptions::live(timeout));
+    loop {
+        match follow.next().await {
+            Event::Records(batch) => return Ok(batch),
+            Event::CaughtUp(_) | Event::Shared(_) | Event::Changed(_) => {}
+            Event::Idle | Event::Closed | Event::Ended(_) | Event::Gap { .. } => {
+                return Ok(S2Batch {
+                    records: Vec::new(),
+                    next_seq: follow.source().next(),
+                    metered: 0,
+                    limit_reached: false,
+                    at_tail: true,
+                    tail: app.service.tail_position(follow.stream()),
+                    lease: ReadLease::default(),
+                });
+            }
+            Event::Deleted(_) => return Err(StreamError::NotFound.into()),
+            Event::Failed(e) => return Err(e.into()),
+        }
+    }
+}
+
+/// A read session over SSE: `batch` events, `ping` heartbeats, `data: [DONE]` at a normal end,
+/// an `error` event (and no `[DONE]`) when it fails.
+fn sse_session(app: &AppState, stream: Arc<Stream>, session: Session, format: Format) -> Response {
+    let rendered = session::events(app.service.clone(), stream, session)
+        .map(move |event| Ok::<Bytes, std::io::Error>(sse_event(event, format)));
+    session::streaming_response(Body::from_stream(rendered), "text/event-stream")
+}
+
+/// One session event as SSE.
+fn sse_event(event: SessionEvent, format: Format) -> Bytes {
+    match event {
+        SessionEvent::Batch { mut batch, id } => {
+            let json = batch_json(&batch, format);
+            let mut event = Vec::with_capacity(json.len() + 40);
+            event.extend_from_slice(format!("event: batch\nid: {id}\ndata: ").as_bytes());
+            event.extend_from_slice(&json);
+            event.extend_from_slice(b"\n\n");
+            // The read's memory stays counted until the event is sent.
+            std::mem::take(&mut batch.lease).with_bytes(event)
+        }
+        SessionEvent::Heartbeat(tail) => ping(tail),
+        SessionEvent::End => Bytes::from_static(b"data: [DONE]\n\n"),
+        SessionEvent::Failed(error) => error_event(error),
+    }
+}
+
+fn ping(tail: S2Position) -> Bytes {
+    let data =
+        json!({ "timestamp": u64::try_from(now_ms()).unwrap_or(0), "tail": position_json(tail) });
+    Bytes::from(format!("event: ping\ndata: {data}\n\n"))
+}
+
+fn error_event(error: StreamError) -> Bytes {
+    let S2Error { body, .. } = S2Error::from(error);
+    Bytes::from(format!("event: error\ndata: {body}\n\n"))
 }
 
 /// A batch as S2's JSON, serialised straight from the records: no intermediate `Value` tree, and
@@ -495,5 +560,42 @@ struct Encoded<'a>(&'a [u8], Format);
 impl serde::Serialize for Encoded<'_> {
     fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
         serializer.serialize_str(&self.1.encoded(self.0))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use futures::StreamExt as _;
+
+    use super::*;
+
+    #[tokio::test]
+    async fn an_sse_batch_holds_its_read_memory_until_it_is_sent() {
+        let (service, stream, session) = session::tests::session_over_one_record().await;
+        let events = session::events(service.clone(), stream, session);
+        futures::pin_mut!(events);
+        let batch = events.next().await.expect("a batch");
+        assert!(matches!(batch, SessionEvent::Batch { .. }));
+        let rendered = sse_event(batch, Format::Raw);
+        assert!(
+            service.read_memory_held() > 0,
+            "held while it waits to be sent"
+        );
+        drop(rendered);
+        assert_eq!(service.read_memory_held(), 0, "given back once sent");
+    }
+
+    #[tokio::test]
+    async fn a_waiting_read_whose_records_are_trimmed_from_under_it_gets_the_first_retained() {
+        let (service, stream) =
+            crate::service::StreamService::with_text_stream_of(&["a", "b", "c"]).await;
+        let app = super::super::super::live::tests::app_over(service.clone());
+        let source = S2Reads::from(0, S2Limits::default(), None);
+        service.trim_for_test(&stream, 2).await;
+        let batch = wait_for_records(&app, stream, source, Duration::from_secs(5)).await;
+        let Ok(batch) = batch else {
+            panic!("expected the retained records");
+        };
+        assert_eq!(batch.records[0].seq, 2);
     }
 }

@@ -17,7 +17,6 @@ use s2_api::v1::stream::s2s::{
 use tokio_util::codec::FramedRead;
 use tokio_util::io::StreamReader;
 
-use super::records::CommandGuard;
 use super::session::{self, Session, SessionEvent};
 use super::*;
 use crate::service::ReadLease;
@@ -363,15 +362,16 @@ fn inputs(body: Body) -> impl FuturesStream<Item = Result<S2Append, S2Error>> + 
     })
 }
 
-/// An append session over S2S: each input is sequenced as soon as it arrives, and the acks go
-/// back in input order as the batches become durable. The first failure ends the session with
+/// An append session over S2S: each input is sequenced as soon as it arrives (once `admit` lets
+/// it, checking it and the caller's permission for its commands), and the acks go back in input
+/// order as the batches become durable. The first failure ends the session with
 /// a terminal frame, after the acks of every input sequenced before it.
 pub(super) fn append_session(
     app: &AppState,
     headers: &HeaderMap,
     stream: Arc<Stream>,
     key: Option<RecordKey>,
-    guard: CommandGuard,
+    admit: impl Fn(S2Append) -> Result<CheckedAppend, S2Error> + Send + 'static,
     body: Body,
 ) -> Response {
     let compression = CompressionAlgorithm::from_accept_encoding(headers);
@@ -401,7 +401,7 @@ pub(super) fn append_session(
                 input = inputs.next(), if inputs_open && failure.is_none() => match input {
                     None => inputs_open = false,
                     Some(Err(error)) => failure = Some(error),
-                    Some(Ok(append)) => match guard.admit(append) {
+                    Some(Ok(append)) => match admit(append) {
                         Err(refused) => failure = Some(refused),
                         Ok(append) => match service.s2_sequence(&stream, append, key.as_ref()).await {
                             Ok(ack) => pending.push_back(ack),

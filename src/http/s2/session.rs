@@ -1,13 +1,12 @@
-//! Read sessions: the one loop behind both streaming wires, SSE (`text/event-stream`) and S2S
-//! (`s2s/proto`). It reads batches up to the tail, signals catching up with a heartbeat, then
-//! follows new records, heartbeating while idle, until a limit, the idle bound or an error ends
-//! it. Each wire only renders the events.
+//! Read sessions: what both streaming wires, SSE (`text/event-stream`) and S2S (`s2s/proto`),
+//! send. A session is one follow of the stream (see `docs/live-reads.md`): batches up to the
+//! tail, a heartbeat on catching up, then new records as they come, heartbeating while idle,
+//! until a limit, the idle bound or an error ends it. Each wire only renders the events.
 
-use futures::{Stream as FuturesStream, StreamExt as _};
+use futures::Stream as FuturesStream;
 
 use super::*;
-use crate::service::Wake;
-use crate::storage::StorageError;
+use crate::service::{End, Ends, Event, Follow, FollowOptions, S2Reads};
 
 /// What a read session was asked for.
 pub(super) struct Session {
@@ -48,108 +47,49 @@ pub(super) fn events(
         resume,
         key,
     } = session;
+    let options = FollowOptions {
+        ends: idle.map_or(Ends::Never, Ends::IdleFor),
+        stops_at_tail: !may_follow,
+        ..FollowOptions::live(PING_INTERVAL)
+    };
+    let source = S2Reads::from(start, limits, key);
+    let mut follow = Follow::new(&service, stream, source, options);
     async_stream::stream! {
-        let mut next = start;
+        // The totals start from the client's Last-Event-ID, which may be anything.
         let mut count = resume.map_or(0, |r| r.count);
         let mut bytes = resume.map_or(0, |r| r.bytes);
-        let mut remaining = limits;
-        let mut caught_up = false;
-        let mut idle_deadline = idle.map(|d| Instant::now() + d);
-        let mut tail = service.watch_tail(&stream, PING_INTERVAL, idle_deadline);
         loop {
-            let read = service.s2_read(&stream, next, remaining, s2::UNARY_MAX_RECORDS, s2::UNARY_MAX_BYTES).await;
-            let batch = match read.and_then(|mut batch| {
-                service.s2_open(&stream, key.as_ref(), &mut batch.records).map(|()| batch)
-            }) {
-                Ok(batch) => batch,
-                Err(e) => {
+            match follow.next().await {
+                Event::Records(batch) => {
+                    count = count.saturating_add(batch.records.len() as u64);
+                    bytes = bytes.saturating_add(batch.metered);
+                    let last_seq = batch.records.last().map_or(0, |r| r.seq);
+                    let id = EventId { last_seq, count, bytes };
+                    yield SessionEvent::Batch { batch, id };
+                }
+                Event::CaughtUp(_) | Event::Idle => {
+                    yield SessionEvent::Heartbeat(service.tail_position(follow.stream()));
+                }
+                // Deleted, for good or while forks read through it: what a new read would
+                // find, a stream not found.
+                Event::Deleted(_) => {
+                    yield SessionEvent::Failed(StreamError::NotFound);
+                    return;
+                }
+                Event::Failed(e) => {
                     yield SessionEvent::Failed(e);
                     return;
                 }
-            };
-            let (limit_reached, at_tail) = (batch.limit_reached, batch.at_tail);
-            if batch.records.is_empty() && !at_tail && !limit_reached {
-                // Reading again from the same place would return nothing again, forever.
-                let missing = format!("no records readable at {next}, below the tail");
-                yield SessionEvent::Failed(StorageError::Corrupt(missing).into());
-                return;
-            }
-            // Even with no records: a trim may have moved the start past where this session was.
-            next = next.max(batch.next_seq);
-            if let Some(last) = batch.records.last() {
-                // The totals start from the client's Last-Event-ID, which may be anything.
-                count = count.saturating_add(batch.records.len() as u64);
-                bytes = bytes.saturating_add(batch.metered);
-                remaining.count = remaining.count.map(|c| c.saturating_sub(batch.records.len() as u64));
-                remaining.bytes = remaining.bytes.map(|b| b.saturating_sub(batch.metered));
-                let id = EventId { last_seq: last.seq, count, bytes };
-                yield SessionEvent::Batch { batch, id };
-                // Idle from when the client took the batch: a client slow to take one is not
-                // idle, and its session is not ended with records waiting.
-                idle_deadline = idle.map(|d| Instant::now() + d);
-            }
-            if limit_reached || (at_tail && !may_follow) {
-                yield SessionEvent::End;
-                return;
-            }
-            if !at_tail {
-                continue;
-            }
-            if !caught_up {
-                caught_up = true;
-                yield SessionEvent::Heartbeat(service.tail_position(&stream));
-            }
-            // Caught up: wait for new records, heartbeating while idle, until the idle bound.
-            tail.sent();
-            tail.extend_deadline(idle_deadline);
-            loop {
-                match tail.next(Offset::new(next, 0)).await {
-                    Wake::Moved(seen) if seen.removed => {
-                        yield SessionEvent::Failed(StreamError::NotFound);
-                        return;
-                    }
-                    Wake::Moved(seen) if seen.tail.seq > next => break,
-                    Wake::Ended if service.is_stopping() => return,
-                    // Closed through Durable Streams: no record will ever follow.
-                    Wake::Moved(_) | Wake::Ended => {
-                        yield SessionEvent::End;
-                        return;
-                    }
-                    Wake::Idle => yield SessionEvent::Heartbeat(service.tail_position(&stream)),
+                Event::Ended(End::Shutdown) => return,
+                // A limit, the idle bound or the tail of a session that does not follow; or
+                // closed through Durable Streams: no record will ever follow.
+                Event::Ended(_) | Event::Closed | Event::Gap { .. } => {
+                    yield SessionEvent::End;
+                    return;
                 }
+                Event::Shared(_) | Event::Changed(_) => {}
             }
         }
-    }
-}
-
-/// A read session over SSE: `batch` events, `ping` heartbeats, `data: [DONE]` at a normal end,
-/// an `error` event (and no `[DONE]`) when it fails.
-pub(super) fn sse(
-    app: &AppState,
-    stream: Arc<Stream>,
-    session: Session,
-    format: Format,
-) -> Response {
-    let rendered = events(app.service.clone(), stream, session)
-        .map(move |event| Ok::<Bytes, std::io::Error>(sse_event(event, format)));
-    streaming_response(Body::from_stream(rendered), "text/event-stream")
-}
-
-/// One session event as SSE.
-fn sse_event(event: SessionEvent, format: Format) -> Bytes {
-    match event {
-        SessionEvent::Batch { mut batch, id } => {
-            let json = batch_json(&batch, format);
-            let mut event = Vec::with_capacity(json.len() + 40);
-            event.extend_from_slice(format!("event: batch\nid: {id}\ndata: ").as_bytes());
-            event.extend_from_slice(&json);
-            event.extend_from_slice(b"\n\n");
-            // The read's memory stays counted until the event is sent.
-            std::mem::take(&mut batch.lease).with_bytes(event)
-        }
-        SessionEvent::Heartbeat(tail) => ping(tail),
-        SessionEvent::End => Bytes::from_static(b"data: [DONE]\n\n"),
-        SessionEvent::Failed(error) => error_event(error),
     }
 }
 
@@ -166,19 +106,10 @@ pub(super) fn streaming_response(body: Body, content_type: &'static str) -> Resp
     response
 }
 
-fn ping(tail: S2Position) -> Bytes {
-    let data =
-        json!({ "timestamp": u64::try_from(now_ms()).unwrap_or(0), "tail": position_json(tail) });
-    Bytes::from(format!("event: ping\ndata: {data}\n\n"))
-}
-
-fn error_event(error: StreamError) -> Bytes {
-    let S2Error { body, .. } = S2Error::from(error);
-    Bytes::from(format!("event: error\ndata: {body}\n\n"))
-}
-
 #[cfg(test)]
 pub(super) mod tests {
+    use futures::StreamExt as _;
+
     use super::*;
 
     /// A session over a stream holding one record, and the service it reads.
@@ -234,33 +165,22 @@ pub(super) mod tests {
         );
     }
 
-    #[tokio::test]
-    async fn an_sse_batch_holds_its_read_memory_until_it_is_sent() {
-        let (service, stream, session) = session_over_one_record().await;
-        let events = events(service.clone(), stream, session);
-        futures::pin_mut!(events);
-        let batch = events.next().await.expect("a batch");
-        assert!(matches!(batch, SessionEvent::Batch { .. }));
-        let rendered = sse_event(batch, Format::Raw);
-        assert!(
-            service.read_memory_held() > 0,
-            "held while it waits to be sent"
-        );
-        drop(rendered);
-        assert_eq!(service.read_memory_held(), 0, "given back once sent");
-    }
-
-    #[tokio::test]
-    async fn a_session_waiting_at_the_tail_ends_without_end_when_the_server_shuts_down() {
-        let (service, stream) = crate::service::one_text_stream().await;
-        let session = Session {
+    /// A session that follows the stream from its start, without limits.
+    fn following_from_the_start() -> Session {
+        Session {
             start: 0,
             limits: S2Limits::default(),
             may_follow: true,
             idle: None,
             resume: None,
             key: None,
-        };
+        }
+    }
+
+    #[tokio::test]
+    async fn a_session_waiting_at_the_tail_ends_without_end_when_the_server_shuts_down() {
+        let (service, stream) = crate::service::one_text_stream().await;
+        let session = following_from_the_start();
         let events = events(service.clone(), stream, session);
         futures::pin_mut!(events);
         assert!(
@@ -273,5 +193,19 @@ pub(super) mod tests {
             last.expect("it ends").is_none(),
             "no End: the client resumes elsewhere"
         );
+    }
+
+    #[tokio::test]
+    async fn a_session_whose_records_are_trimmed_from_under_it_goes_on_from_the_first_retained() {
+        let (service, stream) =
+            crate::service::StreamService::with_text_stream_of(&["a", "b", "c"]).await;
+        let session = following_from_the_start();
+        let events = events(service.clone(), stream.clone(), session);
+        service.trim_for_test(&stream, 2).await;
+        futures::pin_mut!(events);
+        match events.next().await {
+            Some(SessionEvent::Batch { batch, .. }) => assert_eq!(batch.records[0].seq, 2),
+            _ => panic!("expected the retained records"),
+        }
     }
 }
