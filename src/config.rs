@@ -2,10 +2,11 @@
 //! an optional TOML file. A flag (or its variable) wins over the file; the file wins over the
 //! defaults.
 
-use std::net::SocketAddr;
+use std::net::{SocketAddr, ToSocketAddrs};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use clap::builder::BoolishValueParser;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use serde::Deserialize;
 
@@ -28,10 +29,34 @@ pub const DEFAULT_MAX_LIVE_READERS: usize = 10_000;
 pub const DEFAULT_MIN_FREE_BYTES: u64 = 64 << 20;
 
 #[derive(Debug, Parser)]
-#[command(name = "runnel", version, about = "A durable stream server")]
+#[command(
+    name = "runnel",
+    version,
+    about = "A durable stream server",
+    after_help = "Logging: RUST_LOG filters what is logged, in tracing's syntax (for example \
+                  `RUST_LOG=debug`, or `RUST_LOG=warn,runnel=debug`); without it, Runnel logs at \
+                  info and its dependencies at warn."
+)]
 pub struct Cli {
     #[command(subcommand)]
     pub command: Command,
+    #[command(flatten)]
+    pub log: LogArgs,
+}
+
+#[derive(Debug, Default, Args)]
+pub struct LogArgs {
+    /// How log lines are written to stderr: text (coloured only on a terminal) or json, one
+    /// object per line [default: text].
+    #[arg(long, global = true, env = "RUNNEL_LOG_FORMAT", value_enum)]
+    pub log_format: Option<LogFormat>,
+}
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, ValueEnum)]
+pub enum LogFormat {
+    #[default]
+    Text,
+    Json,
 }
 
 #[derive(Debug, Subcommand)]
@@ -51,14 +76,15 @@ pub enum SyncArg {
 
 #[derive(Debug, Default, Args)]
 pub struct ServeArgs {
-    /// Address to listen on [default: 127.0.0.1:4437].
+    /// Address to listen on, as ip:port or host:port (the host's first address) [default:
+    /// 127.0.0.1:4437].
     #[arg(long, env = "RUNNEL_LISTEN")]
-    pub listen: Option<SocketAddr>,
+    pub listen: Option<String>,
     /// Directory for stream data [default: ./runnel-data].
     #[arg(long, env = "RUNNEL_DATA_DIR")]
     pub data_dir: Option<PathBuf>,
     /// Keep everything in memory, nothing on disk (for tests and benchmarks).
-    #[arg(long, env = "RUNNEL_MEMORY")]
+    #[arg(long, env = "RUNNEL_MEMORY", value_parser = BoolishValueParser::new())]
     pub memory: bool,
     /// Durability of acknowledged appends [default: fsync].
     #[arg(long, env = "RUNNEL_SYNC", value_enum)]
@@ -122,7 +148,7 @@ pub struct ServeArgs {
     pub shutdown_timeout_secs: Option<u64>,
     /// Require a bearer token on every request (except /healthz, /readyz and CORS preflights).
     /// Needs --auth-token.
-    #[arg(long, env = "RUNNEL_AUTH")]
+    #[arg(long, env = "RUNNEL_AUTH", value_parser = BoolishValueParser::new())]
     pub auth: bool,
     /// The operator token, which may do everything, including issuing scoped tokens through
     /// /v1/access-tokens. Prefer the environment variable to keep it out of process listings.
@@ -153,7 +179,7 @@ pub struct ServeArgs {
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct FileConfig {
-    listen: Option<SocketAddr>,
+    listen: Option<String>,
     data_dir: Option<PathBuf>,
     memory: Option<bool>,
     sync: Option<SyncArg>,
@@ -243,12 +269,13 @@ pub struct TlsFiles {
 
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
-    #[error("cannot read config file {path}: {source}")]
+    // The cause is the error's source, which the caller prints after this.
+    #[error("cannot read config file {path}")]
     Read {
         path: PathBuf,
         source: std::io::Error,
     },
-    #[error("invalid config file {path}: {source}")]
+    #[error("invalid config file {path}")]
     Parse {
         path: PathBuf,
         source: Box<toml::de::Error>,
@@ -263,12 +290,13 @@ impl ServeArgs {
             Some(path) => load_file(path)?,
             None => FileConfig::default(),
         };
-        let listen = match self.listen.or(file.listen) {
-            Some(addr) => addr,
-            None => DEFAULT_LISTEN
-                .parse()
-                .map_err(|_| ConfigError::Invalid("bad default listen address".into()))?,
-        };
+        refuse_flags_that_do_nothing(&self, &file)?;
+        let listen = listen_address(
+            self.listen
+                .or(file.listen)
+                .as_deref()
+                .unwrap_or(DEFAULT_LISTEN),
+        )?;
         let mirror_from = if self.mirror_from.is_empty() {
             file.mirror_from
         } else {
@@ -411,6 +439,65 @@ impl ServeArgs {
     }
 }
 
+/// A flag that the rest of the settings make pointless is refused, saying why, rather than
+/// left to look as if it did something.
+fn refuse_flags_that_do_nothing(args: &ServeArgs, file: &FileConfig) -> Result<(), ConfigError> {
+    let memory = args.memory || file.memory.unwrap_or(false);
+    let auth = args.auth || file.auth.unwrap_or(false);
+    let mirrors = !args.mirror_from.is_empty() || !file.mirror_from.is_empty();
+    let pointless = [
+        (
+            memory && (args.data_dir.is_some() || file.data_dir.is_some()),
+            "--data-dir",
+            "with --memory, nothing is kept on disk",
+        ),
+        (
+            memory && (args.sync.is_some() || file.sync.is_some()),
+            "--sync",
+            "with --memory, nothing is kept on disk",
+        ),
+        (
+            !auth && (args.rate_limit.is_some() || file.rate_limit.is_some()),
+            "--rate-limit",
+            "it limits requests per token, and tokens need --auth",
+        ),
+        (
+            !auth && (args.auth_token.is_some() || file.auth_token.is_some()),
+            "--auth-token",
+            "tokens are checked only with --auth",
+        ),
+        (
+            !mirrors && (args.mirror_token.is_some() || file.mirror_token.is_some()),
+            "--mirror-token",
+            "it is presented to a --mirror-from upstream, and none is given",
+        ),
+        (
+            !mirrors && (args.mirror_ca_cert.is_some() || file.mirror_ca_cert.is_some()),
+            "--mirror-ca-cert",
+            "it is trusted for a --mirror-from upstream, and none is given",
+        ),
+    ];
+    match pointless.into_iter().find(|(set, _, _)| *set) {
+        Some((_, flag, why)) => Err(ConfigError::Invalid(format!(
+            "{flag} does nothing here: {why}"
+        ))),
+        None => Ok(()),
+    }
+}
+
+/// Resolves `ip:port` or `host:port` to the address to bind: the host's first address.
+fn listen_address(listen: &str) -> Result<SocketAddr, ConfigError> {
+    if let Ok(addr) = listen.parse() {
+        return Ok(addr);
+    }
+    let invalid = |why: String| ConfigError::Invalid(format!("cannot listen on {listen:?}: {why}"));
+    listen
+        .to_socket_addrs()
+        .map_err(|e| invalid(e.to_string()))?
+        .next()
+        .ok_or_else(|| invalid("the host has no address".into()))
+}
+
 fn load_file(path: &Path) -> Result<FileConfig, ConfigError> {
     let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
         path: path.to_owned(),
@@ -541,5 +628,94 @@ mod tests {
             ..Default::default()
         };
         assert!(matches!(missing.resolve(), Err(ConfigError::Read { .. })));
+    }
+
+    #[test]
+    fn listen_takes_a_host_name_and_binds_its_first_address() {
+        let settings = ServeArgs {
+            listen: Some("localhost:4437".into()),
+            ..Default::default()
+        }
+        .resolve()
+        .unwrap();
+        assert!(settings.listen.ip().is_loopback());
+        assert_eq!(settings.listen.port(), 4437);
+        let nowhere = ServeArgs {
+            listen: Some("no-such-host.invalid:4437".into()),
+            ..Default::default()
+        };
+        assert!(matches!(nowhere.resolve(), Err(ConfigError::Invalid(_))));
+    }
+
+    #[test]
+    fn a_flag_that_does_nothing_in_this_mode_is_refused_with_the_reason() {
+        let refusal = |args: ServeArgs| match args.resolve() {
+            Err(ConfigError::Invalid(reason)) => reason,
+            other => panic!("expected a refusal, got {other:?}"),
+        };
+        let memory = || ServeArgs {
+            memory: true,
+            ..Default::default()
+        };
+        assert!(
+            refusal(ServeArgs {
+                data_dir: Some("d".into()),
+                ..memory()
+            })
+            .starts_with("--data-dir")
+        );
+        assert!(
+            refusal(ServeArgs {
+                sync: Some(SyncArg::None),
+                ..memory()
+            })
+            .starts_with("--sync")
+        );
+        let reason = refusal(ServeArgs {
+            rate_limit: Some(5),
+            ..Default::default()
+        });
+        assert!(
+            reason.starts_with("--rate-limit") && reason.contains("--auth"),
+            "{reason}"
+        );
+        assert!(
+            refusal(ServeArgs {
+                auth_token: Some("t".repeat(16)),
+                ..Default::default()
+            })
+            .starts_with("--auth-token")
+        );
+        assert!(
+            refusal(ServeArgs {
+                mirror_token: Some("t".into()),
+                ..Default::default()
+            })
+            .starts_with("--mirror-token")
+        );
+        assert!(
+            refusal(ServeArgs {
+                mirror_ca_cert: Some("c".into()),
+                ..Default::default()
+            })
+            .starts_with("--mirror-ca-cert")
+        );
+        let with_auth = ServeArgs {
+            auth: true,
+            auth_token: Some("t".repeat(16)),
+            rate_limit: Some(5),
+            ..Default::default()
+        };
+        assert!(with_auth.resolve().is_ok());
+    }
+
+    #[test]
+    fn a_setting_from_the_file_that_does_nothing_is_refused_too() {
+        let f = file("memory = true\nsync = \"none\"\n");
+        let args = ServeArgs {
+            config: Some(f.path().into()),
+            ..Default::default()
+        };
+        assert!(matches!(args.resolve(), Err(ConfigError::Invalid(r)) if r.starts_with("--sync")));
     }
 }

@@ -1,6 +1,12 @@
+use std::io::IsTerminal as _;
+
 use clap::Parser;
-use runnel::config::{Cli, Command};
+use runnel::config::{Cli, Command, LogFormat};
 use tracing_subscriber::EnvFilter;
+
+/// What is logged without `RUST_LOG`: Runnel's own events at info; its dependencies (fjall,
+/// hyper, rustls) only when something is wrong, or their debug lines would drown Runnel's.
+const DEFAULT_LOG_FILTER: &str = "warn,runnel=info";
 
 /// glibc malloc cost about a quarter of the server's CPU under append load (arena locking and
 /// chunk coalescing on every request's small allocations); mimalloc's per-thread free lists do not.
@@ -41,13 +47,8 @@ fn main() -> std::process::ExitCode {
     // Both before the runtime's threads allocate anything.
     fault_memory_in_base_pages();
     keep_freed_memory_longer();
-    tracing_subscriber::fmt()
-        .with_writer(std::io::stderr)
-        .with_env_filter(
-            EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info")),
-        )
-        .init();
-    let Cli { command } = Cli::parse();
+    let Cli { command, log } = Cli::parse();
+    init_logging(log.log_format.unwrap_or_default());
     let result = match tokio::runtime::Runtime::new() {
         Ok(runtime) => runtime.block_on(run(command)),
         Err(e) => Err(anyhow::Error::new(e).context("cannot start the async runtime")),
@@ -58,6 +59,20 @@ fn main() -> std::process::ExitCode {
             eprintln!("runnel: {e:#}");
             std::process::ExitCode::FAILURE
         }
+    }
+}
+
+/// Logs to stderr, in colour only when a person is watching it (a terminal), never into a file
+/// or a pipe.
+fn init_logging(format: LogFormat) {
+    let filter =
+        EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(DEFAULT_LOG_FILTER));
+    let logger = tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_env_filter(filter);
+    match format {
+        LogFormat::Text => logger.with_ansi(std::io::stderr().is_terminal()).init(),
+        LogFormat::Json => logger.json().init(),
     }
 }
 

@@ -8,6 +8,7 @@ mod common;
 mod auth;
 mod bad_input;
 mod catch_up;
+mod cli;
 mod connections;
 mod corruption;
 mod disk_full;

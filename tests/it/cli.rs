@@ -1,0 +1,125 @@
+//! The `runnel` command line as an operator meets it: flags and their environment twins,
+//! start-up refusals and what is written to the log.
+
+use std::process::{Command, Output};
+use std::time::Duration;
+
+use crate::common::Server;
+
+/// Runs `runnel` with `args` and `env`, for a command that must end by itself (a refusal).
+fn run_to_exit(args: &[&str], env: &[(&str, &str)]) -> Output {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_runnel"));
+    command.args(args).env_remove("RUST_LOG");
+    for (name, value) in env {
+        command.env(name, value);
+    }
+    let child = command
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("spawn runnel");
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(child.wait_with_output());
+    });
+    rx.recv_timeout(Duration::from_secs(20))
+        .expect("runnel did not exit within 20 s")
+        .expect("runnel output")
+}
+
+fn stderr(output: &Output) -> String {
+    String::from_utf8_lossy(&output.stderr).into_owned()
+}
+
+#[test]
+fn a_boolean_environment_twin_takes_1_for_true() {
+    let data = tempfile::tempdir().unwrap();
+    let output = run_to_exit(
+        &[
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "--data-dir",
+            data.path().to_str().unwrap(),
+        ],
+        &[("RUNNEL_MEMORY", "1")],
+    );
+    // Taken as true, `--memory` makes `--data-dir` pointless, which is refused by name.
+    assert!(!output.status.success());
+    let err = stderr(&output);
+    assert!(err.contains("--data-dir does nothing here"), "{err}");
+}
+
+#[test]
+fn rate_limit_without_auth_stops_start_up_with_the_reason() {
+    let output = run_to_exit(
+        &[
+            "serve",
+            "--memory",
+            "--listen",
+            "127.0.0.1:0",
+            "--rate-limit",
+            "5",
+        ],
+        &[],
+    );
+    assert!(!output.status.success());
+    let err = stderr(&output);
+    assert!(
+        err.contains("--rate-limit does nothing here") && err.contains("--auth"),
+        "{err}"
+    );
+}
+
+#[test]
+fn a_config_file_error_prints_its_cause_once() {
+    let missing = run_to_exit(&["serve", "--config", "/nonexistent/runnel.toml"], &[]);
+    let err = stderr(&missing);
+    assert!(!missing.status.success());
+    assert!(
+        err.contains("cannot read config file /nonexistent/runnel.toml"),
+        "{err}"
+    );
+    assert_eq!(err.matches("No such file or directory").count(), 1, "{err}");
+
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("bad.toml");
+    std::fs::write(&path, "listne = \"127.0.0.1:1\"\n").unwrap();
+    let unknown = run_to_exit(&["serve", "--config", path.to_str().unwrap()], &[]);
+    let err = stderr(&unknown);
+    assert!(!unknown.status.success());
+    assert_eq!(err.matches("unknown field `listne`").count(), 1, "{err}");
+}
+
+#[test]
+fn a_log_written_to_a_file_has_no_colour_codes() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("runnel.log");
+    let mut server = Server::start_logged(&["--memory"], &log);
+    server.terminate(Duration::from_secs(10));
+    let text = std::fs::read_to_string(&log).unwrap();
+    assert!(
+        text.contains("INFO"),
+        "the server logged nothing at info: {text}"
+    );
+    assert!(!text.contains('\u{1b}'), "colour codes in a file: {text:?}");
+}
+
+#[test]
+fn json_logs_are_one_object_per_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("runnel.log");
+    let mut server = Server::start_logged(&["--memory", "--log-format", "json"], &log);
+    server.terminate(Duration::from_secs(10));
+    let text = std::fs::read_to_string(&log).unwrap();
+    let lines: Vec<&str> = text.lines().collect();
+    assert!(!lines.is_empty(), "nothing logged");
+    for line in lines {
+        let event: serde_json::Value =
+            serde_json::from_str(line).unwrap_or_else(|e| panic!("not JSON ({e}): {line}"));
+        assert!(
+            event.get("level").is_some() && event.get("fields").is_some(),
+            "{line}"
+        );
+    }
+}
