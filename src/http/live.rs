@@ -11,13 +11,16 @@ use axum::body::Body;
 use axum::extract::Request;
 use axum::http::{HeaderValue, Method, StatusCode, Version, header};
 use axum::response::Response;
+use std::task::Poll;
+
 use futures::stream::{AbortHandle, Abortable};
+use futures::{Stream, StreamExt as _};
 
 use super::route::{Extension, Face, Route, S2Route};
 use super::taking::{self, ConnectionHandle, Taking};
 use super::task::OwnedTask;
 use super::{AppState, auth, token_expiry};
-use crate::service::{Principal, TokenError};
+use crate::service::{Principal, Revocation, TokenError, now_ms};
 
 /// How long a refused live reader is asked to wait before trying again.
 const RETRY_AFTER_SECS: &str = "1";
@@ -134,10 +137,11 @@ pub async fn serve<F: Future<Output = Response>>(
         // Nothing can end it early: an append session opened without a token.
         return response;
     }
+    let body_principal = principal.clone();
     let end = async move {
         let (expires_ms, revoked) = match &principal {
             Some(p) => (p.expires_ms, p.revoked.clone()),
-            None => (None, tokio_util::sync::CancellationToken::new()),
+            None => (None, Revocation::default()),
         };
         let shutdown = async {
             match &shutdown {
@@ -148,7 +152,7 @@ pub async fn serve<F: Future<Output = Response>>(
         tokio::select! {
             () = shutdown => {}
             () = token_expiry(expires_ms) => {}
-            () = revoked.cancelled() => {}
+            () = revoked.revoked() => {}
         }
     };
     // Over HTTP/2 a client that takes nothing does not stall the connection (its other streams
@@ -183,14 +187,31 @@ pub async fn serve<F: Future<Output = Response>>(
         abort.abort();
     });
     let body = Abortable::new(body.into_data_stream(), registration);
+    let body = ends_with_token(body, body_principal);
     Response::from_parts(parts, Body::from_stream(taking.track(body, watcher)))
+}
+
+/// Ends `body` before the first frame it has ready once `principal`'s token has stopped
+/// working. The watcher task ends the body too, but only once it runs: a frame ready in between
+/// (a record appended just after the revocation) would still go out.
+fn ends_with_token<S: Stream + Unpin>(
+    mut body: S,
+    principal: Option<Arc<Principal>>,
+) -> impl Stream<Item = S::Item> + Unpin {
+    let principal = principal.filter(|p| p.token_id.is_some());
+    futures::stream::poll_fn(move |cx| match body.poll_next_unpin(cx) {
+        Poll::Ready(Some(_)) if principal.as_ref().is_some_and(|p| p.has_ended(now_ms())) => {
+            Poll::Ready(None)
+        }
+        polled => polled,
+    })
 }
 
 /// Completes when `principal`'s token stops working: revoked (it is then unknown) or expired.
 async fn token_end(principal: &Principal) -> TokenError {
     tokio::select! {
         () = token_expiry(principal.expires_ms) => TokenError::Expired,
-        () = principal.revoked.cancelled() => TokenError::Unknown,
+        () = principal.revoked.revoked() => TokenError::Unknown,
     }
 }
 
@@ -309,5 +330,34 @@ pub(super) mod tests {
             "/v1/stream/s",
             &[("accept", "text/event-stream")]
         )));
+    }
+
+    fn token_principal(expires_ms: Option<i64>) -> Arc<Principal> {
+        Arc::new(Principal {
+            token_id: Some("reader".into()),
+            expires_ms,
+            ..Principal::operator()
+        })
+    }
+
+    #[tokio::test]
+    async fn a_streaming_body_sends_no_frame_once_its_token_is_revoked() {
+        let principal = token_principal(None);
+        let frames = futures::stream::iter([1, 2]);
+        let mut body = ends_with_token(frames, Some(principal.clone()));
+        assert_eq!(body.next().await, Some(1));
+        // Revoked while the next frame is already ready: the watcher task has not run yet.
+        principal.revoked.revoke();
+        assert_eq!(body.next().await, None);
+    }
+
+    #[tokio::test]
+    async fn a_streaming_body_sends_no_frame_once_its_token_has_expired() {
+        let expired = token_principal(Some(now_ms() - 1));
+        let mut body = ends_with_token(futures::stream::iter([1]), Some(expired));
+        assert_eq!(body.next().await, None);
+        let valid = token_principal(Some(now_ms() + 60_000));
+        let mut body = ends_with_token(futures::stream::iter([1]), Some(valid));
+        assert_eq!(body.next().await, Some(1));
     }
 }

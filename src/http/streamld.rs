@@ -29,7 +29,7 @@ use super::origin::Origin;
 use crate::model::access::Operation;
 use crate::model::names;
 use crate::model::streamld::{self, GapSignal, Message, StreamDeleted};
-use crate::service::Principal;
+use crate::service::{Principal, now_ms};
 
 /// Messages queued per session before its pumps wait for the replica.
 const SESSION_QUEUE: usize = 256;
@@ -106,11 +106,17 @@ async fn session(app: AppState, principal: Arc<Principal>, socket: WebSocket, or
     // waiting on a replica that has nothing to send.
     let writer_gone = CancellationToken::new();
     let gone = writer_gone.clone();
+    let writer_principal = principal.clone();
     let writer = tokio::spawn(async move {
         while let Some((subscription, message)) = outgoing.recv().await {
             if subscription.is_cancelled() {
                 // Replaced by a later join (see `Outbox`).
                 continue;
+            }
+            if writer_principal.has_ended(now_ms()) {
+                // The token ended while this message waited: the session ends without it (the
+                // reader loop, woken by the same revocation or expiry, sends the close frame).
+                break;
             }
             let sent = tokio::time::timeout(
                 SEND_TIMEOUT,
@@ -153,7 +159,7 @@ async fn session(app: AppState, principal: Arc<Principal>, socket: WebSocket, or
             () = writer_gone.cancelled() => break,
             () = shutdown.cancelled() => break,
             () = &mut token_expired => break,
-            () = principal.revoked.cancelled() => break,
+            () = principal.revoked.revoked() => break,
             () = pump_failed.cancelled() => {
                 refuse_with(
                     &mut refuse,

@@ -66,7 +66,7 @@ pub use s2::{
 pub use shared_bodies::{BodyRange, SharedBody, SharedRead};
 pub use snapshots::{Bootstrap, Position, digest as snapshot_digest};
 pub use stream::{Durable, Stream};
-pub use tokens::{IssueToken, Principal, TokenError};
+pub use tokens::{IssueToken, Principal, Revocation, TokenError};
 
 use stream::State;
 

@@ -3,6 +3,7 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use tokio_util::sync::CancellationToken;
 
 use base64::Engine as _;
@@ -22,7 +23,7 @@ pub(super) struct TokenRegistry {
     by_expiry: BTreeSet<(i64, String)>,
     /// Cancelled when the token is revoked, so that sessions it opened end with it. Made when
     /// the token is first used; kept in memory only.
-    revoked: HashMap<String, CancellationToken>,
+    revoked: HashMap<String, Revocation>,
 }
 
 impl TokenRegistry {
@@ -51,7 +52,7 @@ impl TokenRegistry {
             self.by_expiry.remove(&(at, token.id.clone()));
         }
         if let Some(revoked) = self.revoked.remove(id) {
-            revoked.cancel();
+            revoked.revoke();
         }
         Some(token)
     }
@@ -74,8 +75,8 @@ pub struct Principal {
     pub scope: Scope,
     /// When the token stops working (milliseconds since the epoch).
     pub expires_ms: Option<i64>,
-    /// Cancelled when the token is revoked (never, for the operator).
-    pub revoked: CancellationToken,
+    /// Set when the token is revoked (never, for the operator).
+    pub revoked: Revocation,
     /// The token whose request budget this principal spends ([`TokenRecord::rate_budget`]);
     /// `None` for the operator.
     pub rate_budget: Option<String>,
@@ -87,9 +88,15 @@ impl Principal {
             token_id: None,
             scope: Scope::everything(),
             expires_ms: None,
-            revoked: CancellationToken::new(),
+            revoked: Revocation::default(),
             rate_budget: None,
         }
+    }
+
+    /// Whether the token has stopped working at `now_ms`: revoked, or expired. Cheap enough to
+    /// ask before every frame a streaming response sends.
+    pub fn has_ended(&self, now_ms: i64) -> bool {
+        self.revoked.is_revoked() || self.expires_ms.is_some_and(|at| at <= now_ms)
     }
 
     /// The operator, built once: requests without `--auth` all act as it, and building its
@@ -99,6 +106,35 @@ impl Principal {
         OPERATOR
             .get_or_init(|| Arc::new(Principal::operator()))
             .clone()
+    }
+}
+
+/// A token's revocation, shared by every request the token authenticated: a flag that a
+/// streaming response reads before each frame (an atomic load), so that nothing appended after
+/// the revocation reaches it, and a signal that the tasks serving it wait on.
+#[derive(Clone, Debug, Default)]
+pub struct Revocation(Arc<RevocationState>);
+
+#[derive(Debug, Default)]
+struct RevocationState {
+    revoked: AtomicBool,
+    signal: CancellationToken,
+}
+
+impl Revocation {
+    pub fn revoke(&self) {
+        // The flag first: a response woken by the signal must find it set.
+        self.0.revoked.store(true, Ordering::Release);
+        self.0.signal.cancel();
+    }
+
+    pub fn is_revoked(&self) -> bool {
+        self.0.revoked.load(Ordering::Acquire)
+    }
+
+    /// Completes once the token is revoked.
+    pub async fn revoked(&self) {
+        self.0.signal.cancelled().await;
     }
 }
 
@@ -197,7 +233,7 @@ impl StreamService {
             let mut tokens = self.lock_tokens();
             // Revocation cancels under this lock, so a request authenticated just before its
             // token was revoked cannot leave a token behind that outlives the revocation.
-            if issuer.revoked.is_cancelled() {
+            if issuer.revoked.is_revoked() {
                 return Err(StreamError::Forbidden(
                     "the issuing access token has been revoked".into(),
                 ));
@@ -419,7 +455,7 @@ mod tests {
             token_id: Some("narrow".into()),
             scope: reader_of("logs"),
             expires_ms: None,
-            revoked: CancellationToken::new(),
+            revoked: Revocation::default(),
             rate_budget: Some("narrow".into()),
         };
         let wider = IssueToken {
