@@ -27,12 +27,62 @@ pub fn install_recorder() -> Option<metrics_exporter_prometheus::PrometheusHandl
         })
         .and_then(|b| b.install_recorder());
     match installed {
-        Ok(handle) => Some(handle),
+        Ok(handle) => {
+            describe_recorded_metrics();
+            Some(handle)
+        }
         Err(error) => {
             tracing::warn!(%error, "metrics recorder not installed; /metrics shows gauges only");
             None
         }
     }
+}
+
+/// Gives every metric the recorder keeps its help text, and shows those that count failures or
+/// backlogs from the start, at zero: an alert on them must not wait for the first occurrence.
+fn describe_recorded_metrics() {
+    use metrics::{Unit, describe_counter, describe_gauge, describe_histogram};
+    describe_counter!(
+        "runnel_http_requests_total",
+        "HTTP requests answered, by route template, method and status."
+    );
+    describe_histogram!(
+        "runnel_http_request_duration_seconds",
+        Unit::Seconds,
+        "Time from a request's head to its response's head, by route template and method."
+    );
+    describe_histogram!(
+        "runnel_commit_group_appends",
+        "Appends one group commit carried to disk."
+    );
+    describe_histogram!(
+        "runnel_commit_seconds",
+        Unit::Seconds,
+        "Time one group commit took, its fsync included."
+    );
+    describe_counter!(
+        "runnel_commit_failures_total",
+        "Group commits that failed; their appends were refused with 5xx and nothing was acknowledged."
+    );
+    describe_counter!(
+        "runnel_trim_deleted_values_total",
+        "Stored values deleted by trims, retention and stream deletes."
+    );
+    describe_gauge!(
+        "runnel_trim_pending_streams",
+        "Streams with trimmed records not yet deleted from storage."
+    );
+    describe_gauge!(
+        "runnel_replication_subscriptions",
+        "Replication subscriptions (a stream or bucket a replica follows) being served."
+    );
+    describe_gauge!(
+        "runnel_replication_streams_followed",
+        "Streams the replication subscriptions being served follow."
+    );
+    metrics::counter!("runnel_commit_failures_total").absolute(0);
+    metrics::counter!("runnel_trim_deleted_values_total").absolute(0);
+    metrics::gauge!("runnel_trim_pending_streams").set(0.0);
 }
 
 pub async fn metrics(app: &AppState) -> Response {
@@ -93,6 +143,9 @@ pub async fn metrics(app: &AppState) -> Response {
             .metrics()
             .num_alive_tasks(),
     );
+    if let Some(process) = super::process_metrics::read() {
+        render_process(&mut out, &process);
+    }
     let lags = app.service.replication_lags();
     for (name, help, pick) in [
         (
@@ -118,6 +171,56 @@ pub async fn metrics(app: &AppState) -> Response {
         }
     }
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], out).into_response()
+}
+
+/// The process's figures, as Prometheus's client libraries name them.
+fn render_process(out: &mut String, process: &super::process_metrics::ProcessFigures) {
+    let mut sample = |name: &str, kind: &str, help: &str, value: &dyn std::fmt::Display| {
+        let _ = writeln!(
+            out,
+            "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {value}"
+        );
+    };
+    sample(
+        "process_cpu_seconds_total",
+        "counter",
+        "CPU time the process has used, user and system, in seconds.",
+        &process.cpu_seconds,
+    );
+    sample(
+        "process_resident_memory_bytes",
+        "gauge",
+        "Memory the process holds in RAM (its resident set).",
+        &process.resident_bytes,
+    );
+    sample(
+        "process_virtual_memory_bytes",
+        "gauge",
+        "The process's virtual memory size.",
+        &process.virtual_bytes,
+    );
+    sample(
+        "process_start_time_seconds",
+        "gauge",
+        "When the process started, in seconds since the Unix epoch.",
+        &process.start_time_seconds,
+    );
+    if let Some(open) = process.open_fds {
+        sample(
+            "process_open_fds",
+            "gauge",
+            "File descriptors the process has open.",
+            &open,
+        );
+    }
+    if let Some(max) = process.max_fds {
+        sample(
+            "process_max_fds",
+            "gauge",
+            "The most file descriptors the process may open (its soft limit).",
+            &max,
+        );
+    }
 }
 
 fn gauge(out: &mut String, name: &str, help: &str, value: usize) {

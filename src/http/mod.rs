@@ -15,6 +15,7 @@ mod long_poll;
 mod metrics;
 mod observe;
 mod origin;
+mod process_metrics;
 mod request;
 mod route;
 mod s2;

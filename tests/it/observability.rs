@@ -53,3 +53,39 @@ async fn every_response_carries_a_request_id_and_echoes_the_clients() {
         .unwrap();
     assert_eq!(header(&echoed, "x-request-id"), Some("client-chosen-42"));
 }
+
+#[tokio::test]
+async fn every_metric_family_has_help_and_failure_counters_start_at_zero() {
+    let server = Server::start(&["--memory"]);
+    let http = Client::new(&server);
+    assert_eq!(
+        http.create("/v1/stream/m", "text/plain", "x")
+            .await
+            .status(),
+        201
+    );
+    let text = http.metrics().await;
+    let families: Vec<&str> = text
+        .lines()
+        .filter_map(|l| l.strip_prefix("# TYPE "))
+        .filter_map(|l| l.split_whitespace().next())
+        .collect();
+    assert!(families.len() >= 20, "{text}");
+    for family in &families {
+        let help = format!("# HELP {family} ");
+        assert!(
+            text.lines()
+                .any(|l| l.starts_with(&help) && l.len() > help.len()),
+            "{family} has no help text:\n{text}"
+        );
+    }
+    let value = |name: &str| {
+        text.lines()
+            .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse::<f64>().ok())
+            .unwrap_or_else(|| panic!("no {name}:\n{text}"))
+    };
+    assert_eq!(value("runnel_commit_failures_total"), 0.0);
+    assert!(value("process_resident_memory_bytes") > 1e6);
+    assert!(value("process_open_fds") >= 3.0);
+    assert!(value("process_cpu_seconds_total") >= 0.0);
+}
