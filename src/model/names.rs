@@ -33,6 +33,11 @@ pub enum NameError {
     ReservedBucket,
     #[error("a base-protocol stream path must be 1 to 1024 bytes, free of control characters")]
     BadPath,
+    #[error(
+        "a base-protocol stream path has no empty, '.' or '..' segment: clients that normalise \
+         URLs could never reach such a stream"
+    )]
+    BadPathSegment,
     #[error("the path has a '%' not followed by two hex digits, or is not UTF-8 once decoded")]
     BadEncoding,
     #[error("not a stream path: expected /v1/stream/<path> or /<bucket>/<stream>")]
@@ -102,6 +107,12 @@ pub fn stream_key_in(basin: &str, stream: &str) -> Result<String, NameError> {
 pub fn base_stream_key(path: &str) -> Result<String, NameError> {
     if path.is_empty() || path.len() > MAX_BASE_PATH_BYTES || path.chars().any(char::is_control) {
         return Err(NameError::BadPath);
+    }
+    if path
+        .split('/')
+        .any(|segment| matches!(segment, "" | "." | ".."))
+    {
+        return Err(NameError::BadPathSegment);
     }
     Ok(format!("{BASE_PREFIX}{path}"))
 }
@@ -216,6 +227,20 @@ pub fn bucket_prefix(bucket: &str) -> String {
 mod tests {
     use super::*;
     use proptest::prelude::*;
+
+    #[test]
+    fn a_base_path_with_an_empty_dot_or_dot_dot_segment_is_refused() {
+        for path in ["a/../b", "..", ".", "a/.", "a//b", "a/", "/a", "./a"] {
+            assert_eq!(
+                base_stream_key(path),
+                Err(NameError::BadPathSegment),
+                "{path}"
+            );
+        }
+        for path in ["a/b", "a..b/c", ".hidden/x", "a/b.c"] {
+            assert!(base_stream_key(path).is_ok(), "{path}");
+        }
+    }
 
     #[test]
     fn a_keys_url_path_decodes_back_to_the_key_and_keeps_its_segments() {

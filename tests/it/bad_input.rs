@@ -413,3 +413,42 @@ async fn a_read_refused_for_its_headers_does_not_renew_the_streams_ttl() {
         "expired: the refused read renewed nothing"
     );
 }
+
+/// Sends `head` as it is, on a connection of its own (HTTP clients normalise `..` and `.` away
+/// before sending), and returns the response's status line.
+async fn raw_status_line(server: &Server, head: &str) -> String {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    let addr = server.base.trim_start_matches("http://");
+    let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+    stream.write_all(head.as_bytes()).await.unwrap();
+    let mut response = Vec::new();
+    let read = tokio::time::timeout(
+        std::time::Duration::from_secs(10),
+        stream.read_to_end(&mut response),
+    );
+    read.await.expect("a response within 10 s").unwrap();
+    let text = String::from_utf8_lossy(&response);
+    text.lines().next().unwrap_or_default().to_string()
+}
+
+#[tokio::test]
+async fn a_base_stream_name_with_a_dot_dot_dot_or_empty_segment_is_refused() {
+    let server = Server::start(&["--memory"]);
+    let http = Client::new(&server);
+    for path in [
+        "/v1/stream/a/../b",
+        "/v1/stream/a/./b",
+        "/v1/stream/a//b",
+        "/v1/stream/a/%2E%2E/b",
+    ] {
+        let head = format!(
+            "PUT {path} HTTP/1.1\r\nHost: x\r\nContent-Type: text/plain\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+        );
+        let status = raw_status_line(&server, &head).await;
+        assert!(status.starts_with("HTTP/1.1 400"), "{path}: {status}");
+    }
+    // Nothing was created under any spelling a client could reach.
+    for path in ["/v1/stream/b", "/v1/stream/a/b"] {
+        assert_eq!(http.read(path, "-1").await.status(), 404, "{path}");
+    }
+}
