@@ -2,6 +2,7 @@ use std::sync::Arc;
 
 use super::super::live::tests::app_over;
 use super::*;
+use crate::model::Offset;
 use crate::service::StreamService;
 
 /// A read of the service's stream `s` (three records) from its start, in `view`.

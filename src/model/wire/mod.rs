@@ -2,6 +2,9 @@
 //! and how those bytes are read back, with no I/O. The HTTP layer carries these bytes; what they
 //! say is decided here, so each format is testable on its own.
 
+pub mod ds_body;
+pub mod ds_sse_event;
+pub mod gather;
 pub mod s2_json;
 pub mod s2_proto;
 pub mod s2_sse_event;
