@@ -232,8 +232,8 @@ async fn session(app: AppState, principal: Arc<Principal>, socket: WebSocket, or
             stream: Some(request.stream.clone()),
             ..Default::default()
         };
-        let Some(target) =
-            target_of(&request.stream).filter(|target| may_replicate(&principal, target))
+        let Some(target) = streamld_target::of_iri(&request.stream)
+            .filter(|target| may_replicate(&principal, target))
         else {
             let _ = queue
                 .send((CancellationToken::new(), Message::Gap(not_served)))
@@ -336,7 +336,8 @@ fn refuse_with(refuse: &mut Option<oneshot::Sender<CloseFrame>>, code: u16, reas
     }
 }
 
+use crate::model::wire::streamld_target::{self, Target};
 use crate::service::sessions::replica_feed::{Cursor, Cursors, bucket_pump, stream_pump};
 pub use pumps::MAX_SUBSCRIPTIONS;
-use pumps::{Subscriptions, Target, target_of};
+use pumps::Subscriptions;
 pub use sse_binding::sse;

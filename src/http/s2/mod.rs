@@ -10,14 +10,12 @@ use axum::extract::Request;
 use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, Uri, header};
 use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
-use serde::Deserialize;
 use serde_json::{Value, json};
 
 use super::AppState;
 use super::request::{self, Part, Query, Rejection};
 use crate::model::access::{Operation, Resource};
 use crate::model::cipher::{CipherError, RecordKey};
-use crate::model::headers::format_timestamp;
 use crate::model::names;
 use crate::model::s2::{self, BasinConfig, EventId, Format, StreamConfig};
 use crate::model::wire::s2_json;

@@ -7,8 +7,8 @@ use std::collections::HashMap;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
-use crate::model::names;
-use crate::model::streamld::{self, Message};
+use crate::model::streamld::Message;
+use crate::model::wire::streamld_target::Target;
 use crate::service::sessions::OwnedTask;
 use crate::service::sessions::replica_feed::Outbox;
 
@@ -108,35 +108,5 @@ impl Drop for Subscriptions {
     fn drop(&mut self) {
         self.session.cancel();
         metrics::gauge!(SUBSCRIPTIONS_GAUGE).decrement(self.live.len() as f64);
-    }
-}
-
-pub(super) enum Target {
-    Stream(String),
-    Bucket(String),
-}
-
-impl Target {
-    /// The session's name for a subscription to it.
-    pub(super) fn name(&self) -> String {
-        match self {
-            Target::Stream(key) => key.clone(),
-            Target::Bucket(bucket) => format!("bucket:{bucket}"),
-        }
-    }
-}
-
-/// What a subscription's `stream` IRI names on this server: a bucketed stream or a bucket.
-pub(super) fn target_of(iri: &str) -> Option<Target> {
-    let path = streamld::iri_path(iri)?;
-    let mut segments = path.trim_start_matches('/').splitn(2, '/');
-    match (segments.next(), segments.next()) {
-        (Some(bucket), None | Some("")) => names::validate_bucket_id(bucket)
-            .ok()
-            .map(|()| Target::Bucket(bucket.to_string())),
-        (Some(bucket), Some(stream)) => names::stream_key_in(bucket, stream)
-            .ok()
-            .map(Target::Stream),
-        _ => None,
     }
 }

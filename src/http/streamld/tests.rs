@@ -8,22 +8,10 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
 use super::super::live::tests::app_over;
-use super::pumps::target_of;
 use super::*;
 use crate::model::streamld::{self, Message, StreamDeleted};
 use crate::service::sessions::replica_feed::{Cursor, Outbox, READ_BATCH, pump, stream_pump};
 use crate::storage::StorageError;
-
-#[test]
-fn subscription_targets_are_buckets_or_bucketed_streams() {
-    assert!(matches!(target_of("http://up:1/docs"), Some(Target::Bucket(b)) if b == "docs"));
-    assert!(matches!(target_of("http://up:1/docs/"), Some(Target::Bucket(b)) if b == "docs"));
-    assert!(
-        matches!(target_of("http://up:1/docs/a%20b"), Some(Target::Stream(k)) if k == "/docs/a b")
-    );
-    assert!(target_of("http://up:1/v1/stream/x").is_none());
-    assert!(target_of("http://up:1/").is_none());
-}
 
 fn outbox_of(queue: mpsc::Sender<(CancellationToken, Message)>) -> Outbox {
     Outbox {

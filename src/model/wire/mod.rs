@@ -7,5 +7,7 @@ pub mod ds_sse_event;
 pub mod gather;
 pub mod s2_json;
 pub mod s2_proto;
+pub mod s2_resources;
 pub mod s2_sse_event;
 pub mod s2s_frame;
+pub mod streamld_target;
