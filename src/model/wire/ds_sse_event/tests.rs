@@ -100,7 +100,8 @@ fn an_envelope_chunk_is_an_event_pair_per_record_and_only_the_last_is_up_to_date
 }
 
 #[test]
-fn a_shared_frame_rendered_for_another_cursor_gets_this_readers_control_event() {
+fn a_shared_frame_goes_out_as_it_is_for_its_cursor_and_with_this_readers_control_event_for_another()
+{
     let records = [record(0, 0, b"ab")];
     let reached = Reached {
         next: Offset::new(1, 2),
@@ -110,8 +111,13 @@ fn a_shared_frame_rendered_for_another_cursor_gets_this_readers_control_event() 
     let (events, records_len) = chunk(&records, reached, BYTES, AT_CURSOR_7);
     let frame = Bytes::from(events);
     let records_len = records_len.unwrap();
-    let same = for_this_reader(frame.clone(), records_len, 7, reached, AT_CURSOR_7);
-    assert_eq!(same, (frame.clone(), None));
+    let (same, rest) = for_this_reader(frame.clone(), records_len, 7, reached, AT_CURSOR_7);
+    assert!(rest.is_none());
+    assert_eq!(
+        same.as_ptr(),
+        frame.as_ptr(),
+        "rendered for this cursor: sent as it is, not copied"
+    );
     let other = Standing {
         cursor: 9,
         ..AT_CURSOR_7
