@@ -1,6 +1,6 @@
-//! How a Durable Streams read shows its records: the resolved read, the body in the read's
-//! view (canonical bytes, a JSON array, NDJSON values or envelopes), and the headers that say
-//! where an answer ends. Catch-up reads, long-polls and SSE all render through it.
+//! How a Durable Streams read shows its records over HTTP: the resolved read, its body (in the
+//! read's view, see `model::wire::ds_body`), and the headers that say where an answer ends.
+//! Catch-up reads, long-polls and SSE all render through it.
 
 use std::sync::Arc;
 
@@ -9,8 +9,9 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 
 use super::error::{set, set_number, set_tail};
-use super::gather::{Gather, Pieces};
+use super::gather::Pieces;
 use crate::model::records::{self, ReadView, RecordView};
+use crate::model::wire::ds_body::{self, visible};
 use crate::model::{Offset, Record, cursor};
 use crate::service::{ReadChunk, SharedRead, Stream};
 
@@ -138,58 +139,8 @@ pub(super) fn content_type(read: &Read) -> &str {
 
 /// The content type and body of records in a read's view.
 pub(super) fn render<'a>(read: &'a Read, records: &[Record]) -> (&'a str, Pieces) {
-    let body = match read.view {
-        ReadView::Canonical => canonical_body(read.stream.json, records),
-        ReadView::Records(RecordView::Values) => {
-            let mut body = Gather::default();
-            for record in visible(records) {
-                body.push(&record.body);
-                body.push_slice(b"\n");
-            }
-            body.finish()
-        }
-        ReadView::Records(RecordView::Envelope) => {
-            let mut body = Gather::default();
-            for record in visible(records) {
-                body.push_slice(&records::envelope(record.seq, &record.body));
-                body.push_slice(b"\n");
-            }
-            body.finish()
-        }
-    };
-    (content_type(read), body)
-}
-
-/// The base protocol's body of a read: the records' bytes, or for JSON one array of them.
-pub(super) fn canonical_body(json_mode: bool, records: &[Record]) -> Pieces {
-    let lengths = visible(records).map(|r| r.body.len());
-    let mut body = Gather::sized_for(lengths, if json_mode { records.len() + 2 } else { 0 });
-    if json_mode {
-        body.push_slice(b"[");
-        for (i, record) in visible(records).enumerate() {
-            if i > 0 {
-                body.push_slice(b",");
-            }
-            body.push(&record.body);
-        }
-        body.push_slice(b"]");
-    } else {
-        for record in visible(records) {
-            body.push(&record.body);
-        }
-    }
-    body.finish()
-}
-
-/// The records Durable Streams readers see: all but S2 command records.
-pub(super) fn visible(records: &[Record]) -> impl Iterator<Item = &Record> {
-    records.iter().filter(|r| !r.command)
-}
-
-/// Whether Durable Streams readers see nothing of `records` (none, or only command records): an
-/// answer with no data, at the offset past them.
-pub(super) fn shows_nothing(records: &[Record]) -> bool {
-    visible(records).next().is_none()
+    let body = ds_body::render(read.view, read.stream.json, records);
+    (content_type(read), body.into())
 }
 
 pub(super) fn next_cursor(client: Option<u64>) -> u64 {
@@ -198,45 +149,4 @@ pub(super) fn next_cursor(client: Option<u64>) -> u64 {
         client,
         rand::random_range(1..=180),
     )
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use bytes::Bytes;
-
-    fn record(seq: u64, body: &'static [u8], command: bool) -> Record {
-        Record {
-            seq,
-            pos: 0,
-            timestamp_ms: 0,
-            arrival_ms: 0,
-            starts_unit: true,
-            headers: Vec::new(),
-            body: Bytes::from_static(body),
-            command,
-        }
-    }
-
-    #[test]
-    fn a_json_read_is_one_array_of_the_visible_messages() {
-        let records = [
-            record(0, b"1", false),
-            record(1, b"", true),
-            record(2, b"{\"a\":2}", false),
-        ];
-        assert_eq!(canonical_body(true, &records).into_bytes(), "[1,{\"a\":2}]");
-        assert_eq!(canonical_body(true, &[]).into_bytes(), "[]");
-    }
-
-    #[test]
-    fn a_byte_read_is_the_visible_bodies_back_to_back() {
-        let records = [
-            record(0, b"ab", false),
-            record(1, b"fence", true),
-            record(2, b"c", false),
-        ];
-        assert_eq!(canonical_body(false, &records).into_bytes(), "abc");
-        assert!(canonical_body(false, &[]).into_bytes().is_empty());
-    }
 }

@@ -12,7 +12,6 @@ use super::AppState;
 use super::buckets::json_response;
 use super::ds::{self, advertise_records, set_record_bounds};
 use super::error::{self, Failure, Handled, empty, set};
-use super::gather::Gather;
 use super::header_names;
 use super::origin::Origin;
 use super::request::{self, Query, Rejection};
@@ -20,6 +19,7 @@ use super::route::Extension;
 use crate::model::batch::{self, FrameError};
 use crate::model::content_type::{self, DEFAULT_CONTENT_TYPE};
 use crate::model::headers::{self as hv, parse_canonical_u64};
+use crate::model::wire::gather::Gather;
 use crate::model::{Offset, attrs, names};
 use crate::service::{AppendAck, Bootstrap, Position, StreamError, StreamResult};
 

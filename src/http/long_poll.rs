@@ -8,10 +8,10 @@ use axum::response::Response;
 use super::AppState;
 use super::ds_view::{
     CACHE_HISTORIC, ChunkHead, Read, describe_chunk, etag_of, next_cursor, ok_with, render,
-    shows_nothing,
 };
 use super::error::{Handled, empty, set};
 use crate::model::Offset;
+use crate::model::wire::ds_body::shows_nothing;
 use crate::service::{Chunks, Deletion, Event, Follow, FollowOptions, ReadChunk, StreamError};
 
 /// What a long-poll answers with.

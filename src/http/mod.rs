@@ -22,7 +22,6 @@ mod s2;
 mod sse;
 mod streamld;
 mod taking;
-mod task;
 
 use std::convert::Infallible;
 use std::sync::Arc;

@@ -1,5 +1,5 @@
-//! Live reads over Server-Sent Events: a `data` event per chunk, each followed at once by a
-//! `control` event with the offset to resume from.
+//! Durable Streams live reads over Server-Sent Events: one follow of the stream, each of its
+//! events rendered as `model::wire::ds_sse_event` spells them.
 
 use std::time::Duration;
 
@@ -10,11 +10,10 @@ use bytes::Bytes;
 use tokio::time::Instant;
 
 use super::AppState;
-use super::ds_view::{Read, canonical_body, next_cursor, shows_nothing, visible};
-use crate::model::Offset;
+use super::ds_view::{Read, next_cursor};
 use crate::model::content_type::sse_needs_base64;
 use crate::model::records::{self, ReadView, RecordView};
-use crate::model::sse::write_data_event;
+use crate::model::wire::ds_sse_event::{self, Reached, Spelling, Standing};
 use crate::service::{Chunks, Ends, Event, Follow, FollowOptions, FrameView, LiveFrame, ReadChunk};
 
 /// How often an idle connection gets a control event, so proxies and clients see it is alive.
@@ -31,6 +30,11 @@ pub fn respond(app: &AppState, read: Read) -> Response {
     let base64 = read.view == ReadView::Canonical && sse_needs_base64(&read.stream.content_type);
     let envelope = read.view == ReadView::Records(RecordView::Envelope);
     let json = read.stream.json;
+    let spelling = Spelling {
+        json,
+        envelope,
+        base64,
+    };
     let (keepalive, deadline) = live_timing(app);
     // Readers of the canonical view at one place render the same bytes but for their cursor,
     // so they share one rendering (see `LiveFrame`).
@@ -62,14 +66,20 @@ pub fn respond(app: &AppState, read: Read) -> Response {
                 Event::Shared(frame) => {
                     told_closed = frame.closed;
                     told_up_to_date = true;
-                    let (first, rest) = for_this_reader(&read, frame, fresh);
+                    // A shared frame is handed out only while it ends at the durable tail.
+                    let reached = Reached { next: frame.next, up_to_date: true, closed: frame.closed };
+                    let (first, rest) = ds_sse_event::for_this_reader(
+                        frame.bytes, frame.records_len, frame.tag, reached, standing(&read, fresh),
+                    );
                     yield Ok::<Bytes, std::io::Error>(first);
                     if let Some(rest) = rest {
                         yield Ok(rest);
                     }
                 }
                 Event::Records(mut chunk) => {
-                    let (events, records_len) = chunk_events(&read, &chunk, envelope, base64, fresh);
+                    let (events, records_len) = ds_sse_event::chunk(
+                        &chunk.records, reached_by(&chunk), spelling, standing(&read, fresh),
+                    );
                     let events = Bytes::from(events);
                     if let Some(records_len) = records_len.filter(|_| shares && chunk.up_to_date) {
                         let frame = LiveFrame {
@@ -89,13 +99,13 @@ pub fn respond(app: &AppState, read: Read) -> Response {
                 // A reader that starts at the tail hears so at once.
                 Event::CaughtUp(durable) if !told_up_to_date => {
                     told_closed = durable.closed;
-                    yield Ok(Bytes::from(control_event(&read, reached(durable.closed), fresh)));
+                    yield Ok(Bytes::from(ds_sse_event::control(reached(durable.closed), standing(&read, fresh))));
                 }
                 Event::CaughtUp(_) | Event::Changed(_) => {}
-                Event::Idle => yield Ok(Bytes::from(control_event(&read, reached(false), fresh))),
+                Event::Idle => yield Ok(Bytes::from(ds_sse_event::control(reached(false), standing(&read, fresh)))),
                 Event::Closed => {
                     if !told_closed {
-                        yield Ok(Bytes::from(control_event(&read, reached(true), fresh)));
+                        yield Ok(Bytes::from(ds_sse_event::control(reached(true), standing(&read, fresh))));
                     }
                     return;
                 }
@@ -145,162 +155,25 @@ pub(super) fn event_stream(body: Body) -> Response {
     response
 }
 
-/// A chunk's events: for the envelope, a data event and its control event per record; otherwise
-/// one data event for the whole chunk (a JSON array on JSON streams, keeping the base protocol's
-/// representation even on record-aware reads, §6.9) and its control event. With the second, also
-/// where the data event ends: the part other readers can share.
-fn chunk_events(
-    read: &Read,
-    chunk: &ReadChunk,
-    envelope: bool,
-    base64: bool,
-    cursor: u64,
-) -> (Vec<u8>, Option<usize>) {
-    let mut events = Vec::new();
-    if shows_nothing(&chunk.records) {
-        write_control_event(&mut events, read, Reached::from(chunk), cursor);
-        return (events, None);
-    }
-    if envelope {
-        let shown: Vec<_> = visible(&chunk.records).collect();
-        for (i, record) in shown.iter().enumerate() {
-            let last = i + 1 == shown.len();
-            let step = Reached {
-                next: record.next_offset(),
-                up_to_date: last && chunk.up_to_date,
-                closed: last && chunk.closed,
-            };
-            let envelope = records::envelope(record.seq, &record.body);
-            write_data_event(&mut events, &envelope, false);
-            write_control_event(&mut events, read, step, cursor);
-        }
-        return (events, None);
-    }
-    let body = canonical_body(read.stream.json, &chunk.records).into_bytes();
-    events.reserve(body.len() + 160);
-    write_data_event(&mut events, &body, base64);
-    let records_len = events.len();
-    write_control_event(&mut events, read, Reached::from(chunk), cursor);
-    (events, Some(records_len))
-}
-
-/// Where a control event leaves its reader.
-#[derive(Clone, Copy)]
-struct Reached {
-    next: Offset,
-    up_to_date: bool,
-    closed: bool,
-}
-
-impl From<&ReadChunk> for Reached {
-    fn from(chunk: &ReadChunk) -> Self {
-        Reached {
-            next: chunk.next,
-            up_to_date: chunk.up_to_date,
-            closed: chunk.closed,
-        }
-    }
-}
-
-/// Shared frames of records this long or longer go out as they are, with this reader's control
-/// event after them; shorter ones are copied into one buffer with it (one chunk to write).
-const SEND_SHARED_AS_IS_FROM: usize = 16 * 1024;
-
-/// A frame another reader rendered, as this reader sends it: whole when it was rendered for this
-/// reader's cursor, otherwise its records with this reader's own control event.
-fn for_this_reader(read: &Read, frame: LiveFrame, cursor: u64) -> (Bytes, Option<Bytes>) {
-    if frame.tag == cursor {
-        return (frame.bytes, None);
-    }
-    // A shared frame is handed out only while it ends at the durable tail.
-    let reached = Reached {
-        next: frame.next,
-        up_to_date: true,
-        closed: frame.closed,
+/// What `read`'s control events say beside where it got to, as the stream stands now.
+fn standing(read: &Read, cursor: u64) -> Standing {
+    let first_record = match read.view {
+        ReadView::Records(_) => Some(read.stream.durable().first.seq),
+        ReadView::Canonical => None,
     };
-    let records = frame.bytes.slice(..frame.records_len);
-    if records.len() >= SEND_SHARED_AS_IS_FROM {
-        return (
-            records,
-            Some(Bytes::from(control_event(read, reached, cursor))),
-        );
+    Standing {
+        cursor,
+        first_record,
     }
-    let mut joined = Vec::with_capacity(records.len() + 160);
-    joined.extend_from_slice(&records);
-    write_control_event(&mut joined, read, reached, cursor);
-    (Bytes::from(joined), None)
 }
 
-fn control_event(read: &Read, reached: Reached, cursor: u64) -> Vec<u8> {
-    let mut out = Vec::with_capacity(160);
-    write_control_event(&mut out, read, reached, cursor);
-    out
-}
-
-/// The control event after a chunk, rendered by hand: every subscriber gets one per event, and
-/// building a JSON map for it showed in fan-out profiles. Every value is a number, a boolean or an
-/// offset token, none of which needs escaping.
-fn write_control_event(out: &mut Vec<u8>, read: &Read, reached: Reached, cursor: u64) {
-    use std::io::Write as _;
-    out.extend_from_slice(b"event: control\ndata:{\"streamNextOffset\":\"");
-    if reached.next.is_representable() {
-        out.extend_from_slice(reached.next.token().as_str().as_bytes());
-    } else {
-        let _ = write!(out, "{}", reached.next);
+fn reached_by(chunk: &ReadChunk) -> Reached {
+    Reached {
+        next: chunk.next,
+        up_to_date: chunk.up_to_date,
+        closed: chunk.closed,
     }
-    out.push(b'"');
-    if let ReadView::Records(_) = read.view {
-        let first = read.stream.durable().first.seq;
-        let _ = write!(
-            out,
-            ",\"streamFirstRecord\":{first},\"streamNextRecord\":{}",
-            reached.next.seq
-        );
-    }
-    if reached.closed {
-        out.extend_from_slice(b",\"streamClosed\":true");
-    } else {
-        let _ = write!(out, ",\"streamCursor\":\"{cursor}\"");
-    }
-    if reached.up_to_date {
-        out.extend_from_slice(b",\"upToDate\":true");
-    }
-    out.extend_from_slice(b"}\n\n");
 }
 
 #[cfg(test)]
-pub(super) mod tests {
-    use std::sync::Arc;
-
-    use super::super::live::tests::app_over;
-    use super::*;
-    use crate::service::StreamService;
-
-    /// A read of the service's stream `s` (three records) from its start, in `view`.
-    pub(in crate::http) async fn read_of_three_records(
-        view: ReadView,
-    ) -> (Arc<StreamService>, Read) {
-        let (service, stream) = StreamService::with_text_stream_of(&["a", "b", "c"]).await;
-        let read = Read {
-            stream,
-            start: Offset::START,
-            view,
-            max_records: None,
-            client_cursor: None,
-        };
-        (service, read)
-    }
-
-    #[tokio::test]
-    async fn records_trimmed_under_an_sse_reader_end_its_response() {
-        let (service, read) = read_of_three_records(ReadView::Canonical).await;
-        let app = app_over(service.clone());
-        let stream = read.stream.clone();
-        let response = respond(&app, read);
-        // The body is read once the response goes out: the trim passes its reader first.
-        service.trim_for_test(&stream, 2).await;
-        let body = axum::body::to_bytes(response.into_body(), usize::MAX);
-        let body = tokio::time::timeout(std::time::Duration::from_secs(5), body).await;
-        assert!(body.expect("it ends").unwrap().is_empty());
-    }
-}
+pub(super) mod tests;

@@ -238,8 +238,8 @@ async fn session(app: AppState, principal: Arc<Principal>, socket: WebSocket, or
             stream: Some(request.stream.clone()),
             ..Default::default()
         };
-        let Some(target) =
-            target_of(&request.stream).filter(|target| may_replicate(&principal, target))
+        let Some(target) = streamld_target::of_iri(&request.stream)
+            .filter(|target| may_replicate(&principal, target))
         else {
             let _ = queue
                 .send((CancellationToken::new(), Message::Gap(not_served)))
@@ -283,9 +283,10 @@ async fn session(app: AppState, principal: Arc<Principal>, socket: WebSocket, or
                     last_timestamp: request.last_timestamp,
                 };
                 tracing::info!(stream = %key, after = cursor.after, "replication join");
-                let (app, origin, ended) = (app.clone(), origin.clone(), ended_tx.clone());
+                let (service, origin) = (app.service.clone(), origin.clone());
+                let ended = ended_tx.clone();
                 subscriptions.replace(key.clone(), &queue, |outbox, generation| async move {
-                    stream_pump(app, outbox, origin, key.clone(), cursor).await;
+                    stream_pump(service, outbox, origin, key.clone(), cursor).await;
                     let _ = ended.send((key, generation));
                 });
             }
@@ -303,9 +304,9 @@ async fn session(app: AppState, principal: Arc<Principal>, socket: WebSocket, or
                     after: cursors,
                     last_timestamps,
                 };
-                let (app, origin) = (app.clone(), origin.clone());
+                let (service, origin) = (app.service.clone(), origin.clone());
                 subscriptions.replace(name, &queue, |outbox, _| {
-                    bucket_pump(app, outbox, origin, bucket, cursors)
+                    bucket_pump(service, outbox, origin, bucket, cursors)
                 });
             }
         }
@@ -341,6 +342,8 @@ fn refuse_with(refuse: &mut Option<oneshot::Sender<CloseFrame>>, code: u16, reas
     }
 }
 
+use crate::model::wire::streamld_target::{self, Target};
+use crate::service::sessions::replica_feed::{Cursor, Cursors, bucket_pump, stream_pump};
 pub use pumps::MAX_SUBSCRIPTIONS;
-use pumps::{Cursor, Cursors, Subscriptions, Target, bucket_pump, stream_pump, target_of};
+use pumps::Subscriptions;
 pub use sse_binding::sse;

@@ -22,7 +22,7 @@ use bytes::Bytes;
 use futures::{Stream, StreamExt as _};
 use http_body::{Frame, SizeHint};
 
-use super::task::OwnedTask;
+use crate::service::sessions::OwnedTask;
 
 /// How a body's frames are being taken: how many the connection has had, and whether it has
 /// not asked for another since the last. A client that takes nothing leaves it so: the

@@ -19,6 +19,7 @@ pub mod s2;
 pub mod sse;
 pub mod stream;
 pub mod streamld;
+pub mod wire;
 
 pub use offset::{Offset, ReadFrom};
 pub use record::Record;

@@ -17,6 +17,7 @@ mod read;
 mod read_memory;
 mod replication;
 mod s2;
+pub mod sessions;
 mod shared_bodies;
 mod snapshots;
 mod stream;

@@ -3,70 +3,29 @@
 use std::sync::Arc;
 
 use super::*;
+use crate::model::wire::s2_resources::{
+    self, CreateBasin, CreateStream, Provision, Reconfigure, basin_info,
+};
 
-/// A `BasinInfo`: `location` for S2's current API, `scope` for its earlier one (both null: a
-/// Runnel server is one location).
-fn basin_info(name: &str, created_ms: i64) -> Value {
-    json!({ "name": name, "location": null, "scope": null, "created_at": format_timestamp(created_ms), "deleted_at": null, "state": "active" })
+/// The response to a create or an ensure: `201` for something made, `200` for something found,
+/// with `s2-provision-result` saying which.
+fn provisioned(provision: Provision, body: Value) -> Response {
+    let status = match provision {
+        Provision::Created | Provision::Repeated => StatusCode::CREATED,
+        Provision::Updated | Provision::Unchanged => StatusCode::OK,
+    };
+    let mut response = json_response(status, body);
+    response.headers_mut().insert(
+        "s2-provision-result",
+        HeaderValue::from_static(provision.result()),
+    );
+    response
 }
 
-fn config_json<T: serde::Serialize + Default + serde::de::DeserializeOwned>(
-    stored: Option<&Value>,
-) -> Value {
-    let typed: T = stored
-        .and_then(|v| serde_json::from_value(v.clone()).ok())
-        .unwrap_or_default();
-    serde_json::to_value(typed).unwrap_or(Value::Null)
-}
-
-/// A stream's configuration as S2 reports it: every field, defaults filled in.
-fn stream_config_json(stored: Option<&Value>) -> Value {
-    let config: StreamConfig = stored
-        .and_then(|v| serde_json::from_value(v.clone()).ok())
-        .unwrap_or_default();
-    serde_json::to_value(config.effective()).unwrap_or(Value::Null)
-}
-
-/// What a create (`POST`) or an ensure (`PUT`) did, in the `s2-provision-result` header S2
-/// clients read.
-#[derive(Clone, Copy)]
-enum Provision {
-    Created,
-    /// A create retried with the request token of the one that made the resource.
-    Repeated,
-    Updated,
-    Unchanged,
-}
-
-impl Provision {
-    fn of_creation(creation: Creation) -> Provision {
-        match creation {
-            Creation::New => Provision::Created,
-            Creation::Repeated => Provision::Repeated,
-        }
-    }
-
-    /// Compare configurations as reported, so that setting a default explicitly changes nothing.
-    fn of_reconfiguration(before: Value, after: Value) -> Provision {
-        if before == after {
-            Provision::Unchanged
-        } else {
-            Provision::Updated
-        }
-    }
-
-    fn respond(self, body: Value) -> Response {
-        let (status, result) = match self {
-            Provision::Created => (StatusCode::CREATED, "created"),
-            Provision::Repeated => (StatusCode::CREATED, "noop"),
-            Provision::Updated => (StatusCode::OK, "updated"),
-            Provision::Unchanged => (StatusCode::OK, "noop"),
-        };
-        let mut response = json_response(status, body);
-        response
-            .headers_mut()
-            .insert("s2-provision-result", HeaderValue::from_static(result));
-        response
+fn of_creation(creation: Creation) -> Provision {
+    match creation {
+        Creation::New => Provision::Created,
+        Creation::Repeated => Provision::Repeated,
     }
 }
 
@@ -96,7 +55,7 @@ fn creation_of<T: serde::Serialize + Default + serde::de::DeserializeOwned>(
     }
     Ok(Some(s2::creation_key(
         token,
-        Some(&config_json::<T>(config)),
+        Some(&s2_resources::config::<T>(config)),
     )))
 }
 
@@ -127,13 +86,6 @@ pub(in crate::http) fn list_basins(
     result.unwrap_or_else(IntoResponse::into_response)
 }
 
-#[derive(Deserialize)]
-struct CreateBasin {
-    basin: String,
-    #[serde(default)]
-    config: Option<Value>,
-}
-
 pub(in crate::http) async fn create_basin(
     app: AppState,
     principal: Arc<Principal>,
@@ -158,9 +110,10 @@ pub(in crate::http) async fn create_basin(
             .create_bucket(&request.basin, config, creation)
             .await?;
         let info = app.service.bucket_info(&request.basin)?;
-        Ok::<_, S2Error>(
-            Provision::of_creation(creation).respond(basin_info(&request.basin, info.created_ms)),
-        )
+        Ok::<_, S2Error>(provisioned(
+            of_creation(creation),
+            basin_info(&request.basin, info.created_ms),
+        ))
     };
     result.await.unwrap_or_else(IntoResponse::into_response)
 }
@@ -188,12 +141,6 @@ fn validated_basin(app: &AppState, config: Option<Value>) -> Result<Option<Value
     }
 }
 
-#[derive(Deserialize, Default)]
-struct Reconfigure {
-    #[serde(default)]
-    config: Option<Value>,
-}
-
 pub(in crate::http) async fn basin(
     app: AppState,
     principal: Arc<Principal>,
@@ -215,7 +162,7 @@ pub(in crate::http) async fn basin(
                 let info = app.service.bucket_info(&basin)?;
                 Ok(json_response(
                     StatusCode::OK,
-                    config_json::<BasinConfig>(info.s2_config.as_ref()),
+                    s2_resources::config::<BasinConfig>(info.s2_config.as_ref()),
                 ))
             }
             Method::PUT => {
@@ -233,12 +180,12 @@ pub(in crate::http) async fn basin(
                 let provision = match app.service.ensure_basin(&basin, config).await? {
                     Ensured::Created => Provision::Created,
                     Ensured::Existing { before, after } => Provision::of_reconfiguration(
-                        config_json::<BasinConfig>(before.as_ref()),
-                        config_json::<BasinConfig>(after.as_ref()),
+                        s2_resources::config::<BasinConfig>(before.as_ref()),
+                        s2_resources::config::<BasinConfig>(after.as_ref()),
                     ),
                 };
                 let info = app.service.bucket_info(&basin)?;
-                Ok(provision.respond(basin_info(&basin, info.created_ms)))
+                Ok(provisioned(provision, basin_info(&basin, info.created_ms)))
             }
             Method::PATCH => {
                 let patch: Value = json_body(&app, &headers, body)
@@ -247,7 +194,7 @@ pub(in crate::http) async fn basin(
                 let config = app.service.reconfigure_basin(&basin, &patch).await?;
                 Ok(json_response(
                     StatusCode::OK,
-                    config_json::<BasinConfig>(Some(&config)),
+                    s2_resources::config::<BasinConfig>(Some(&config)),
                 ))
             }
             Method::DELETE => {
@@ -261,12 +208,11 @@ pub(in crate::http) async fn basin(
 }
 
 fn stream_info(summary: &StreamSummary) -> Value {
-    json!({
-        "name": summary.stream_id,
-        "created_at": format_timestamp(summary.created_ms),
-        "deleted_at": null,
-        "cipher": summary.cipher,
-    })
+    s2_resources::stream_info(
+        &summary.stream_id,
+        summary.created_ms,
+        summary.cipher.as_deref(),
+    )
 }
 
 /// The `StreamInfo` of a stream just created or confirmed.
@@ -300,13 +246,6 @@ pub(in crate::http) fn list_streams(
     result.unwrap_or_else(IntoResponse::into_response)
 }
 
-#[derive(Deserialize)]
-struct CreateStream {
-    stream: String,
-    #[serde(default)]
-    config: Option<Value>,
-}
-
 pub(in crate::http) async fn create_stream(
     app: AppState,
     principal: Arc<Principal>,
@@ -333,9 +272,10 @@ pub(in crate::http) async fn create_stream(
             .create_s2_stream(&basin, &request.stream, config, creation)
             .await?;
         let key = stream_key(&basin, &request.stream)?;
-        Ok::<_, S2Error>(
-            Provision::of_creation(creation).respond(stream_info_of(&app, &key).await?),
-        )
+        Ok::<_, S2Error>(provisioned(
+            of_creation(creation),
+            stream_info_of(&app, &key).await?,
+        ))
     };
     result.await.unwrap_or_else(|e| e.at(&uri))
 }
@@ -357,7 +297,7 @@ pub(in crate::http) async fn stream(
                 let stream = app.service.find(&key, false).await?;
                 Ok(json_response(
                     StatusCode::OK,
-                    stream_config_json(Some(&app.service.stream_config_of(&stream))),
+                    s2_resources::stream_config(Some(&app.service.stream_config_of(&stream))),
                 ))
             }
             Method::PUT => {
@@ -377,11 +317,11 @@ pub(in crate::http) async fn stream(
                 let provision = match app.service.ensure_s2_stream(&basin, &name, config).await? {
                     Ensured::Created => Provision::Created,
                     Ensured::Existing { before, after } => Provision::of_reconfiguration(
-                        stream_config_json(before.as_ref()),
-                        stream_config_json(after.as_ref()),
+                        s2_resources::stream_config(before.as_ref()),
+                        s2_resources::stream_config(after.as_ref()),
                     ),
                 };
-                Ok(provision.respond(stream_info_of(&app, &key).await?))
+                Ok(provisioned(provision, stream_info_of(&app, &key).await?))
             }
             Method::PATCH => {
                 app.service.bucket_info(&basin)?;
@@ -394,7 +334,7 @@ pub(in crate::http) async fn stream(
                     .await?;
                 Ok(json_response(
                     StatusCode::OK,
-                    stream_config_json(Some(&config)),
+                    s2_resources::stream_config(Some(&config)),
                 ))
             }
             Method::DELETE => {

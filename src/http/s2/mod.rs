@@ -10,29 +10,25 @@ use axum::extract::Request;
 use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, Uri, header};
 use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
-use serde::Deserialize;
 use serde_json::{Value, json};
 
 use super::AppState;
 use super::request::{self, Part, Query, Rejection};
 use crate::model::access::{Operation, Resource};
 use crate::model::cipher::{CipherError, RecordKey};
-use crate::model::headers::format_timestamp;
 use crate::model::names;
 use crate::model::s2::{self, BasinConfig, EventId, Format, StreamConfig};
+use crate::model::wire::s2_json;
 use crate::service::{
-    CheckedAppend, Creation, Ensured, Principal, S2Ack, S2Append, S2Batch, S2Limits, S2Position,
-    S2Record, S2Start, Stream, StreamError, StreamService, StreamSummary, now_ms,
+    CheckedAppend, Creation, Ensured, Principal, S2Append, S2Batch, S2Limits, S2Position, S2Start,
+    Stream, StreamError, StreamService, StreamSummary, now_ms,
 };
 
-/// How often an idle SSE session hears a `ping`.
-const PING_INTERVAL: Duration = Duration::from_secs(10);
 const MAX_LIST_LIMIT: usize = 1000;
 
 mod manage;
 mod records;
 mod s2s;
-mod session;
 mod tokens;
 
 pub(super) use manage::{basin, create_basin, create_stream, list_basins, list_streams, stream};
@@ -123,7 +119,7 @@ impl From<StreamError> for S2Error {
                 };
                 return S2Error::with_body(
                     StatusCode::RANGE_NOT_SATISFIABLE,
-                    json!({ "tail": position_json(position) }),
+                    json!({ "tail": s2_json::position(position) }),
                 );
             }
             StreamError::NotFound | StreamError::Gone => {
@@ -242,6 +238,19 @@ fn bad(code: &str, message: impl std::fmt::Display) -> S2Error {
     S2Error::new(status, code, message)
 }
 
+/// A 200 response whose body is a live session, kept out of caches and proxy buffers.
+fn streaming_response(body: Body, content_type: &'static str) -> Response {
+    let mut response = (StatusCode::OK, body).into_response();
+    let headers = response.headers_mut();
+    headers.insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
+    headers.insert(
+        header::CACHE_CONTROL,
+        HeaderValue::from_static("no-cache, no-transform"),
+    );
+    headers.insert("x-accel-buffering", HeaderValue::from_static("no"));
+    response
+}
+
 fn json_response(status: StatusCode, body: Value) -> Response {
     json_text_response(status, body.to_string())
 }
@@ -250,42 +259,9 @@ fn json_text_response(status: StatusCode, body: String) -> Response {
     (status, [(header::CONTENT_TYPE, "application/json")], body).into_response()
 }
 
-/// S2's `StreamPosition` on the wire.
-#[derive(serde::Serialize)]
-struct PositionBody {
-    seq_num: u64,
-    timestamp: u64,
-}
-
-impl From<S2Position> for PositionBody {
-    fn from(p: S2Position) -> Self {
-        PositionBody {
-            seq_num: p.seq_num,
-            timestamp: p.timestamp,
-        }
-    }
-}
-
-/// S2's `AppendAck` on the wire. Serialised straight from the struct: every JSON append answers
-/// with one, and building it as a `Value` allocated four maps per append.
-#[derive(serde::Serialize)]
-struct AckBody {
-    start: PositionBody,
-    end: PositionBody,
-    tail: PositionBody,
-}
-
-fn position_json(position: S2Position) -> Value {
-    json!(PositionBody::from(position))
-}
-
-fn ack_json(ack: &S2Ack) -> String {
-    let body = AckBody {
-        start: ack.start.into(),
-        end: ack.end.into(),
-        tail: ack.tail.into(),
-    };
-    serde_json::to_string(&body).expect("numbers always serialise")
+/// The tail a batch tells its reader: only when the batch reached it, and not on an empty one.
+fn told_tail(batch: &S2Batch) -> Option<S2Position> {
+    (batch.at_tail && !batch.records.is_empty()).then_some(batch.tail)
 }
 
 /// Refuses what the caller's token does not allow (for resources named in a request body,
@@ -427,30 +403,5 @@ fn limit_of(query: &Query) -> Result<usize, S2Error> {
                 }
             })
             .map_err(|_| bad("bad_query", "limit must be an integer")),
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn an_append_ack_is_the_json_of_its_three_positions() {
-        let at = |seq_num, timestamp| S2Position { seq_num, timestamp };
-        let ack = S2Ack {
-            start: at(7, 1_700_000_000_000),
-            end: at(9, 1_700_000_000_001),
-            tail: at(u64::MAX, 0),
-        };
-        let parsed: Value = serde_json::from_str(&ack_json(&ack)).expect("ack is JSON");
-        assert_eq!(
-            parsed,
-            json!({
-                "start": {"seq_num": 7, "timestamp": 1_700_000_000_000u64},
-                "end": {"seq_num": 9, "timestamp": 1_700_000_000_001u64},
-                "tail": {"seq_num": u64::MAX, "timestamp": 0},
-            })
-        );
-        assert_eq!(position_json(ack.start), parsed["start"]);
     }
 }

@@ -7,9 +7,10 @@ use futures::StreamExt as _;
 
 use super::super::gather::Pieces;
 use super::s2s;
-use super::session::{self, Session, SessionEvent};
 use super::*;
-use crate::service::{Event, Follow, FollowOptions, ReadLease, S2Reads};
+use crate::model::wire::{s2_proto, s2_sse_event};
+use crate::service::S2Reads;
+use crate::service::sessions::s2_read::{self, S2ReadRequest, Session, SessionEvent};
 
 /// The `s2-encryption-key` header, when sent.
 fn key_of(headers: &HeaderMap) -> Result<Option<RecordKey>, S2Error> {
@@ -94,7 +95,7 @@ pub(in crate::http) async fn check_tail(app: AppState, name: String, request: Re
         let stream = records_stream(&app, headers, &name, Opening::CheckTail, false).await?;
         Ok::<_, S2Error>(json_response(
             StatusCode::OK,
-            json!({ "tail": position_json(app.service.tail_position(&stream)) }),
+            json!({ "tail": s2_json::position(app.service.tail_position(&stream)) }),
         ))
     };
     result.await.unwrap_or_else(IntoResponse::into_response)
@@ -220,7 +221,7 @@ async fn append(
     let protobuf_in = s2s::media_type(headers, header::CONTENT_TYPE).is_some_and(s2s::is_protobuf);
     let append = if protobuf_in {
         let bytes = request::body(headers, body, body_limits(app)).await?;
-        s2s::decode_append(&bytes)?
+        s2_proto::decode_append(&bytes)?
     } else {
         json_append(app, headers, body).await?
     };
@@ -230,9 +231,9 @@ async fn append(
     let stream = records_stream(app, headers, name, Opening::Append, key.is_some()).await?;
     let ack = app.service.s2_append(&stream, append, key.as_ref()).await?;
     if wants_protobuf(headers) {
-        return Ok(s2s::protobuf_response(&s2s::ack_message(&ack)));
+        return Ok(s2s::protobuf_response(&s2_proto::ack_message(&ack)));
     }
-    Ok(json_text_response(StatusCode::OK, ack_json(&ack)))
+    Ok(json_text_response(StatusCode::OK, s2_json::ack(&ack)))
 }
 
 /// A JSON `AppendInput`, its bytes decoded per `s2-format`.
@@ -252,15 +253,8 @@ fn wants_protobuf(headers: &HeaderMap) -> bool {
     s2s::media_type(headers, header::ACCEPT).is_some_and(s2s::is_protobuf)
 }
 
-/// The read request's parameters, parsed.
-struct ReadRequest {
-    start: Option<S2Start>,
-    clamp: bool,
-    limits: S2Limits,
-    wait: Option<u64>,
-}
-
-fn parse_read(query: Option<&str>) -> Result<ReadRequest, S2Error> {
+/// The read request's query parameters.
+fn parse_read(query: Option<&str>) -> Result<S2ReadRequest, S2Error> {
     let query = Query::parse(query);
     let number = |name: &str| -> Result<Option<u64>, S2Error> {
         query
@@ -308,7 +302,7 @@ fn parse_read(query: Option<&str>) -> Result<ReadRequest, S2Error> {
     if wait.is_some_and(|w| w > u64::from(u32::MAX)) {
         return Err(bad("bad_query", "wait is too large"));
     }
-    Ok(ReadRequest {
+    Ok(S2ReadRequest {
         start,
         clamp,
         limits,
@@ -342,46 +336,14 @@ async fn read(app: &AppState, name: &str, query: Option<&str>, headers: &HeaderM
         _ => None,
     };
     let stream = records_stream(app, headers, name, Opening::Read, key.is_some()).await?;
-    let bounded = request.limits.count.is_some()
-        || request.limits.bytes.is_some()
-        || request.limits.until.is_some();
-    let wait = request.wait.unwrap_or(0);
-    // Unary reads are always bounded, so they follow only when asked to wait.
-    let may_follow = if streaming {
-        !bounded || wait > 0
-    } else {
-        wait > 0
-    };
+    let may_follow = request.may_follow(streaming);
     if let Some(resume) = resume {
-        request.start = Some(S2Start::SeqNum(resume.last_seq.saturating_add(1)));
-        request.limits.count = request.limits.count.map(|c| c.saturating_sub(resume.count));
-        request.limits.bytes = request.limits.bytes.map(|b| b.saturating_sub(resume.bytes));
+        request = request.resumed(resume);
     }
-    let requested = request.start.unwrap_or(S2Start::TailOffset(0));
-    // An exhausted limit reads nothing even from a start that is not written yet, as in S2.
-    let exhausted = request.limits.exhausted();
-    let start = if exhausted {
-        stream.durable().tail.seq
-    } else {
-        app.service
-            .s2_resolve(&stream, requested, request.clamp)
-            .await?
-    };
-    let durable = stream.durable();
-    // A start below the tail whose records were all trimmed reads nothing (the resolved start
-    // moved up to the first retained record); only a start at or past the tail is 416.
-    let asked = match requested {
-        S2Start::SeqNum(seq) => seq.min(start),
-        S2Start::TailOffset(back) => durable.tail.seq.saturating_sub(back).min(start),
-        S2Start::Timestamp(_) => start,
-    };
-    if asked >= durable.tail.seq && !may_follow && !exhausted {
-        return Err(StreamError::BeyondTail {
-            tail: durable.tail.seq,
-            timestamp_ms: durable.last_timestamp_ms,
-        }
-        .into());
-    }
+    let start = app
+        .service
+        .s2_read_start(&stream, &request, may_follow)
+        .await?;
     if stream.encrypted && key.is_none() {
         return Err(StreamError::KeyRequired.into());
     }
@@ -399,6 +361,7 @@ async fn read(app: &AppState, name: &str, query: Option<&str>, headers: &HeaderM
         }
         return Ok(sse_session(app, stream, session, format));
     }
+    let wait = request.wait.unwrap_or(0);
     let mut batch = if wait == 0 {
         let read = app.service.s2_read(
             &stream,
@@ -414,16 +377,17 @@ async fn read(app: &AppState, name: &str, query: Option<&str>, headers: &HeaderM
     } else {
         let timeout = Duration::from_secs(wait.min(s2::UNARY_MAX_WAIT_SECS));
         let source = S2Reads::from(start, request.limits, key);
-        wait_for_records(app, stream, source, timeout).await?
+        s2_read::wait_for_records(&app.service, stream, source, timeout).await?
     };
     let (content_type, rendered) = if wants_protobuf(headers) {
-        let message = s2s::batch_message(&batch);
+        let message = s2_proto::read_batch(&batch.records, told_tail(&batch));
         (
             "application/protobuf",
             prost::Message::encode_to_vec(&message),
         )
     } else {
-        ("application/json", batch_json(&batch, format))
+        let json = s2_json::read_batch(&batch.records, told_tail(&batch), format);
+        ("application/json", json)
     };
     // The read memory its records took stays taken until the response is sent.
     let body = Pieces::of(Bytes::from(rendered)).holding(std::mem::take(&mut batch.lease));
@@ -435,131 +399,26 @@ async fn read(app: &AppState, name: &str, query: Option<&str>, headers: &HeaderM
         .into_response())
 }
 
-/// A unary read that waits (`wait`): the first records from where it starts, or none once
-/// `timeout` passes without any (or the stream closes, or the server stops). A deleted stream is
-/// answered as a new read would be: not found.
-async fn wait_for_records(
-    app: &AppState,
-    stream: Arc<Stream>,
-    source: S2Reads,
-    timeout: Duration,
-) -> Result<S2Batch, S2Error> {
-    let mut follow = Follow::new(&app.service, stream, source, FollowOptions::live(timeout));
-    loop {
-        match follow.next().await {
-            Event::Records(batch) => return Ok(batch),
-            Event::CaughtUp(_) | Event::Shared(_) | Event::Changed(_) => {}
-            Event::Idle | Event::Closed | Event::Ended(_) | Event::Gap { .. } => {
-                return Ok(S2Batch {
-                    records: Vec::new(),
-                    next_seq: follow.source().next(),
-                    metered: 0,
-                    limit_reached: false,
-                    at_tail: true,
-                    tail: app.service.tail_position(follow.stream()),
-                    lease: ReadLease::default(),
-                });
-            }
-            Event::Deleted(_) => return Err(StreamError::NotFound.into()),
-            Event::Failed(e) => return Err(e.into()),
-        }
-    }
-}
-
 /// A read session over SSE: `batch` events, `ping` heartbeats, `data: [DONE]` at a normal end,
 /// an `error` event (and no `[DONE]`) when it fails.
 fn sse_session(app: &AppState, stream: Arc<Stream>, session: Session, format: Format) -> Response {
-    let rendered = session::events(app.service.clone(), stream, session)
+    let rendered = s2_read::events(app.service.clone(), stream, session)
         .map(move |event| Ok::<Bytes, std::io::Error>(sse_event(event, format)));
-    session::streaming_response(Body::from_stream(rendered), "text/event-stream")
+    streaming_response(Body::from_stream(rendered), "text/event-stream")
 }
 
 /// One session event as SSE.
 fn sse_event(event: SessionEvent, format: Format) -> Bytes {
     match event {
         SessionEvent::Batch { mut batch, id } => {
-            let json = batch_json(&batch, format);
-            let mut event = Vec::with_capacity(json.len() + 40);
-            event.extend_from_slice(format!("event: batch\nid: {id}\ndata: ").as_bytes());
-            event.extend_from_slice(&json);
-            event.extend_from_slice(b"\n\n");
+            let json = s2_json::read_batch(&batch.records, told_tail(&batch), format);
+            let event = s2_sse_event::batch(id, &json);
             // The read's memory stays counted until the event is sent.
             std::mem::take(&mut batch.lease).with_bytes(event)
         }
-        SessionEvent::Heartbeat(tail) => ping(tail),
-        SessionEvent::End => Bytes::from_static(b"data: [DONE]\n\n"),
-        SessionEvent::Failed(error) => error_event(error),
-    }
-}
-
-fn ping(tail: S2Position) -> Bytes {
-    let data =
-        json!({ "timestamp": u64::try_from(now_ms()).unwrap_or(0), "tail": position_json(tail) });
-    Bytes::from(format!("event: ping\ndata: {data}\n\n"))
-}
-
-fn error_event(error: StreamError) -> Bytes {
-    let S2Error { body, .. } = S2Error::from(error);
-    Bytes::from(format!("event: error\ndata: {body}\n\n"))
-}
-
-/// A batch as S2's JSON, serialised straight from the records: no intermediate `Value` tree, and
-/// text bodies are borrowed rather than copied. (Building the tree cost S2 readers a third of
-/// their time.)
-pub(super) fn batch_json(batch: &S2Batch, format: Format) -> Vec<u8> {
-    let json = JsonBatch {
-        records: batch
-            .records
-            .iter()
-            .map(|record| JsonRecord {
-                seq_num: record.seq,
-                timestamp: u64::try_from(record.timestamp_ms).unwrap_or(0),
-                headers: record
-                    .headers
-                    .iter()
-                    .map(|(name, value)| [Encoded(name, format), Encoded(value, format)])
-                    .collect(),
-                body: (!record.body.is_empty()).then_some(Encoded(&record.body, format)),
-            })
-            .collect(),
-        tail: (batch.at_tail && !batch.records.is_empty()).then_some(JsonPosition {
-            seq_num: batch.tail.seq_num,
-            timestamp: batch.tail.timestamp,
-        }),
-    };
-    // Serialising these types into memory cannot fail: every key is a string.
-    serde_json::to_vec(&json).unwrap_or_default()
-}
-
-#[derive(serde::Serialize)]
-struct JsonBatch<'a> {
-    records: Vec<JsonRecord<'a>>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    tail: Option<JsonPosition>,
-}
-
-#[derive(serde::Serialize)]
-struct JsonRecord<'a> {
-    seq_num: u64,
-    timestamp: u64,
-    #[serde(skip_serializing_if = "Vec::is_empty")]
-    headers: Vec<[Encoded<'a>; 2]>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    body: Option<Encoded<'a>>,
-}
-
-#[derive(serde::Serialize)]
-struct JsonPosition {
-    seq_num: u64,
-    timestamp: u64,
-}
-
-/// Bytes as a JSON string in the read's format.
-struct Encoded<'a>(&'a [u8], Format);
-
-impl serde::Serialize for Encoded<'_> {
-    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        serializer.serialize_str(&self.1.encoded(self.0))
+        SessionEvent::Heartbeat(tail) => s2_sse_event::ping(now_ms(), tail),
+        SessionEvent::End => Bytes::from_static(s2_sse_event::DONE),
+        SessionEvent::Failed(error) => s2_sse_event::error(&S2Error::from(error).body),
     }
 }
 
@@ -571,8 +430,8 @@ mod tests {
 
     #[tokio::test]
     async fn an_sse_batch_holds_its_read_memory_until_it_is_sent() {
-        let (service, stream, session) = session::tests::session_over_one_record().await;
-        let events = session::events(service.clone(), stream, session);
+        let (service, stream, session) = s2_read::tests::session_over_one_record().await;
+        let events = s2_read::events(service.clone(), stream, session);
         futures::pin_mut!(events);
         let batch = events.next().await.expect("a batch");
         assert!(matches!(batch, SessionEvent::Batch { .. }));
@@ -583,19 +442,5 @@ mod tests {
         );
         drop(rendered);
         assert_eq!(service.read_memory_held(), 0, "given back once sent");
-    }
-
-    #[tokio::test]
-    async fn a_waiting_read_whose_records_are_trimmed_from_under_it_gets_the_first_retained() {
-        let (service, stream) =
-            crate::service::StreamService::with_text_stream_of(&["a", "b", "c"]).await;
-        let app = super::super::super::live::tests::app_over(service.clone());
-        let source = S2Reads::from(0, S2Limits::default(), None);
-        service.trim_for_test(&stream, 2).await;
-        let batch = wait_for_records(&app, stream, source, Duration::from_secs(5)).await;
-        let Ok(batch) = batch else {
-            panic!("expected the retained records");
-        };
-        assert_eq!(batch.records[0].seq, 2);
     }
 }

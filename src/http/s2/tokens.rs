@@ -4,29 +4,9 @@
 use std::sync::Arc;
 
 use super::*;
-use crate::model::access::{Scope, TokenRecord};
 use crate::model::headers::parse_expires_at;
+use crate::model::wire::s2_resources::{IssueTokenRequest, token_info};
 use crate::service::IssueToken;
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct IssueRequest {
-    id: String,
-    #[serde(default)]
-    expires_at: Option<String>,
-    #[serde(default)]
-    auto_prefix_streams: Option<bool>,
-    scope: Scope,
-}
-
-fn token_info(token: &TokenRecord) -> Value {
-    json!({
-        "id": token.id,
-        "expires_at": token.expires_ms.map(format_timestamp),
-        "auto_prefix_streams": false,
-        "scope": token.scope,
-    })
-}
 
 pub(in crate::http) async fn issue_token(
     app: AppState,
@@ -36,7 +16,7 @@ pub(in crate::http) async fn issue_token(
     let (parts, body) = request.into_parts();
     let headers = parts.headers;
     let result = async {
-        let request: IssueRequest = required_json_body(&app, &headers, body).await?;
+        let request: IssueTokenRequest = required_json_body(&app, &headers, body).await?;
         permit(
             &principal,
             Operation::IssueAccessToken,

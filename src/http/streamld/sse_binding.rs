@@ -8,8 +8,8 @@ use bytes::Bytes;
 
 use super::super::AppState;
 use super::super::sse::{event_stream, live_timing};
-use super::pumps::READ_BATCH;
 use crate::model::streamld::{self, GapSignal, Message};
+use crate::service::sessions::replica_feed::READ_BATCH;
 use crate::service::{
     Chunks, Ends, Event, Follow, FollowOptions, FrameView, LiveFrame, StreamError,
 };

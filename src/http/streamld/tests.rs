@@ -8,21 +8,10 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
 use super::super::live::tests::app_over;
-use super::pumps::{Cursor, Outbox, READ_BATCH, pump, stream_pump, target_of};
 use super::*;
 use crate::model::streamld::{self, Message, StreamDeleted};
+use crate::service::sessions::replica_feed::{Cursor, Outbox, READ_BATCH, pump, stream_pump};
 use crate::storage::StorageError;
-
-#[test]
-fn subscription_targets_are_buckets_or_bucketed_streams() {
-    assert!(matches!(target_of("http://up:1/docs"), Some(Target::Bucket(b)) if b == "docs"));
-    assert!(matches!(target_of("http://up:1/docs/"), Some(Target::Bucket(b)) if b == "docs"));
-    assert!(
-        matches!(target_of("http://up:1/docs/a%20b"), Some(Target::Stream(k)) if k == "/docs/a b")
-    );
-    assert!(target_of("http://up:1/v1/stream/x").is_none());
-    assert!(target_of("http://up:1/").is_none());
-}
 
 fn outbox_of(queue: mpsc::Sender<(CancellationToken, Message)>) -> Outbox {
     Outbox {
@@ -108,13 +97,7 @@ async fn session_ended_by(failure: StorageError) -> bool {
         after: 0,
         last_timestamp: None,
     };
-    let pumping = stream_pump(
-        app_over(service),
-        outbox,
-        "http://up".into(),
-        "s".into(),
-        cursor,
-    );
+    let pumping = stream_pump(service, outbox, "http://up".into(), "s".into(), cursor);
     let stopped = tokio::time::timeout(Duration::from_secs(5), pumping).await;
     assert!(stopped.is_ok(), "the pump stops");
     failed.is_cancelled()
@@ -140,7 +123,7 @@ async fn a_close_made_while_a_stream_state_waits_for_room_goes_out_after_it() {
     use crate::service::AppendRequest;
 
     let (service, stream) = crate::service::one_text_stream().await;
-    let app = app_over(service.clone());
+    let feeding = service.clone();
     // A session's queue with no room: the pump's first state waits.
     let (queue, mut sent) = mpsc::channel(1);
     let outbox = outbox_of(queue);
@@ -155,7 +138,7 @@ async fn a_close_made_while_a_stream_state_waits_for_room_goes_out_after_it() {
             after: 0,
             last_timestamp: None,
         };
-        pump(&app, &outbox, "http://up/s", &stream, cursor).await
+        pump(&feeding, &outbox, "http://up/s", &stream, cursor).await
     });
     // The pump runs until its state finds no room (one runtime thread: it runs now).
     for _ in 0..10 {
@@ -184,7 +167,7 @@ async fn records_trimmed_under_a_replication_pump_are_a_gap_signal_to_its_replic
     let (service, stream) =
         crate::service::StreamService::with_text_stream_of(&["r"; READ_BATCH as usize * 2]).await;
     let trimmed = stream.clone();
-    let app = app_over(service.clone());
+    let feeding = service.clone();
     // Room for one message: the pump sends its state, reads its first batch and waits for
     // room for the batch's first frame.
     let (queue, mut sent) = mpsc::channel(1);
@@ -194,7 +177,7 @@ async fn records_trimmed_under_a_replication_pump_are_a_gap_signal_to_its_replic
         last_timestamp: None,
     };
     let pumping =
-        tokio::spawn(async move { pump(&app, &outbox, "http://up/s", &stream, cursor).await });
+        tokio::spawn(async move { pump(&feeding, &outbox, "http://up/s", &stream, cursor).await });
     assert!(matches!(sent.recv().await, Some((_, Message::State(_)))));
     service.trim_for_test(&trimmed, READ_BATCH * 3 / 2).await;
     let mut last = None;

@@ -2,10 +2,10 @@
 
 /// A task that lives as long as its owner (a replication subscription, a live response's
 /// body), and no longer.
-pub(super) struct OwnedTask(tokio::task::JoinHandle<()>);
+pub struct OwnedTask(tokio::task::JoinHandle<()>);
 
 impl OwnedTask {
-    pub(super) fn spawn(task: impl std::future::Future<Output = ()> + Send + 'static) -> OwnedTask {
+    pub fn spawn(task: impl std::future::Future<Output = ()> + Send + 'static) -> OwnedTask {
         OwnedTask(tokio::spawn(task))
     }
 }
