@@ -4,6 +4,7 @@ use std::sync::Arc;
 
 use super::{Creation, Stream, StreamError, StreamResult, StreamService, now_ms};
 use crate::model::Offset;
+use crate::model::ledger::create::repeat_of_s2_create;
 use crate::model::names::{self, bucket_prefix};
 use crate::model::stream::BucketMeta;
 use crate::storage::Change;
@@ -55,12 +56,12 @@ impl StreamService {
         let commit = {
             let mut registry = self.lock_registry();
             if let Some(existing) = registry.buckets.get(bucket) {
-                return match &meta.s2_creation {
-                    Some(key) if existing.s2_creation.as_ref() == Some(key) => {
-                        Ok(Creation::Repeated)
-                    }
-                    _ => Err(StreamError::AlreadyExists("bucket")),
-                };
+                let made_by = existing.s2_creation.as_deref();
+                return Ok(repeat_of_s2_create(
+                    "bucket",
+                    made_by,
+                    meta.s2_creation.as_deref(),
+                )?);
             }
             registry.buckets.insert(bucket.to_string(), meta.clone());
             self.engine

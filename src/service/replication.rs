@@ -9,7 +9,9 @@ use bytes::Bytes;
 use tokio::sync::broadcast;
 
 use super::{CreateRequest, Stream, StreamError, StreamResult, StreamService};
+use crate::model::ledger::create::RequestedConfig;
 use crate::model::ledger::mirror::{MirrorBatch, MirrorMeta, SnapshotChange};
+use crate::model::ledger::{Conflict, Refusal};
 use crate::model::stream::SnapshotInfo;
 use crate::model::{Offset, Record, names};
 use crate::storage::{Change, StorageError, StreamId};
@@ -380,7 +382,7 @@ impl StreamService {
         };
         self.engine.room()?;
         let request = mirror_request(key, upstream, state, snapshot_blob);
-        let requested = super::requested_config(&request, None)?;
+        let requested = RequestedConfig::resolve(request.ask(None), None, super::now_ms())?;
         let staged = self.stage_new(&[], request.mirror.as_ref(), None).await?;
         let (new, commit) = {
             // Held until the commit is submitted: nothing else changes the old stream meanwhile.
@@ -389,9 +391,7 @@ impl StreamService {
                 return Err(StreamError::NotFound);
             }
             if old_state.forks > 0 {
-                return Err(StreamError::Conflict(
-                    "a fork reads through this mirrored stream, so it cannot be rebuilt",
-                ));
+                return Err(Refusal::Conflict(Conflict::RebuildUnderForks).into());
             }
             let (new, stored) =
                 self.build_stream(key, &requested, None, &[], request.mirror.as_ref(), &staged)?;

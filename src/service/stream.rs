@@ -6,6 +6,7 @@ use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 
 use tokio::sync::watch;
 
+use crate::model::ledger::retention::deletable_below;
 use crate::model::ledger::{Ledger, Renew};
 use crate::model::producer::ProducerState;
 use crate::model::stream::StreamMeta;
@@ -122,7 +123,8 @@ impl State {
             meta: &mut self.meta,
             producers: &mut self.producers,
             last_access_ms: &mut self.last_access_ms,
-            removed: self.removed,
+            removed: &mut self.removed,
+            forks: &mut self.forks,
             json: stream.json,
         }
     }
@@ -137,8 +139,8 @@ impl State {
     /// stream: their history stays on disk (hidden from this stream's own readers by the
     /// retained offset) until the last of them goes, and is deleted then.
     pub fn trim_records(&self, id: StreamId) -> Option<crate::storage::Change> {
-        let below = self.meta.retained_from.seq;
-        (self.forks == 0 && below > 0).then_some(crate::storage::Change::TrimRecords(id, below))
+        deletable_below(self.meta.retained_from, self.forks)
+            .map(|below| crate::storage::Change::TrimRecords(id, below))
     }
 }
 

@@ -4,20 +4,31 @@
 use std::sync::Arc;
 
 use futures::StreamExt as _;
-use serde::Deserialize as _;
 use serde_json::{Value, json};
 
 use crate::model::cipher;
+use crate::model::ledger::create::repeat_of_s2_create;
+use crate::model::ledger::settings::Reconfigure;
 use crate::model::names;
 use crate::model::s2::{self, BasinConfig, StreamConfig};
-use crate::model::stream::{BucketMeta, RequestedConfig};
 use crate::service::{
-    CreateRequest, Creation, Ensured, Stream, StreamError, StreamResult, StreamService,
+    CreateRequest, Creation, Stream, StreamError, StreamResult, StreamService, now_ms,
 };
 use crate::storage::Change;
 
 /// Streams a basin delete removes at once (see `delete_basin`).
 const BASIN_DELETES_AT_ONCE: usize = 64;
+
+/// What an S2 ensure (`PUT`) did: made the resource, or found it and applied the configuration
+/// over it (its stored configuration before and after).
+#[derive(Clone, Debug, PartialEq)]
+pub enum Ensured {
+    Created,
+    Existing {
+        before: Option<serde_json::Value>,
+        after: Option<serde_json::Value>,
+    },
+}
 
 /// A configuration as stored.
 fn config_value(config: &StreamConfig) -> Value {
@@ -35,27 +46,6 @@ pub fn parse_config<T: serde::de::DeserializeOwned + s2::CheckedConfig>(
         .check()
         .map_err(|e| StreamError::Invalid(format!("invalid config: {e}")))?;
     Ok(config)
-}
-
-/// Refuses a new stream in a basin that seals its streams' bodies (`stream_cipher`) unless it
-/// is sealed too: only S2 creates, where the client gives the key, and mirrors of such streams
-/// are. A Durable Streams create would hold its records in the clear.
-pub(in crate::service) fn check_sealing(
-    basin: &BucketMeta,
-    requested: &RequestedConfig,
-) -> StreamResult<()> {
-    if requested.cipher.is_some() || requested.mirror_of.is_some() {
-        return Ok(());
-    }
-    let sealed = (basin.s2_config.as_ref())
-        .and_then(|config| BasinConfig::deserialize(config).ok())
-        .is_some_and(|config| config.stream_cipher.is_some());
-    if sealed {
-        return Err(StreamError::Conflict(
-            "the bucket's streams are encrypted (S2 stream_cipher): create them through S2",
-        ));
-    }
-    Ok(())
 }
 
 /// The stream configuration a create or an ensure asks for; none asks for nothing in particular.
@@ -154,10 +144,11 @@ impl StreamService {
         if !outcome.created {
             let stream = self.find(&key, false).await?;
             let made_by = stream.lock().meta.extra().s2_creation.clone();
-            return match s2_creation {
-                Some(request) if made_by.as_ref() == Some(&request) => Ok(Creation::Repeated),
-                _ => Err(StreamError::AlreadyExists("stream")),
-            };
+            return Ok(repeat_of_s2_create(
+                "stream",
+                made_by.as_deref(),
+                s2_creation.as_deref(),
+            )?);
         }
         Ok(Creation::New)
     }
@@ -257,7 +248,7 @@ impl StreamService {
             let stored = (state.meta.extra().s2_config.as_ref())
                 .map_or_else(|| Value::Object(Default::default()), config_value);
             let config = change(&stored)?;
-            state.meta.extra_mut().s2_config = Some(config.clone());
+            (state.ledger(&stream)).apply(Reconfigure(config.clone()), now_ms())?;
             (
                 config,
                 self.engine.commit(vec![Change::PutStream(
