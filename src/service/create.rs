@@ -9,10 +9,10 @@ use std::sync::atomic::Ordering;
 use bytes::Bytes;
 
 use super::fork::{ForkPlan, ForkRequest};
-use super::replication::{Appeared, MirrorStart};
 use super::{
     Durable, StreamError, StreamInfo, StreamResult, StreamService, heavy, now_ms, to_the_end,
 };
+use crate::model::Offset;
 use crate::model::json::{self, EmptyArray};
 use crate::model::ledger::Ledger;
 use crate::model::ledger::create::{
@@ -44,6 +44,18 @@ pub struct CreateRequest {
     pub s2_creation: Option<String>,
     /// The stream's S2 configuration, stored with it in the same commit.
     pub s2_config: Option<crate::model::s2::StreamConfig>,
+}
+
+/// Where a new mirror starts: at its upstream's retained start, so every offset matches, with
+/// the upstream's snapshot (its description and blob) standing for what came before.
+#[derive(Clone, Debug)]
+pub struct MirrorStart {
+    /// The upstream server (`scheme://host:port`).
+    pub upstream: String,
+    pub at: Offset,
+    pub snapshot: Option<(SnapshotInfo, Bytes)>,
+    /// When the upstream created its stream; the mirror's stream keeps it.
+    pub created_ms: i64,
 }
 
 /// The result of a create request.
@@ -154,8 +166,7 @@ impl StreamService {
                 match commit.await {
                     Ok(()) => {
                         stream.publish(|d| d.ready = true);
-                        // No session listening is not an error.
-                        let _ = service.appeared.send(Appeared::of(&stream));
+                        service.announce(&stream);
                         let info = service.info(&stream);
                         Ok(CreateOutcome {
                             records: (body_start, info.tail.seq),

@@ -5,6 +5,7 @@
 //! the durable tail that readers wait on.
 
 mod append;
+mod arrival;
 mod arrivals;
 mod buckets;
 mod cache;
@@ -47,10 +48,10 @@ use crate::storage::{Change, SharedEngine, StorageError, StreamId};
 pub use crate::model::ledger::append::{AppendAck, AppendRequest};
 pub use crate::model::ledger::create::Creation;
 
-pub use arrivals::Arrival;
+pub use arrival::Arrival;
 pub use buckets::{BucketInfo, Listing, StreamSummary};
 pub use cache::CacheLimits;
-pub use create::{CreateOutcome, CreateRequest};
+pub use create::{CreateOutcome, CreateRequest, MirrorStart};
 pub use error::{StreamError, StreamResult};
 pub use follow::{
     Chunks, Deletion, End, Ends, Event, Follow, FollowOptions, S2Reads, Source, Step, Until,
@@ -59,7 +60,7 @@ pub use fork::ForkRequest;
 pub use live_frame::{FrameView, LiveFrame};
 pub use read::{ReadChunk, TailWatch, Wake};
 pub use read_memory::ReadLease;
-pub use replication::{Appeared, AppearingIn, MirrorStart, ReplicatedState};
+pub use replication::{Appeared, AppearingIn, ReplicatedState};
 pub use s2::{
     CheckedAppend, Ensured, S2Ack, S2Append, S2Batch, S2Limits, S2Position, S2Record, S2Start,
     parse_config as parse_s2_config,
@@ -69,10 +70,10 @@ pub use snapshots::{Bootstrap, Position, digest as snapshot_digest};
 pub use stream::{Durable, Stream};
 pub use tokens::{IssueToken, Principal, TokenError};
 
-#[cfg(test)]
-use registry::WALKED_AT_ONCE;
 use rebuild::{Rebuild, Rebuilt};
 use registry::Registry;
+#[cfg(test)]
+use registry::WALKED_AT_ONCE;
 
 /// Tunables of the service.
 #[derive(Clone, Debug)]

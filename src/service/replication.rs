@@ -8,7 +8,7 @@ use std::sync::atomic::Ordering;
 use bytes::Bytes;
 use tokio::sync::broadcast;
 
-use super::{CreateRequest, Stream, StreamError, StreamResult, StreamService};
+use super::{CreateRequest, MirrorStart, Stream, StreamError, StreamResult, StreamService};
 use crate::model::ledger::create::RequestedConfig;
 use crate::model::ledger::mirror::{MirrorBatch, MirrorMeta, SnapshotChange};
 use crate::model::ledger::{Conflict, Refusal};
@@ -34,18 +34,6 @@ impl Appeared {
             name: stream.name.clone(),
         }
     }
-}
-
-/// Where a new mirror starts: at its upstream's retained start, so every offset matches, with
-/// the upstream's snapshot (its description and blob) standing for what came before.
-#[derive(Clone, Debug)]
-pub struct MirrorStart {
-    /// The upstream server (`scheme://host:port`).
-    pub upstream: String,
-    pub at: Offset,
-    pub snapshot: Option<(SnapshotInfo, Bytes)>,
-    /// When the upstream created its stream; the mirror's stream keeps it.
-    pub created_ms: i64,
 }
 
 /// The create request for a mirror of `key` matching the upstream's `state`.
@@ -125,6 +113,12 @@ impl AppearingIn {
 }
 
 impl StreamService {
+    /// Tells the bucket replication sessions of a stream that came into being (none listening
+    /// is not an error).
+    pub(super) fn announce(&self, stream: &Stream) {
+        let _ = self.appeared.send(Appeared::of(stream));
+    }
+
     /// Refuses writes to a stream that mirrors another server.
     pub fn writable(stream: &Stream) -> StreamResult<()> {
         match &stream.mirror_of {
@@ -413,7 +407,7 @@ impl StreamService {
             old.lock().removed = true;
         }
         old.publish(|d| d.removed = true);
-        let _ = self.appeared.send(Appeared::of(&new));
+        self.announce(&new);
         Ok(new)
     }
 

@@ -15,7 +15,8 @@ use crate::storage::{SharedEngine, StorageError, StreamId};
 
 use super::arrivals::Arrivals;
 use super::cache::TailCache;
-use super::live_frame::SharedFrames;
+use super::live_frame::{FrameView, LiveFrame, SharedFrames};
+use super::read_memory::ReadLease;
 
 /// What readers may see: only data that is durable.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -233,6 +234,29 @@ impl Stream {
         if self.may_expire {
             state.ledger(self).apply(Renew, super::now_ms());
         }
+    }
+
+    /// The frame another live reader of `view` left for readers at record `start`, while it
+    /// still reaches the durable tail (see `live_frame`).
+    pub fn shared_frame(&self, view: &FrameView, start: u64) -> Option<LiveFrame> {
+        // A lone reader (most streams' case) skips the lock: whatever frame is left, it would
+        // have rendered itself.
+        if self.live_reader_count() < 2 {
+            return None;
+        }
+        let d = self.durable();
+        let state = self.lock();
+        (state.shared_frames).current(view, start, (d.first, d.tail, d.closed))
+    }
+
+    /// Leaves `frame`, rendered from a read that reached the durable tail, for the other live
+    /// readers, taking over `lease`, the read memory of that read. Only while more than one
+    /// reader waits: a lone reader has nobody to share with (and keeps its lease).
+    pub fn share_frame(&self, frame: LiveFrame, lease: &mut ReadLease) {
+        if !SharedFrames::takes(&frame) || self.live_reader_count() < 2 {
+            return;
+        }
+        self.lock().shared_frames.leave(frame, lease);
     }
 
     pub fn durable(&self) -> Durable {
