@@ -9,7 +9,7 @@ use serde::{Deserialize, Serialize};
 use super::attrs::Attrs;
 use super::content_type;
 use super::offset::Offset;
-use super::s2::StreamConfig;
+use super::s2::{BasinConfig, StreamConfig};
 
 /// Everything the server keeps about a stream beside its records and producers.
 ///
@@ -260,9 +260,10 @@ pub struct SnapshotInfo {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct BucketMeta {
     pub created_ms: i64,
-    /// S2 basin configuration, as a JSON object that parses as `s2::BasinConfig`.
-    #[serde(default)]
-    pub s2_config: Option<serde_json::Value>,
+    /// S2 basin configuration, parsed once as it is loaded or changed (stored as its JSON
+    /// object; one that no longer parses reads as one that sets nothing, as for streams).
+    #[serde(default, deserialize_with = "basin_config_as_stored")]
+    pub s2_config: Option<BasinConfig>,
     /// The S2 create request that made the basin ([`crate::model::s2::creation_key`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub s2_creation: Option<String>,
@@ -276,10 +277,15 @@ impl BucketMeta {
     /// Its streams' records are sealed (S2 `stream_cipher`): only streams sealed too may be
     /// created in it.
     pub fn seals_streams(&self) -> bool {
-        (self.s2_config.as_ref())
-            .and_then(|config| super::s2::BasinConfig::deserialize(config).ok())
-            .is_some_and(|config| config.stream_cipher.is_some())
+        (self.s2_config.as_ref()).is_some_and(|config| config.stream_cipher.is_some())
     }
+}
+
+fn basin_config_as_stored<'de, D: serde::Deserializer<'de>>(
+    deserializer: D,
+) -> Result<Option<BasinConfig>, D::Error> {
+    let stored = Option::<serde_json::Value>::deserialize(deserializer)?;
+    Ok(stored.map(|value| BasinConfig::deserialize(value).unwrap_or_default()))
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -454,6 +460,22 @@ mod tests {
         let stored = r#"{"name":"/b/s","content_type":"a/b","closed":false,"tail":{"seq":0,"pos":0},"last_timestamp_ms":0,"soft_deleted":false,"created_ms":0,"s2_config":{"storage_class":"bogus"}}"#;
         let meta: StreamMeta = serde_json::from_str(stored).unwrap();
         assert_eq!(meta.extra().s2_config, Some(StreamConfig::default()));
+    }
+
+    #[test]
+    fn a_basin_configuration_is_read_typed_from_the_json_object_it_was_stored_as() {
+        let stored = r#"{"created_ms":1,"s2_config":{"stream_cipher":"aegis-256","unknown":1}}"#;
+        let meta: BucketMeta = serde_json::from_str(stored).unwrap();
+        assert!(meta.seals_streams());
+        let again: BucketMeta =
+            serde_json::from_str(&serde_json::to_string(&meta).unwrap()).unwrap();
+        assert_eq!(again, meta);
+        let unset: BucketMeta =
+            serde_json::from_str(r#"{"created_ms":1,"s2_config":null}"#).unwrap();
+        assert_eq!(unset.s2_config, None);
+        let foreign: BucketMeta =
+            serde_json::from_str(r#"{"created_ms":1,"s2_config":{"stream_cipher":7}}"#).unwrap();
+        assert_eq!(foreign.s2_config, Some(BasinConfig::default()));
     }
 
     #[test]

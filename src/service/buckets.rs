@@ -2,7 +2,8 @@
 
 use std::sync::Arc;
 
-use super::{Creation, Stream, StreamError, StreamResult, StreamService, now_ms};
+use super::s2::basin_config_value;
+use super::{Creation, Stream, StreamError, StreamResult, StreamService, now_ms, parse_s2_config};
 use crate::model::Offset;
 use crate::model::ledger::create::repeat_of_s2_create;
 use crate::model::names::{self, bucket_prefix};
@@ -47,6 +48,7 @@ impl StreamService {
         names::validate_new_bucket_id(bucket)
             .map_err(|e| StreamError::BadRequest(e.to_string()))?;
         self.engine.room()?;
+        let s2_config = s2_config.as_ref().map(parse_s2_config).transpose()?;
         let meta = BucketMeta {
             created_ms: now_ms(),
             s2_config,
@@ -80,7 +82,7 @@ impl StreamService {
         self.with_bucket(bucket, |meta| {
             Ok(BucketInfo {
                 created_ms: meta.created_ms,
-                s2_config: meta.s2_config.clone(),
+                s2_config: meta.s2_config.as_ref().map(basin_config_value),
             })
         })
     }

@@ -30,8 +30,13 @@ pub enum Ensured {
     },
 }
 
-/// A configuration as stored.
+/// A stream configuration as stored.
 fn config_value(config: &StreamConfig) -> Value {
+    serde_json::to_value(config).unwrap_or_else(|_| json!({}))
+}
+
+/// A basin configuration as stored and reported.
+pub fn basin_config_value(config: &BasinConfig) -> Value {
     serde_json::to_value(config).unwrap_or_else(|_| json!({}))
 }
 
@@ -57,10 +62,7 @@ impl StreamService {
     /// The basin's S2 configuration. Every records request asks for it, so it looks up the one
     /// bucket and nothing else (no count of its streams, no copy of its stored JSON).
     pub fn basin_config(&self, basin: &str) -> StreamResult<BasinConfig> {
-        self.with_bucket(basin, |meta| {
-            let config = meta.s2_config.as_ref().map(parse_config).transpose()?;
-            Ok(config.unwrap_or_default())
-        })
+        self.with_bucket(basin, |meta| Ok(meta.s2_config.clone().unwrap_or_default()))
     }
 
     /// The S2 configuration a stream created through another face than S2 gets: its basin's
@@ -281,13 +283,12 @@ impl StreamService {
                 .buckets
                 .get_mut(basin)
                 .ok_or(StreamError::BucketNotFound)?;
-            let mut config = meta
-                .s2_config
-                .clone()
-                .unwrap_or_else(|| Value::Object(Default::default()));
+            let mut config = (meta.s2_config.as_ref())
+                .map_or_else(|| Value::Object(Default::default()), basin_config_value);
             change(&mut config);
-            self.check_basin_config(&config)?;
-            meta.s2_config = Some(config.clone());
+            let typed = self.checked_basin_config(&config)?;
+            let config = basin_config_value(&typed);
+            meta.s2_config = Some(typed);
             (
                 config,
                 self.engine
@@ -391,10 +392,15 @@ impl StreamService {
 
     /// Checks a basin configuration, including that its cipher is one Runnel offers.
     pub fn check_basin_config(&self, config: &Value) -> StreamResult<()> {
+        self.checked_basin_config(config).map(|_| ())
+    }
+
+    /// [`Self::check_basin_config`], and the configuration it checked.
+    fn checked_basin_config(&self, config: &Value) -> StreamResult<BasinConfig> {
         let config: BasinConfig = parse_config(config)?;
         if let Some(cipher) = &config.stream_cipher {
             cipher::check_cipher(cipher)?;
         }
-        Ok(())
+        Ok(config)
     }
 }

@@ -248,7 +248,10 @@ fn an_expired_stream_removed_for_good_frees_the_name_and_one_kept_for_forks_hold
 fn bucket(deleting: bool, sealed: bool) -> BucketMeta {
     BucketMeta {
         created_ms: 0,
-        s2_config: sealed.then(|| serde_json::json!({ "stream_cipher": "aegis-256" })),
+        s2_config: sealed.then(|| crate::model::s2::BasinConfig {
+            stream_cipher: Some("aegis-256".into()),
+            ..Default::default()
+        }),
         s2_creation: None,
         deleting,
     }
