@@ -1,5 +1,5 @@
-//! Stream metadata and the rules over it that need no I/O: configuration matching for idempotent
-//! creates, and expiry.
+//! Stream and bucket metadata, their stored form, and expiry. (What a create, a change or a
+//! deletion does to it is the ledger's: `model::ledger`.)
 
 use std::borrow::Cow;
 use std::sync::Arc;
@@ -7,9 +7,9 @@ use std::sync::Arc;
 use serde::{Deserialize, Serialize};
 
 use super::attrs::Attrs;
-use super::content_type::{self, same_media_type};
+use super::content_type;
 use super::offset::Offset;
-use super::s2::StreamConfig;
+use super::s2::{BasinConfig, StreamConfig};
 
 /// Everything the server keeps about a stream beside its records and producers.
 ///
@@ -260,9 +260,10 @@ pub struct SnapshotInfo {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct BucketMeta {
     pub created_ms: i64,
-    /// S2 basin configuration, as a JSON object that parses as `s2::BasinConfig`.
-    #[serde(default)]
-    pub s2_config: Option<serde_json::Value>,
+    /// S2 basin configuration, parsed once as it is loaded or changed (stored as its JSON
+    /// object; one that no longer parses reads as one that sets nothing, as for streams).
+    #[serde(default, deserialize_with = "basin_config_as_stored")]
+    pub s2_config: Option<BasinConfig>,
     /// The S2 create request that made the basin ([`crate::model::s2::creation_key`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub s2_creation: Option<String>,
@@ -270,6 +271,21 @@ pub struct BucketMeta {
     /// delete the server stopped in the middle of is finished when it starts again.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub deleting: bool,
+}
+
+impl BucketMeta {
+    /// Its streams' records are sealed (S2 `stream_cipher`): only streams sealed too may be
+    /// created in it.
+    pub fn seals_streams(&self) -> bool {
+        (self.s2_config.as_ref()).is_some_and(|config| config.stream_cipher.is_some())
+    }
+}
+
+fn basin_config_as_stored<'de, D: serde::Deserializer<'de>>(
+    deserializer: D,
+) -> Result<Option<BasinConfig>, D::Error> {
+    let stored = Option::<serde_json::Value>::deserialize(deserializer)?;
+    Ok(stored.map(|value| BasinConfig::deserialize(value).unwrap_or_default()))
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -285,34 +301,6 @@ pub struct ForkOrigin {
     pub source_id: u64,
     pub source_name: String,
     pub offset: Offset,
-    pub sub_offset: u64,
-}
-
-/// The configuration a create request asks for, after defaults and fork inheritance.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct RequestedConfig {
-    pub content_type: String,
-    pub ttl_secs: Option<u64>,
-    pub expires_at_ms: Option<i64>,
-    pub closed: bool,
-    pub fork: Option<RequestedFork>,
-    pub attrs: Attrs,
-    /// The cipher for record bodies; fixed at creation and not compared on repeats.
-    pub cipher: Option<String>,
-    /// The upstream of a mirrored stream; fixed at creation and not compared on repeats.
-    pub mirror_of: Option<String>,
-    /// The S2 create request making the stream; stored, not compared on repeats.
-    pub s2_creation: Option<String>,
-    /// The S2 configuration; stored, not compared on repeats (S2 answers a repeat by its request
-    /// token).
-    pub s2_config: Option<StreamConfig>,
-}
-
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct RequestedFork {
-    pub source_name: String,
-    /// Compared only when the request names it.
-    pub offset: Option<Offset>,
     pub sub_offset: u64,
 }
 
@@ -349,40 +337,6 @@ impl StreamMeta {
         self.extra = (!extra.is_empty()).then(|| Box::new(extra));
     }
 
-    /// Why an existing stream does not match a repeated create, or `None` when it does.
-    pub fn mismatch(&self, requested: &RequestedConfig) -> Option<&'static str> {
-        if !same_media_type(&self.content_type, &requested.content_type) {
-            return Some("stream exists with a different content type");
-        }
-        if self.ttl_secs != requested.ttl_secs {
-            return Some("stream exists with a different Stream-TTL");
-        }
-        if self.expires_at_ms != requested.expires_at_ms {
-            return Some("stream exists with a different Stream-Expires-At");
-        }
-        if self.closed != requested.closed {
-            return Some("stream exists with a different closed state");
-        }
-        if self.extra().attrs != requested.attrs {
-            return Some("stream exists with different attributes");
-        }
-        match (&self.extra().fork, &requested.fork) {
-            (None, None) => None,
-            (Some(have), Some(want)) => {
-                let offset_differs = want.offset.is_some_and(|o| o != have.offset);
-                if have.source_name != want.source_name
-                    || offset_differs
-                    || have.sub_offset != want.sub_offset
-                {
-                    Some("stream exists as a different fork")
-                } else {
-                    None
-                }
-            }
-            _ => Some("stream exists with a different fork configuration"),
-        }
-    }
-
     /// When the stream expires, given when it was last accessed (for the sliding TTL).
     pub fn expiry_deadline_ms(&self, last_access_ms: i64) -> Option<i64> {
         let by_ttl = self.ttl_secs.map(|ttl| {
@@ -413,83 +367,6 @@ mod tests {
             ttl_secs: Some(60),
             ..StreamMeta::new("s", "text/plain")
         }
-    }
-
-    fn requested() -> RequestedConfig {
-        RequestedConfig {
-            content_type: "TEXT/PLAIN; charset=utf-8".into(),
-            ttl_secs: Some(60),
-            expires_at_ms: None,
-            closed: false,
-            fork: None,
-            attrs: None,
-            cipher: None,
-            mirror_of: None,
-            s2_creation: None,
-            s2_config: None,
-        }
-    }
-
-    #[test]
-    fn a_repeated_create_matches_on_media_type_ttl_expiry_and_closed_state() {
-        assert_eq!(meta().mismatch(&requested()), None);
-        assert!(
-            meta()
-                .mismatch(&RequestedConfig {
-                    ttl_secs: Some(7200),
-                    ..requested()
-                })
-                .is_some()
-        );
-        assert!(
-            meta()
-                .mismatch(&RequestedConfig {
-                    closed: true,
-                    ..requested()
-                })
-                .is_some()
-        );
-        assert!(
-            meta()
-                .mismatch(&RequestedConfig {
-                    content_type: "text/html".into(),
-                    ..requested()
-                })
-                .is_some()
-        );
-    }
-
-    #[test]
-    fn a_repeated_fork_compares_its_offset_only_when_named() {
-        let fork = ForkOrigin {
-            source_id: 1,
-            source_name: "src".into(),
-            offset: Offset::new(1, 5),
-            sub_offset: 0,
-        };
-        let mut existing = meta();
-        existing.extra_mut().fork = Some(fork);
-        let want = |offset, sub_offset| RequestedConfig {
-            fork: Some(RequestedFork {
-                source_name: "src".into(),
-                offset,
-                sub_offset,
-            }),
-            ..requested()
-        };
-        assert_eq!(existing.mismatch(&want(None, 0)), None);
-        assert_eq!(existing.mismatch(&want(Some(Offset::new(1, 5)), 0)), None);
-        assert!(
-            existing
-                .mismatch(&want(Some(Offset::new(0, 0)), 0))
-                .is_some()
-        );
-        assert!(
-            existing
-                .mismatch(&want(Some(Offset::new(1, 5)), 2))
-                .is_some()
-        );
-        assert!(existing.mismatch(&requested()).is_some());
     }
 
     /// Metadata as every earlier version stored it: each field spelled out.
@@ -583,6 +460,22 @@ mod tests {
         let stored = r#"{"name":"/b/s","content_type":"a/b","closed":false,"tail":{"seq":0,"pos":0},"last_timestamp_ms":0,"soft_deleted":false,"created_ms":0,"s2_config":{"storage_class":"bogus"}}"#;
         let meta: StreamMeta = serde_json::from_str(stored).unwrap();
         assert_eq!(meta.extra().s2_config, Some(StreamConfig::default()));
+    }
+
+    #[test]
+    fn a_basin_configuration_is_read_typed_from_the_json_object_it_was_stored_as() {
+        let stored = r#"{"created_ms":1,"s2_config":{"stream_cipher":"aegis-256","unknown":1}}"#;
+        let meta: BucketMeta = serde_json::from_str(stored).unwrap();
+        assert!(meta.seals_streams());
+        let again: BucketMeta =
+            serde_json::from_str(&serde_json::to_string(&meta).unwrap()).unwrap();
+        assert_eq!(again, meta);
+        let unset: BucketMeta =
+            serde_json::from_str(r#"{"created_ms":1,"s2_config":null}"#).unwrap();
+        assert_eq!(unset.s2_config, None);
+        let foreign: BucketMeta =
+            serde_json::from_str(r#"{"created_ms":1,"s2_config":{"stream_cipher":7}}"#).unwrap();
+        assert_eq!(foreign.s2_config, Some(BasinConfig::default()));
     }
 
     #[test]

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use bytes::Bytes;
 use futures::future::BoxFuture;
 
-use super::arrivals::Arrival;
+use super::arrival::Arrival;
 use super::heavy;
 use super::stream::State;
 use super::{Durable, StreamError, StreamResult, StreamService, now_ms};

@@ -16,15 +16,14 @@
 //! else's slow upload holds anyone up: the earliest undecided append never waits, and an append
 //! that ends undecided (refused, failed, its request gone, its body never finished) counts as
 //! decided.
+//!
+//! This file holds a stream's queue of arrivals (kept in its state, under its lock); one
+//! append's place in it is an [`super::arrival::Arrival`].
 
-use std::hash::{BuildHasher, BuildHasherDefault, DefaultHasher};
 use std::sync::Arc;
 
 use tokio::sync::Notify;
 use tokio::sync::futures::OwnedNotified;
-
-use super::Stream;
-use super::stream::State;
 
 /// A stream's producer appends that arrived and are not decided yet. It exists only while there
 /// are some: most streams have none in flight most of the time, and a million idle ones should
@@ -40,127 +39,48 @@ pub(super) struct Arrivals {
 }
 
 impl Arrivals {
+    /// Numbers an append of `producer` that arrives now.
+    pub(super) fn take(&mut self, producer: u64) -> u64 {
+        let number = self.next;
+        self.next += 1;
+        self.undecided.push((number, producer));
+        number
+    }
+
+    /// When an append of `producer` that arrived before `number` is still undecided, a future
+    /// that completes once an append is decided after now.
+    pub(super) fn earlier_undecided(
+        &mut self,
+        number: u64,
+        producer: u64,
+    ) -> Option<OwnedNotified> {
+        let earlier = |(n, _): &&(u64, u64)| *n < number;
+        let same = |(_, p): &(u64, u64)| *p == producer;
+        if !self.undecided.iter().take_while(earlier).any(same) {
+            return None;
+        }
+        let notify = self.decided.get_or_insert_with(Arc::default);
+        Some(notify.clone().notified_owned())
+    }
+
+    /// Marks the append `number` decided and wakes those waiting; true when none is left
+    /// undecided (those waiting were woken and hold the notifier: the queue may go, and the
+    /// numbers start again at 0).
+    pub(super) fn decide(&mut self, number: u64) -> bool {
+        if let Some(at) = self.undecided.iter().position(|(n, _)| *n == number) {
+            self.undecided.remove(at);
+        }
+        if let Some(notify) = &self.decided {
+            notify.notify_waiters();
+        }
+        self.undecided.is_empty()
+    }
+
     /// Whether an append waits for another to be decided.
     #[cfg(test)]
     pub(super) fn waited_on(&self) -> bool {
         self.decided
             .as_ref()
             .is_some_and(|notify| Arc::strong_count(notify) > 1)
-    }
-}
-
-/// One producer append's place among its stream's arrivals, until it is decided (or dropped
-/// undecided).
-pub struct Arrival {
-    stream: Arc<Stream>,
-    number: u64,
-    producer: u64,
-    decided: bool,
-}
-
-impl Arrival {
-    /// Takes the next place among `stream`'s arrivals, for an append of `producer`.
-    pub(super) fn take(stream: &Arc<Stream>, producer: &str) -> Arrival {
-        let producer = BuildHasherDefault::<DefaultHasher>::default().hash_one(producer);
-        let mut state = stream.lock();
-        let arrivals = state.arrivals.get_or_insert_with(Box::default);
-        let number = arrivals.next;
-        arrivals.next += 1;
-        arrivals.undecided.push((number, producer));
-        Arrival {
-            stream: stream.clone(),
-            number,
-            producer,
-            decided: false,
-        }
-    }
-
-    /// Whether it is a place among `stream`'s arrivals.
-    pub(super) fn is_on(&self, stream: &Arc<Stream>) -> bool {
-        Arc::ptr_eq(&self.stream, stream)
-    }
-
-    /// Under the lock: when an append of the same producer that arrived before this one is
-    /// still undecided, a future that completes once an append is decided after now (awaited
-    /// outside the lock).
-    pub(super) fn earlier_undecided(&self, state: &mut State) -> Option<OwnedNotified> {
-        let arrivals = state.arrivals.as_deref_mut()?;
-        let earlier = |(number, _): &&(u64, u64)| *number < self.number;
-        let same = |(_, producer): &(u64, u64)| *producer == self.producer;
-        if !arrivals.undecided.iter().take_while(earlier).any(same) {
-            return None;
-        }
-        let notify = arrivals.decided.get_or_insert_with(Arc::default);
-        Some(notify.clone().notified_owned())
-    }
-
-    /// Marks it decided, under the lock it was decided under.
-    pub(super) fn decided(&mut self, state: &mut State) {
-        if std::mem::replace(&mut self.decided, true) {
-            return;
-        }
-        let Some(arrivals) = state.arrivals.as_deref_mut() else {
-            return;
-        };
-        if let Some(at) = arrivals
-            .undecided
-            .iter()
-            .position(|(n, _)| *n == self.number)
-        {
-            arrivals.undecided.remove(at);
-        }
-        if let Some(notify) = &arrivals.decided {
-            notify.notify_waiters();
-        }
-        if arrivals.undecided.is_empty() {
-            // Those waiting were woken and hold the notifier; the numbers start again at 0.
-            state.arrivals = None;
-        }
-    }
-}
-
-impl Drop for Arrival {
-    fn drop(&mut self) {
-        if !self.decided {
-            let stream = self.stream.clone();
-            self.decided(&mut stream.lock());
-        }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::service::stream::tests::test_stream;
-
-    #[tokio::test]
-    async fn only_the_same_producers_earlier_undecided_append_is_waited_for_and_its_decision_wakes()
-    {
-        let stream = test_stream();
-        let first = Arrival::take(&stream, "p");
-        let other = Arrival::take(&stream, "q");
-        let mut second = Arrival::take(&stream, "p");
-        assert!(
-            other.earlier_undecided(&mut stream.lock()).is_none(),
-            "another producer's append is not waited for"
-        );
-        assert!(first.earlier_undecided(&mut stream.lock()).is_none());
-        let wait = second
-            .earlier_undecided(&mut stream.lock())
-            .expect("the first is undecided");
-        // Dropped undecided (its request went away): that counts as decided, and wakes.
-        drop(first);
-        tokio::time::timeout(std::time::Duration::from_secs(5), wait)
-            .await
-            .expect("woken");
-        assert!(second.earlier_undecided(&mut stream.lock()).is_none());
-        let third = Arrival::take(&stream, "p");
-        second.decided(&mut stream.lock());
-        assert!(third.earlier_undecided(&mut stream.lock()).is_none());
-        drop((third, other));
-        assert!(
-            stream.lock().arrivals.is_none(),
-            "nothing is kept once none is in flight"
-        );
     }
 }

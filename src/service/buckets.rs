@@ -2,8 +2,10 @@
 
 use std::sync::Arc;
 
-use super::{Creation, Stream, StreamError, StreamResult, StreamService, now_ms};
+use super::s2::basin_config_value;
+use super::{Creation, Stream, StreamError, StreamResult, StreamService, now_ms, parse_s2_config};
 use crate::model::Offset;
+use crate::model::ledger::create::repeat_of_s2_create;
 use crate::model::names::{self, bucket_prefix};
 use crate::model::stream::BucketMeta;
 use crate::storage::Change;
@@ -46,6 +48,7 @@ impl StreamService {
         names::validate_new_bucket_id(bucket)
             .map_err(|e| StreamError::BadRequest(e.to_string()))?;
         self.engine.room()?;
+        let s2_config = s2_config.as_ref().map(parse_s2_config).transpose()?;
         let meta = BucketMeta {
             created_ms: now_ms(),
             s2_config,
@@ -55,12 +58,12 @@ impl StreamService {
         let commit = {
             let mut registry = self.lock_registry();
             if let Some(existing) = registry.buckets.get(bucket) {
-                return match &meta.s2_creation {
-                    Some(key) if existing.s2_creation.as_ref() == Some(key) => {
-                        Ok(Creation::Repeated)
-                    }
-                    _ => Err(StreamError::AlreadyExists("bucket")),
-                };
+                let made_by = existing.s2_creation.as_deref();
+                return Ok(repeat_of_s2_create(
+                    "bucket",
+                    made_by,
+                    meta.s2_creation.as_deref(),
+                )?);
             }
             registry.buckets.insert(bucket.to_string(), meta.clone());
             self.engine
@@ -79,7 +82,7 @@ impl StreamService {
         self.with_bucket(bucket, |meta| {
             Ok(BucketInfo {
                 created_ms: meta.created_ms,
-                s2_config: meta.s2_config.clone(),
+                s2_config: meta.s2_config.as_ref().map(basin_config_value),
             })
         })
     }

@@ -114,6 +114,17 @@ impl From<Refusal> for StreamError {
             | Refusal::NotOneJsonValue(_)
             | Refusal::CanonicalTooLarge(_)) => StreamError::Invalid(refusal.to_string()),
             Refusal::Conflict(conflict) => StreamError::Conflict(conflict.reason()),
+            refusal @ Refusal::ExpiresInThePast => StreamError::BadRequest(refusal.to_string()),
+            Refusal::BucketNotFound => StreamError::BucketNotFound,
+            Refusal::BucketDeleting => StreamError::BucketDeleting,
+            refusal @ Refusal::BucketFull { .. } => StreamError::LimitReached(refusal.to_string()),
+            Refusal::AlreadyExists(what) => StreamError::AlreadyExists(what),
+            Refusal::ForkSourceGone => StreamError::ForkSourceGone,
+            refusal @ Refusal::ForkChainTooLong { .. } => {
+                StreamError::BadRequest(refusal.to_string())
+            }
+            Refusal::Retained { first } => StreamError::Retained { first },
+            Refusal::SnapshotNotFound => StreamError::SnapshotNotFound,
         }
     }
 }

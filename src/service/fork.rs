@@ -9,6 +9,8 @@ use std::sync::Arc;
 use bytes::Bytes;
 
 use super::{StreamError, StreamResult, StreamService};
+use crate::model::ledger::create::RequestedFork;
+use crate::model::ledger::fork::{self, Source};
 use crate::model::stream::SnapshotInfo;
 use crate::model::{Offset, Record};
 use crate::service::Stream;
@@ -16,10 +18,6 @@ use crate::service::Stream;
 /// How much of a source one step of reading a unit for a sub-offset fork reads (its first record
 /// is read whole, however large).
 const UNIT_STEP_BYTES: usize = 1 << 20;
-
-/// The most streams a fork chain holds, the root included. Reads, deletions and cascades walk
-/// the chain; the bound keeps each walk short and its nesting far from the stack's limit.
-pub const MAX_FORK_CHAIN: usize = 128;
 
 #[derive(Clone, Debug)]
 pub struct ForkRequest {
@@ -42,6 +40,17 @@ pub(super) struct ForkPlan {
     pub snapshot: Option<(SnapshotInfo, Bytes)>,
 }
 
+impl ForkRequest {
+    /// The fork as a repeated create compares it.
+    pub fn requested(&self) -> RequestedFork {
+        RequestedFork {
+            source_name: self.source.clone(),
+            offset: self.offset,
+            sub_offset: self.sub_offset,
+        }
+    }
+}
+
 impl ForkPlan {
     /// Where the fork's own appends continue.
     pub fn tail(&self) -> Offset {
@@ -59,25 +68,12 @@ impl StreamService {
                 StreamError::Gone => StreamError::ForkSourceGone,
                 other => other,
             })?;
-        if source.mirror_of.is_some() {
-            // A rebuild of the mirrored stream (after a gap upstream) could not keep the fork's
-            // history, and would stop the mirror.
-            return Err(StreamError::Conflict(
-                "a mirrored stream cannot be forked on its mirror: fork it on its upstream",
-            ));
+        Source {
+            mirrored: source.mirror_of.is_some(),
+            encrypted: source.encrypted,
+            chain: std::iter::successors(Some(&source), |s| s.source.as_ref()).count(),
         }
-        if source.encrypted {
-            // Its records are sealed with a key this request does not carry; a fork would hold
-            // ciphertext that no face could open.
-            return Err(StreamError::Encrypted);
-        }
-        let chain = std::iter::successors(Some(&source), |s| s.source.as_ref()).count();
-        if chain >= MAX_FORK_CHAIN {
-            return Err(StreamError::BadRequest(format!(
-                "Stream-Forked-From: the source's fork chain holds {chain} streams, the most a chain \
-                 may hold; fork a stream nearer its root"
-            )));
-        }
+        .forkable()?;
         let anchor = match request.offset {
             Some(offset) => self.boundary(&source, offset).await.map_err(|e| match e {
                 StreamError::BadOffset(reason) => {
@@ -109,28 +105,21 @@ impl StreamService {
         })
     }
 
-    /// What a fork at `anchor` inherits of `source`'s snapshot. A fork starts where its source's
-    /// retained history does, and a stream that answers 410 below its retained offset must
-    /// bootstrap from a snapshot covering it (seed 000 §3.4): when the source's history is
-    /// trimmed, its snapshot goes with the fork, which must then not start before it.
+    /// What a fork at `anchor` inherits of `source`'s snapshot (see [`fork::inherits_snapshot`]).
     async fn inherited_snapshot(
         &self,
         source: &Stream,
         anchor: Offset,
     ) -> StreamResult<Option<(SnapshotInfo, Bytes)>> {
-        let first = source.durable().first;
-        // An anchor below retention is refused as gone when the fork is built.
-        if first == Offset::START || anchor < first {
+        if !fork::inherits_snapshot(source.durable().first, anchor) {
             return Ok(None);
         }
-        match self.visible_snapshot(source).await? {
-            Some((info, _)) if info.offset > anchor => Err(StreamError::Conflict(
-                "the source's records before its snapshot are trimmed, and the fork offset is \
-                 before the snapshot: fork at or after the snapshot's offset",
-            )),
-            // None: trimmed by an S2 trim, which needs no snapshot; there is nothing to inherit.
-            inherited => Ok(inherited),
+        // None: trimmed by an S2 trim, which needs no snapshot; there is nothing to inherit.
+        let inherited = self.visible_snapshot(source).await?;
+        if let Some((info, _)) = &inherited {
+            fork::covers(info, anchor)?;
         }
+        Ok(inherited)
     }
 
     /// The first `sub_offset` messages (JSON) or bytes (otherwise) of the unit at `anchor`.

@@ -8,7 +8,6 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 
-use super::Stream;
 use super::read_memory::ReadLease;
 use crate::model::Offset;
 
@@ -76,35 +75,35 @@ pub(super) struct SharedFrame {
     _lease: ReadLease,
 }
 
-impl Stream {
+impl SharedFrames {
     /// The frame another live reader of `view` left for readers at record `start`, while it
-    /// still reaches the durable tail (so it shows what a read from `start` would show now).
-    pub fn shared_frame(&self, view: &FrameView, start: u64) -> Option<LiveFrame> {
-        // A lone reader (most streams' case) skips the lock: whatever frame is left, it would
-        // have rendered itself.
-        if self.live_reader_count() < 2 {
-            return None;
-        }
-        let durable = self.durable();
-        let state = self.lock();
-        let frame = &state.shared_frames.get(view)?.frame;
+    /// still reaches the durable tail (`first`, `tail` and `closed` are the stream's durable
+    /// state), so it shows what a read from `start` would show now.
+    pub(super) fn current(
+        &self,
+        view: &FrameView,
+        start: u64,
+        (first, tail, closed): (Offset, Offset, bool),
+    ) -> Option<LiveFrame> {
+        let frame = &self.get(view)?.frame;
         // Not below a retention move: a read of its own would tell that reader its records
         // are gone (while the tail stays where the frame ends).
         let current = frame.start.seq == start
-            && frame.start >= durable.first
-            && frame.next == durable.tail
-            && frame.closed == durable.closed;
+            && frame.start >= first
+            && frame.next == tail
+            && frame.closed == closed;
         (current && frame.view == *view).then(|| frame.clone())
     }
 
-    /// Leaves `frame`, rendered from a read that reached the durable tail, for the other live
-    /// readers, taking over `lease`, the read memory of that read. Only while more than one
-    /// reader waits: a lone reader has nobody to share with (and keeps its lease).
-    pub fn share_frame(&self, frame: LiveFrame, lease: &mut ReadLease) {
-        if frame.bytes.len() > MAX_SHARED_FRAME || self.live_reader_count() < 2 {
-            return;
-        }
-        self.lock().shared_frames.put(SharedFrame {
+    /// Whether `frame` is small enough to be left for other readers.
+    pub(super) fn takes(frame: &LiveFrame) -> bool {
+        frame.bytes.len() <= MAX_SHARED_FRAME
+    }
+
+    /// Leaves `frame` for the other live readers, taking over `lease`, the read memory of the
+    /// read it was rendered from.
+    pub(super) fn leave(&mut self, frame: LiveFrame, lease: &mut ReadLease) {
+        self.put(SharedFrame {
             frame,
             _lease: std::mem::take(lease),
         });

@@ -8,8 +8,10 @@ use std::sync::atomic::Ordering;
 use bytes::Bytes;
 use tokio::sync::broadcast;
 
-use super::{CreateRequest, Stream, StreamError, StreamResult, StreamService};
+use super::{CreateRequest, MirrorStart, Stream, StreamError, StreamResult, StreamService};
+use crate::model::ledger::create::RequestedConfig;
 use crate::model::ledger::mirror::{MirrorBatch, MirrorMeta, SnapshotChange};
+use crate::model::ledger::{Conflict, Refusal};
 use crate::model::stream::SnapshotInfo;
 use crate::model::{Offset, Record, names};
 use crate::storage::{Change, StorageError, StreamId};
@@ -32,18 +34,6 @@ impl Appeared {
             name: stream.name.clone(),
         }
     }
-}
-
-/// Where a new mirror starts: at its upstream's retained start, so every offset matches, with
-/// the upstream's snapshot (its description and blob) standing for what came before.
-#[derive(Clone, Debug)]
-pub struct MirrorStart {
-    /// The upstream server (`scheme://host:port`).
-    pub upstream: String,
-    pub at: Offset,
-    pub snapshot: Option<(SnapshotInfo, Bytes)>,
-    /// When the upstream created its stream; the mirror's stream keeps it.
-    pub created_ms: i64,
 }
 
 /// The create request for a mirror of `key` matching the upstream's `state`.
@@ -123,6 +113,12 @@ impl AppearingIn {
 }
 
 impl StreamService {
+    /// Tells the bucket replication sessions of a stream that came into being (none listening
+    /// is not an error).
+    pub(super) fn announce(&self, stream: &Stream) {
+        let _ = self.appeared.send(Appeared::of(stream));
+    }
+
     /// Refuses writes to a stream that mirrors another server.
     pub fn writable(stream: &Stream) -> StreamResult<()> {
         match &stream.mirror_of {
@@ -380,7 +376,7 @@ impl StreamService {
         };
         self.engine.room()?;
         let request = mirror_request(key, upstream, state, snapshot_blob);
-        let requested = super::requested_config(&request, None)?;
+        let requested = RequestedConfig::resolve(request.ask(None), None, super::now_ms())?;
         let staged = self.stage_new(&[], request.mirror.as_ref(), None).await?;
         let (new, commit) = {
             // Held until the commit is submitted: nothing else changes the old stream meanwhile.
@@ -389,9 +385,7 @@ impl StreamService {
                 return Err(StreamError::NotFound);
             }
             if old_state.forks > 0 {
-                return Err(StreamError::Conflict(
-                    "a fork reads through this mirrored stream, so it cannot be rebuilt",
-                ));
+                return Err(Refusal::Conflict(Conflict::RebuildUnderForks).into());
             }
             let (new, stored) =
                 self.build_stream(key, &requested, None, &[], request.mirror.as_ref(), &staged)?;
@@ -413,7 +407,7 @@ impl StreamService {
             old.lock().removed = true;
         }
         old.publish(|d| d.removed = true);
-        let _ = self.appeared.send(Appeared::of(&new));
+        self.announce(&new);
         Ok(new)
     }
 

@@ -18,8 +18,7 @@ use crate::model::s2;
 
 pub use crate::model::ledger::s2::{S2Ack, S2Position};
 pub use crate::model::s2::{CheckedAppend, S2Append, S2Record};
-pub(super) use resources::check_sealing;
-pub use resources::parse_config;
+pub use resources::{Ensured, basin_config_value, parse_config};
 
 /// Where an S2 read starts.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

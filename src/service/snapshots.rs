@@ -16,9 +16,11 @@ use crate::model::Offset;
 use crate::model::attrs::Attrs;
 use crate::model::ledger::retention::Retain;
 pub(super) use crate::model::ledger::retention::RetentionMove;
+use crate::model::ledger::settings::{SetAttrs, Setting};
+use crate::model::ledger::snapshot::{DeleteSnapshot, PublishSnapshot, Published};
 use crate::model::records::RecordStart;
 use crate::model::stream::SnapshotInfo;
-use crate::storage::{Change, Staged, StorageError};
+use crate::storage::{Change, StorageError};
 
 /// What `/bootstrap` returns: the visible snapshot (if any), then the records from `start` up to
 /// `tail`, all as of one moment.
@@ -125,76 +127,28 @@ impl StreamService {
         .await;
         let staged = self.stage(std::iter::once(&blob)).await?;
         let write = {
-            let mut state = stream.lock_present()?;
-            let write = match state
-                .meta
-                .extra()
-                .snapshot
-                .as_ref()
-                .filter(|s| s.offset == at)
-            {
-                // A repeated publish succeeds as the first did, whatever it was conditioned on:
-                // a client retrying after a lost response must not see a conflict.
-                Some(same) if same.digest == digest => MetaWrite::Unchanged(state.meta_submitted),
-                Some(_) => {
-                    return Err(StreamError::Conflict(
-                        "a different snapshot is published at this offset",
-                    ));
-                }
-                None => {
-                    let snapshot = SnapshotInfo {
-                        offset: at,
-                        content_type,
-                        digest: digest.clone(),
-                    };
-                    let commit = self.replace_snapshot(
-                        &stream,
-                        &mut state,
-                        snapshot,
-                        (blob, staged),
-                        expected_digest,
-                    )?;
-                    MetaWrite::Commit(commit)
-                }
+            let mut state = stream.lock();
+            let publish = PublishSnapshot {
+                snapshot: SnapshotInfo {
+                    offset: at,
+                    content_type,
+                    digest: digest.clone(),
+                },
+                expected_digest,
             };
-            // Only a publish that is not refused renews the stream.
-            stream.renew_locked(&mut state);
-            write
+            match state.ledger(&stream).apply(publish, super::now_ms())? {
+                Published::Repeat => MetaWrite::Unchanged(state.meta_submitted),
+                Published::Replaced => {
+                    state.submit_meta_change();
+                    MetaWrite::Commit(self.engine.commit(vec![
+                        Change::PutSnapshot(stream.id, blob, staged),
+                        Change::PutStream(stream.id, Box::new(state.meta.clone())),
+                    ]))
+                }
+            }
         };
         write.finish(&stream).await?;
         Ok((at, digest))
-    }
-
-    /// Under the lock: makes `snapshot` the stream's (readers see it once its commit is
-    /// durable), if the caller's condition on the current one holds and retention has not moved
-    /// past it since it was checked.
-    fn replace_snapshot(
-        &self,
-        stream: &Stream,
-        state: &mut State,
-        snapshot: SnapshotInfo,
-        (blob, staged): (Bytes, Option<Staged>),
-        expected_digest: Option<&str>,
-    ) -> StreamResult<BoxFuture<'static, Result<(), StorageError>>> {
-        let current = state.meta.extra().snapshot.as_ref();
-        if let Some(expected) = expected_digest
-            && current.is_none_or(|s| s.digest != expected)
-        {
-            return Err(StreamError::Conflict(
-                "Stream-Snapshot-Match does not match the visible snapshot",
-            ));
-        }
-        if snapshot.offset < state.meta.retained_from {
-            return Err(StreamError::Retained {
-                first: state.meta.retained_from,
-            });
-        }
-        state.meta.extra_mut().snapshot = Some(snapshot);
-        state.submit_meta_change();
-        Ok(self.engine.commit(vec![
-            Change::PutSnapshot(stream.id, blob, staged),
-            Change::PutStream(stream.id, Box::new(state.meta.clone())),
-        ]))
     }
 
     /// The visible snapshot's description, if there is one: the latest whose publication is
@@ -266,22 +220,8 @@ impl StreamService {
         let stream = self.find(name, false).await?;
         Self::writable(&stream)?;
         let write = {
-            let mut state = stream.lock_present()?;
-            if state
-                .meta
-                .extra()
-                .snapshot
-                .as_ref()
-                .is_none_or(|s| s.offset != at)
-            {
-                return Err(StreamError::SnapshotNotFound);
-            }
-            if state.meta.retained_from > Offset::START {
-                return Err(StreamError::Conflict(
-                    "the snapshot is needed by bootstrap: retention has moved past the stream start",
-                ));
-            }
-            state.meta.extra_mut().snapshot = None;
+            let mut state = stream.lock();
+            (state.ledger(&stream)).apply(DeleteSnapshot { at }, super::now_ms())?;
             state.submit_meta_change();
             MetaWrite::Commit(self.engine.commit(vec![
                 Change::RemoveSnapshot(stream.id),
@@ -346,17 +286,16 @@ impl StreamService {
         Self::writable(&stream)?;
         self.engine.room()?;
         let write = {
-            let mut state = stream.lock_present()?;
-            stream.renew_locked(&mut state);
-            if state.meta.extra().attrs == attrs {
-                MetaWrite::Unchanged(state.meta_submitted)
-            } else {
-                state.meta.extra_mut().attrs = attrs;
-                state.submit_meta_change();
-                MetaWrite::Commit(self.engine.commit(vec![Change::PutStream(
-                    stream.id,
-                    Box::new(state.meta.clone()),
-                )]))
+            let mut state = stream.lock();
+            match (state.ledger(&stream)).apply(SetAttrs(attrs), super::now_ms())? {
+                Setting::Unchanged => MetaWrite::Unchanged(state.meta_submitted),
+                Setting::Changed => {
+                    state.submit_meta_change();
+                    MetaWrite::Commit(self.engine.commit(vec![Change::PutStream(
+                        stream.id,
+                        Box::new(state.meta.clone()),
+                    )]))
+                }
             }
         };
         write.finish(&stream).await

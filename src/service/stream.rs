@@ -6,6 +6,7 @@ use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 
 use tokio::sync::watch;
 
+use crate::model::ledger::retention::deletable_below;
 use crate::model::ledger::{Ledger, Renew};
 use crate::model::producer::ProducerState;
 use crate::model::stream::StreamMeta;
@@ -14,7 +15,8 @@ use crate::storage::{SharedEngine, StorageError, StreamId};
 
 use super::arrivals::Arrivals;
 use super::cache::TailCache;
-use super::live_frame::SharedFrames;
+use super::live_frame::{FrameView, LiveFrame, SharedFrames};
+use super::read_memory::ReadLease;
 
 /// What readers may see: only data that is durable.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -122,7 +124,8 @@ impl State {
             meta: &mut self.meta,
             producers: &mut self.producers,
             last_access_ms: &mut self.last_access_ms,
-            removed: self.removed,
+            removed: &mut self.removed,
+            forks: &mut self.forks,
             json: stream.json,
         }
     }
@@ -137,8 +140,8 @@ impl State {
     /// stream: their history stays on disk (hidden from this stream's own readers by the
     /// retained offset) until the last of them goes, and is deleted then.
     pub fn trim_records(&self, id: StreamId) -> Option<crate::storage::Change> {
-        let below = self.meta.retained_from.seq;
-        (self.forks == 0 && below > 0).then_some(crate::storage::Change::TrimRecords(id, below))
+        deletable_below(self.meta.retained_from, self.forks)
+            .map(|below| crate::storage::Change::TrimRecords(id, below))
     }
 }
 
@@ -231,6 +234,29 @@ impl Stream {
         if self.may_expire {
             state.ledger(self).apply(Renew, super::now_ms());
         }
+    }
+
+    /// The frame another live reader of `view` left for readers at record `start`, while it
+    /// still reaches the durable tail (see `live_frame`).
+    pub fn shared_frame(&self, view: &FrameView, start: u64) -> Option<LiveFrame> {
+        // A lone reader (most streams' case) skips the lock: whatever frame is left, it would
+        // have rendered itself.
+        if self.live_reader_count() < 2 {
+            return None;
+        }
+        let d = self.durable();
+        let state = self.lock();
+        (state.shared_frames).current(view, start, (d.first, d.tail, d.closed))
+    }
+
+    /// Leaves `frame`, rendered from a read that reached the durable tail, for the other live
+    /// readers, taking over `lease`, the read memory of that read. Only while more than one
+    /// reader waits: a lone reader has nobody to share with (and keeps its lease).
+    pub fn share_frame(&self, frame: LiveFrame, lease: &mut ReadLease) {
+        if !SharedFrames::takes(&frame) || self.live_reader_count() < 2 {
+            return;
+        }
+        self.lock().shared_frames.leave(frame, lease);
     }
 
     pub fn durable(&self) -> Durable {

@@ -513,8 +513,9 @@ async fn a_mirror_authenticates_to_its_upstream_with_a_token() {
         let r = Client::new(&mirror)
             .get("/team-alpha/events?offset=-1")
             .await;
-        if r.status() == 200 {
-            assert_eq!(r.text().await.unwrap(), "hello");
+        // A mirror creates the stream from its state before the records arrive: it may be
+        // seen empty for a moment.
+        if r.status() == 200 && r.text().await.unwrap() == "hello" {
             break;
         }
         assert!(Instant::now() < deadline, "the mirror never caught up");

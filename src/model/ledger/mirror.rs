@@ -31,7 +31,7 @@ impl Command for MirrorBatch<'_> {
     /// Moves the tail past the batch, which must start at it. A mirror's tail timestamp is its
     /// upstream's, whatever this server's clock says.
     fn apply(self, ledger: &mut Ledger<'_>, _now_ms: i64) -> Result<(), Refusal> {
-        if ledger.removed {
+        if *ledger.removed {
             return Err(Refusal::NotFound);
         }
         let (Some(first), Some(last)) = (self.records.first(), self.records.last()) else {
@@ -81,7 +81,7 @@ impl Command for MirrorMeta<'_> {
     type Outcome = Result<Option<MirrorMetaChanged>, Refusal>;
 
     fn apply(self, ledger: &mut Ledger<'_>, _now_ms: i64) -> Self::Outcome {
-        if ledger.removed {
+        if *ledger.removed {
             return Err(Refusal::NotFound);
         }
         let meta = &mut *ledger.meta;

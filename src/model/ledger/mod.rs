@@ -7,22 +7,30 @@
 //! persists the outcome and publishes it. A refused command changes nothing.
 //!
 //! Each face's rules, in their order of precedence, are in the file of its command:
-//! [`append`] (a Durable Streams append or close), [`s2`] (an S2 batch), [`mirror`] (a mirrored
-//! batch and the upstream's state), [`retention`] (retention moves and S2 trims), and TTL
+//! [`create`] (a new stream, and a create of a name that is taken), [`fork`] (what a fork asks
+//! of its source), [`append`] (a Durable Streams append or close), [`s2`] (an S2 batch),
+//! [`mirror`] (a mirrored batch and the upstream's state), [`retention`] (retention moves and
+//! S2 trims), [`snapshot`] (publishing and deleting the visible snapshot), [`settings`]
+//! (attributes and S2 configuration), [`lifecycle`] (deletion, soft and for good), and TTL
 //! renewal ([`Renew`]) here.
 
 pub mod append;
+pub mod create;
+pub mod fork;
+pub mod lifecycle;
 pub mod mirror;
 mod refusal;
 pub mod retention;
 pub mod s2;
+pub mod settings;
+pub mod snapshot;
 
 use std::collections::BTreeMap;
 
 use super::producer::ProducerState;
 use super::stream::StreamMeta;
 
-pub use refusal::{Conflict, Refusal};
+pub use refusal::{Conflict, Mismatch, Refusal};
 
 /// The state of one stream that the ledger decides over, borrowed from wherever the stream keeps
 /// it (the service, under the stream's lock).
@@ -33,7 +41,9 @@ pub struct Ledger<'a> {
     /// When the stream was last read or written, from which its TTL counts.
     pub last_access_ms: &'a mut i64,
     /// The stream is deleted for good: nothing changes it any more.
-    pub removed: bool,
+    pub removed: &'a mut bool,
+    /// How many forks read through this stream.
+    pub forks: &'a mut u32,
     /// An `application/json` stream (derived from the content type, which never changes).
     pub json: bool,
 }
@@ -56,7 +66,7 @@ impl Ledger<'_> {
     /// The stream is still there for its own clients: neither removed nor soft-deleted (kept
     /// only for its forks).
     fn present(&self) -> Result<(), Refusal> {
-        if self.removed {
+        if *self.removed {
             return Err(Refusal::NotFound);
         }
         if self.meta.soft_deleted {

@@ -36,7 +36,7 @@ impl Command for Retain {
 
     fn apply(self, ledger: &mut Ledger<'_>, _now_ms: i64) -> Self::Outcome {
         let Retain { at, why } = self;
-        if ledger.removed {
+        if *ledger.removed {
             return Err(Refusal::NotFound);
         }
         let meta = &mut *ledger.meta;
@@ -70,6 +70,15 @@ impl Command for Retain {
             snapshot_dropped,
         }))
     }
+}
+
+/// The records that may be deleted from storage, those below this sequence number, when the
+/// stream is retained from `retained_from`: none while forks read through it (their history
+/// stays on disk, hidden from the stream's own readers by the retained offset, until the last
+/// of them goes).
+pub fn deletable_below(retained_from: Offset, forks: u32) -> Option<u64> {
+    let below = retained_from.seq;
+    (forks == 0 && below > 0).then_some(below)
 }
 
 #[cfg(test)]

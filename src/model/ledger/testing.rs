@@ -12,6 +12,7 @@ pub(crate) struct Fixture {
     pub producers: BTreeMap<String, ProducerState>,
     pub last_access_ms: i64,
     pub removed: bool,
+    pub forks: u32,
     pub json: bool,
 }
 
@@ -32,6 +33,7 @@ impl Fixture {
             producers: BTreeMap::new(),
             last_access_ms: 0,
             removed: false,
+            forks: 0,
             json: crate::model::content_type::is_json(content_type),
         }
     }
@@ -47,7 +49,8 @@ impl Fixture {
             meta: &mut self.meta,
             producers: &mut self.producers,
             last_access_ms: &mut self.last_access_ms,
-            removed: self.removed,
+            removed: &mut self.removed,
+            forks: &mut self.forks,
             json: self.json,
         }
     }

@@ -7,7 +7,8 @@ use bytes::Bytes;
 use futures::FutureExt;
 use futures::future::BoxFuture;
 
-use super::{ForkRequest, MAX_FORK_CHAIN};
+use super::ForkRequest;
+use crate::model::ledger::fork::MAX_FORK_CHAIN;
 use crate::model::{Offset, ReadFrom, Record};
 use crate::service::tests::{Wrapping, create_text, read_whole, text};
 use crate::service::{

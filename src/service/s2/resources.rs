@@ -4,23 +4,39 @@
 use std::sync::Arc;
 
 use futures::StreamExt as _;
-use serde::Deserialize as _;
 use serde_json::{Value, json};
 
 use crate::model::cipher;
+use crate::model::ledger::create::repeat_of_s2_create;
+use crate::model::ledger::settings::Reconfigure;
 use crate::model::names;
 use crate::model::s2::{self, BasinConfig, StreamConfig};
-use crate::model::stream::{BucketMeta, RequestedConfig};
 use crate::service::{
-    CreateRequest, Creation, Ensured, Stream, StreamError, StreamResult, StreamService,
+    CreateRequest, Creation, Stream, StreamError, StreamResult, StreamService, now_ms,
 };
 use crate::storage::Change;
 
 /// Streams a basin delete removes at once (see `delete_basin`).
 const BASIN_DELETES_AT_ONCE: usize = 64;
 
-/// A configuration as stored.
+/// What an S2 ensure (`PUT`) did: made the resource, or found it and applied the configuration
+/// over it (its stored configuration before and after).
+#[derive(Clone, Debug, PartialEq)]
+pub enum Ensured {
+    Created,
+    Existing {
+        before: Option<serde_json::Value>,
+        after: Option<serde_json::Value>,
+    },
+}
+
+/// A stream configuration as stored.
 fn config_value(config: &StreamConfig) -> Value {
+    serde_json::to_value(config).unwrap_or_else(|_| json!({}))
+}
+
+/// A basin configuration as stored and reported.
+pub fn basin_config_value(config: &BasinConfig) -> Value {
     serde_json::to_value(config).unwrap_or_else(|_| json!({}))
 }
 
@@ -37,27 +53,6 @@ pub fn parse_config<T: serde::de::DeserializeOwned + s2::CheckedConfig>(
     Ok(config)
 }
 
-/// Refuses a new stream in a basin that seals its streams' bodies (`stream_cipher`) unless it
-/// is sealed too: only S2 creates, where the client gives the key, and mirrors of such streams
-/// are. A Durable Streams create would hold its records in the clear.
-pub(in crate::service) fn check_sealing(
-    basin: &BucketMeta,
-    requested: &RequestedConfig,
-) -> StreamResult<()> {
-    if requested.cipher.is_some() || requested.mirror_of.is_some() {
-        return Ok(());
-    }
-    let sealed = (basin.s2_config.as_ref())
-        .and_then(|config| BasinConfig::deserialize(config).ok())
-        .is_some_and(|config| config.stream_cipher.is_some());
-    if sealed {
-        return Err(StreamError::Conflict(
-            "the bucket's streams are encrypted (S2 stream_cipher): create them through S2",
-        ));
-    }
-    Ok(())
-}
-
 /// The stream configuration a create or an ensure asks for; none asks for nothing in particular.
 fn asked_stream_config(config: Option<&Value>) -> StreamResult<StreamConfig> {
     Ok(config.map(parse_config).transpose()?.unwrap_or_default())
@@ -67,10 +62,7 @@ impl StreamService {
     /// The basin's S2 configuration. Every records request asks for it, so it looks up the one
     /// bucket and nothing else (no count of its streams, no copy of its stored JSON).
     pub fn basin_config(&self, basin: &str) -> StreamResult<BasinConfig> {
-        self.with_bucket(basin, |meta| {
-            let config = meta.s2_config.as_ref().map(parse_config).transpose()?;
-            Ok(config.unwrap_or_default())
-        })
+        self.with_bucket(basin, |meta| Ok(meta.s2_config.clone().unwrap_or_default()))
     }
 
     /// The S2 configuration a stream created through another face than S2 gets: its basin's
@@ -154,10 +146,11 @@ impl StreamService {
         if !outcome.created {
             let stream = self.find(&key, false).await?;
             let made_by = stream.lock().meta.extra().s2_creation.clone();
-            return match s2_creation {
-                Some(request) if made_by.as_ref() == Some(&request) => Ok(Creation::Repeated),
-                _ => Err(StreamError::AlreadyExists("stream")),
-            };
+            return Ok(repeat_of_s2_create(
+                "stream",
+                made_by.as_deref(),
+                s2_creation.as_deref(),
+            )?);
         }
         Ok(Creation::New)
     }
@@ -257,7 +250,7 @@ impl StreamService {
             let stored = (state.meta.extra().s2_config.as_ref())
                 .map_or_else(|| Value::Object(Default::default()), config_value);
             let config = change(&stored)?;
-            state.meta.extra_mut().s2_config = Some(config.clone());
+            (state.ledger(&stream)).apply(Reconfigure(config.clone()), now_ms())?;
             (
                 config,
                 self.engine.commit(vec![Change::PutStream(
@@ -290,13 +283,12 @@ impl StreamService {
                 .buckets
                 .get_mut(basin)
                 .ok_or(StreamError::BucketNotFound)?;
-            let mut config = meta
-                .s2_config
-                .clone()
-                .unwrap_or_else(|| Value::Object(Default::default()));
+            let mut config = (meta.s2_config.as_ref())
+                .map_or_else(|| Value::Object(Default::default()), basin_config_value);
             change(&mut config);
-            self.check_basin_config(&config)?;
-            meta.s2_config = Some(config.clone());
+            let typed = self.checked_basin_config(&config)?;
+            let config = basin_config_value(&typed);
+            meta.s2_config = Some(typed);
             (
                 config,
                 self.engine
@@ -400,10 +392,15 @@ impl StreamService {
 
     /// Checks a basin configuration, including that its cipher is one Runnel offers.
     pub fn check_basin_config(&self, config: &Value) -> StreamResult<()> {
+        self.checked_basin_config(config).map(|_| ())
+    }
+
+    /// [`Self::check_basin_config`], and the configuration it checked.
+    fn checked_basin_config(&self, config: &Value) -> StreamResult<BasinConfig> {
         let config: BasinConfig = parse_config(config)?;
         if let Some(cipher) = &config.stream_cipher {
             cipher::check_cipher(cipher)?;
         }
-        Ok(())
+        Ok(config)
     }
 }
