@@ -718,4 +718,79 @@ mod tests {
         };
         assert!(matches!(args.resolve(), Err(ConfigError::Invalid(r)) if r.starts_with("--sync")));
     }
+
+    /// The sample config shipped in `packaging/`.
+    const SAMPLE: &str = include_str!("../packaging/runnel.toml");
+
+    /// The keys `FileConfig` takes, as its `Deserialize` impl names them.
+    fn file_config_keys() -> &'static [&'static str] {
+        struct KeysOf(Option<&'static [&'static str]>);
+        impl<'de> serde::Deserializer<'de> for &mut KeysOf {
+            type Error = serde::de::value::Error;
+            fn deserialize_any<V: serde::de::Visitor<'de>>(
+                self,
+                _: V,
+            ) -> Result<V::Value, Self::Error> {
+                Err(serde::de::Error::custom("not a struct"))
+            }
+            fn deserialize_struct<V: serde::de::Visitor<'de>>(
+                self,
+                _: &'static str,
+                fields: &'static [&'static str],
+                _: V,
+            ) -> Result<V::Value, Self::Error> {
+                self.0 = Some(fields);
+                Err(serde::de::Error::custom("only the keys were wanted"))
+            }
+            serde::forward_to_deserialize_any! {
+                bool i8 i16 i32 i64 i128 u8 u16 u32 u64 u128 f32 f64 char str string bytes
+                byte_buf option unit unit_struct newtype_struct seq tuple tuple_struct map enum
+                identifier ignored_any
+            }
+        }
+        let mut keys = KeysOf(None);
+        let _ = FileConfig::deserialize(&mut keys);
+        keys.0.expect("FileConfig deserializes as a struct")
+    }
+
+    #[test]
+    fn the_sample_config_is_valid_and_its_set_keys_are_the_defaults() {
+        parse_file(SAMPLE).expect("the sample parses");
+        let f = file(SAMPLE);
+        let sample = ServeArgs {
+            config: Some(f.path().into()),
+            ..Default::default()
+        }
+        .resolve()
+        .expect("the sample resolves");
+        let defaults = ServeArgs::default().resolve().unwrap();
+        assert_eq!(format!("{sample:?}"), format!("{defaults:?}"));
+    }
+
+    /// The setting a line of the sample makes, set or commented out (`# key = value`): its key
+    /// and the line as it would be set.
+    fn sample_setting(line: &str) -> Option<(&str, &str)> {
+        let setting = line.strip_prefix("# ").unwrap_or(line);
+        let (key, _) = setting.split_once('=')?;
+        let key = key.trim();
+        file_config_keys().contains(&key).then_some((key, setting))
+    }
+
+    #[test]
+    fn the_sample_config_names_every_key_and_its_commented_examples_parse() {
+        for key in file_config_keys() {
+            assert!(
+                SAMPLE
+                    .lines()
+                    .any(|line| sample_setting(line).is_some_and(|(k, _)| k == *key)),
+                "packaging/runnel.toml lacks {key}"
+            );
+        }
+        let every_example_set: String = SAMPLE
+            .lines()
+            .map(|line| sample_setting(line).map_or(line, |(_, setting)| setting))
+            .flat_map(|line| [line, "\n"])
+            .collect();
+        parse_file(&every_example_set).expect("every example in the sample parses");
+    }
 }

@@ -21,4 +21,5 @@ mod observability;
 mod pipelining;
 mod replication;
 mod s2s;
+mod token_recipes;
 mod trim;
