@@ -41,7 +41,7 @@ pub fn respond(app: &AppState, read: Read) -> Response {
     let shares = read.view == ReadView::Canonical;
     let options = FollowOptions {
         ends: Ends::At(deadline),
-        frames: shares.then_some(FrameView::DurableStreams),
+        frames: shares.then_some(FrameView::Canonical),
         ..FollowOptions::live(keepalive)
     };
     let source = Chunks::from(read.start, None);
@@ -83,7 +83,7 @@ pub fn respond(app: &AppState, read: Read) -> Response {
                     let events = Bytes::from(events);
                     if let Some(records_len) = records_len.filter(|_| shares && chunk.up_to_date) {
                         let frame = LiveFrame {
-                            view: FrameView::DurableStreams,
+                            view: FrameView::Canonical,
                             start: chunk.start,
                             next: chunk.next,
                             closed: chunk.closed,

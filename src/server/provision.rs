@@ -41,7 +41,7 @@ async fn apply(service: &StreamService, resources: &Resources) -> anyhow::Result
                 .transpose()
                 .map_err(|e| anyhow!("{}: {e}", what()))?;
             let ensured = service
-                .ensure_s2_stream(name, &stream.name, config)
+                .ensure_in_bucket(name, &stream.name, config)
                 .await
                 .map_err(|e| anyhow!("{}: {e}", what()))?;
             tracing::info!(basin = %name, stream = %stream.name, outcome = outcome(&ensured), "init file: stream applied");

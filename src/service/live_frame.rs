@@ -18,10 +18,10 @@ const MAX_SHARED_FRAME: usize = 64 << 10;
 /// How a frame was rendered: a reader takes only a frame rendered as it would render it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum FrameView {
-    /// Durable Streams SSE of the canonical view.
-    DurableStreams,
-    /// The StreamLD SSE binding, whose events name the stream by a URL under this origin.
-    StreamLd(Arc<str>),
+    /// SSE events of the canonical view, each record as stored (Durable Streams SSE).
+    Canonical,
+    /// SSE events that name the stream by a URL under this origin (the StreamLD SSE binding).
+    UnderOrigin(Arc<str>),
 }
 
 /// What a live reader rendered for the records from `start` up to the durable tail `next`.
@@ -52,8 +52,8 @@ impl FrameView {
     /// Where a frame of this view is kept among a stream's frames.
     fn slot(&self) -> usize {
         match self {
-            FrameView::DurableStreams => 0,
-            FrameView::StreamLd(_) => 1,
+            FrameView::Canonical => 0,
+            FrameView::UnderOrigin(_) => 1,
         }
     }
 }

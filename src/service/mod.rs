@@ -63,8 +63,8 @@ pub use read::{ReadChunk, TailWatch, Wake};
 pub use read_memory::ReadLease;
 pub use replication::{Appeared, AppearingIn, ReplicatedState};
 pub use s2::{
-    CheckedAppend, Ensured, S2Ack, S2Append, S2Batch, S2Limits, S2Position, S2Record, S2Start,
-    parse_config as parse_s2_config,
+    CheckedAppend, Ensured, ReadLimits, RecordBatch, RecordStart, S2Ack, S2Append, S2Position,
+    S2Record, parse_config as parse_s2_config,
 };
 pub use shared_bodies::{BodyRange, SharedBody, SharedRead};
 pub use snapshots::{Bootstrap, Position, digest as snapshot_digest};

@@ -20,17 +20,17 @@ pub use crate::model::ledger::s2::{S2Ack, S2Position};
 pub use crate::model::s2::{CheckedAppend, S2Append, S2Record};
 pub use resources::{Ensured, basin_config_value, parse_config};
 
-/// Where an S2 read starts.
+/// Where a read of records starts: a sequence number, a timestamp, or a distance back from the tail.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum S2Start {
+pub enum RecordStart {
     SeqNum(u64),
     Timestamp(u64),
     TailOffset(u64),
 }
 
-/// Bounds of an S2 read, counted over the whole session.
+/// Bounds of a read of records (S2 limits), counted over the whole session.
 #[derive(Clone, Copy, Debug, Default)]
-pub struct S2Limits {
+pub struct ReadLimits {
     pub count: Option<u64>,
     /// Metered bytes.
     pub bytes: Option<u64>,
@@ -38,7 +38,7 @@ pub struct S2Limits {
     pub until: Option<u64>,
 }
 
-impl S2Limits {
+impl ReadLimits {
     /// A count or byte limit of 0: the read is over before it starts, wherever it starts.
     pub fn exhausted(&self) -> bool {
         self.count == Some(0) || self.bytes == Some(0)
@@ -47,7 +47,7 @@ impl S2Limits {
 
 /// Records read in one step, and why the read stopped there.
 #[derive(Debug)]
-pub struct S2Batch {
+pub struct RecordBatch {
     pub records: Vec<Record>,
     /// Where the next read continues.
     pub next_seq: u64,
@@ -73,13 +73,13 @@ impl StreamService {
     }
 
     /// Appends an S2 batch atomically. On an encrypted stream, bodies are sealed with `key`.
-    pub async fn s2_append(
+    pub async fn append_records(
         self: &Arc<Self>,
         stream: &Arc<Stream>,
         append: CheckedAppend,
         key: Option<&RecordKey>,
     ) -> StreamResult<S2Ack> {
-        self.s2_sequence(stream, append, key).await?.await
+        self.sequence_records(stream, append, key).await?.await
     }
 
     /// Checks and sequences an S2 batch, and returns its acknowledgement, which resolves once
@@ -87,7 +87,7 @@ impl StreamService {
     /// another are acknowledged in that order, so an append session can sequence its next input
     /// while earlier ones become durable; `match_seq_num` is checked against the sequenced
     /// tail. The completion runs on its own task: the tail is published even if nobody waits.
-    pub async fn s2_sequence(
+    pub async fn sequence_records(
         self: &Arc<Self>,
         stream: &Arc<Stream>,
         append: CheckedAppend,
@@ -145,7 +145,7 @@ impl StreamService {
     }
 
     /// Opens the sealed bodies of records read from an encrypted stream.
-    pub fn s2_open(
+    pub fn open_sealed(
         &self,
         stream: &Stream,
         key: Option<&RecordKey>,
@@ -163,10 +163,10 @@ impl StreamService {
 
     /// Where an S2 read starts, as a sequence number; 416 (`BeyondTail`) past the tail unless
     /// `clamp`.
-    pub async fn s2_resolve(
+    pub async fn resolve_start(
         &self,
         stream: &Arc<Stream>,
-        start: S2Start,
+        start: RecordStart,
         clamp: bool,
     ) -> StreamResult<u64> {
         let durable = stream.durable();
@@ -176,16 +176,16 @@ impl StreamService {
             timestamp_ms: durable.last_timestamp_ms,
         };
         match start {
-            S2Start::SeqNum(seq) if seq > tail => {
+            RecordStart::SeqNum(seq) if seq > tail => {
                 if clamp {
                     Ok(tail)
                 } else {
                     Err(beyond())
                 }
             }
-            S2Start::SeqNum(seq) => Ok(seq.max(first)),
-            S2Start::TailOffset(n) => Ok(tail.saturating_sub(n).max(first)),
-            S2Start::Timestamp(ts) => {
+            RecordStart::SeqNum(seq) => Ok(seq.max(first)),
+            RecordStart::TailOffset(n) => Ok(tail.saturating_sub(n).max(first)),
+            RecordStart::Timestamp(ts) => {
                 let last_ts = ms(durable.last_timestamp_ms);
                 if first == tail || ts > last_ts {
                     // No retained record is at or after `ts`: start at the tail, if allowed.
@@ -231,14 +231,14 @@ impl StreamService {
 
     /// Reads the next records from `from`, within `limits` (already reduced by what the session
     /// delivered) and at most `max_records` / `max_bytes` in this step.
-    pub async fn s2_read(
+    pub async fn read_records(
         &self,
         stream: &Arc<Stream>,
         from: u64,
-        limits: S2Limits,
+        limits: ReadLimits,
         max_records: u64,
         max_bytes: u64,
-    ) -> StreamResult<S2Batch> {
+    ) -> StreamResult<RecordBatch> {
         stream.renew();
         let durable = stream.durable();
         let tail = S2Position {
@@ -290,7 +290,7 @@ impl StreamService {
         limit_reached |= limits.count.is_some_and(|c| delivered >= c);
         limit_reached |= limits.bytes.is_some_and(|b| metered >= b);
         let next_seq = records.last().map_or(from, |r| r.seq + 1);
-        Ok(S2Batch {
+        Ok(RecordBatch {
             records,
             next_seq,
             metered,

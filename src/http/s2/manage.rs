@@ -269,7 +269,7 @@ pub(in crate::http) async fn create_stream(
         let creation = creation_of::<StreamConfig>(&headers, config.as_ref())?;
         let creation = app
             .service
-            .create_s2_stream(&basin, &request.stream, config, creation)
+            .create_in_bucket(&basin, &request.stream, config, creation)
             .await?;
         let key = stream_key(&basin, &request.stream)?;
         Ok::<_, S2Error>(provisioned(
@@ -314,7 +314,7 @@ pub(in crate::http) async fn stream(
                 }
                 // The body is the configuration itself (basins wrap theirs in `config`).
                 let config = validated::<StreamConfig>(json_body(&app, &headers, body).await?)?;
-                let provision = match app.service.ensure_s2_stream(&basin, &name, config).await? {
+                let provision = match app.service.ensure_in_bucket(&basin, &name, config).await? {
                     Ensured::Created => Provision::Created,
                     Ensured::Existing { before, after } => Provision::of_reconfiguration(
                         s2_resources::stream_config(before.as_ref()),

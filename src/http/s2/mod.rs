@@ -20,8 +20,8 @@ use crate::model::names;
 use crate::model::s2::{self, BasinConfig, EventId, Format, StreamConfig};
 use crate::model::wire::s2_json;
 use crate::service::{
-    CheckedAppend, Creation, Ensured, Principal, S2Append, S2Batch, S2Limits, S2Position, S2Start,
-    Stream, StreamError, StreamService, StreamSummary, now_ms,
+    CheckedAppend, Creation, Ensured, Principal, ReadLimits, RecordBatch, RecordStart, S2Append,
+    S2Position, Stream, StreamError, StreamService, StreamSummary, now_ms,
 };
 
 const MAX_LIST_LIMIT: usize = 1000;
@@ -260,7 +260,7 @@ fn json_text_response(status: StatusCode, body: String) -> Response {
 }
 
 /// The tail a batch tells its reader: only when the batch reached it, and not on an empty one.
-fn told_tail(batch: &S2Batch) -> Option<S2Position> {
+fn told_tail(batch: &RecordBatch) -> Option<S2Position> {
     (batch.at_tail && !batch.records.is_empty()).then_some(batch.tail)
 }
 

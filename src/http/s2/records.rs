@@ -63,7 +63,7 @@ async fn records_stream(
     let create = auto && !refused_for_its_key;
     match app
         .service
-        .s2_stream(&basin, name, create.then_some(&requested))
+        .stream_in_bucket(&basin, name, create.then_some(&requested))
         .await
     {
         // It would have been created, sealed, for records that could not be sealed.
@@ -229,7 +229,10 @@ async fn append(
     // A header fault is refused before the lookup, which may create the stream.
     let key = key_of(headers)?;
     let stream = records_stream(app, headers, name, Opening::Append, key.is_some()).await?;
-    let ack = app.service.s2_append(&stream, append, key.as_ref()).await?;
+    let ack = app
+        .service
+        .append_records(&stream, append, key.as_ref())
+        .await?;
     if wants_protobuf(headers) {
         return Ok(s2s::protobuf_response(&s2_proto::ack_message(&ack)));
     }
@@ -270,9 +273,9 @@ fn parse_read(query: Option<&str>) -> Result<S2ReadRequest, S2Error> {
             .transpose()
     };
     let starts = [
-        number("seq_num")?.map(S2Start::SeqNum),
-        number("timestamp")?.map(S2Start::Timestamp),
-        number("tail_offset")?.map(S2Start::TailOffset),
+        number("seq_num")?.map(RecordStart::SeqNum),
+        number("timestamp")?.map(RecordStart::Timestamp),
+        number("tail_offset")?.map(RecordStart::TailOffset),
     ];
     let mut given = starts.into_iter().flatten();
     let start = given.next();
@@ -288,12 +291,12 @@ fn parse_read(query: Option<&str>) -> Result<S2ReadRequest, S2Error> {
         Some("false") => false,
         Some(_) => return Err(bad("bad_query", "clamp must be true or false")),
     };
-    let limits = S2Limits {
+    let limits = ReadLimits {
         count: number("count")?,
         bytes: number("bytes")?,
         until: number("until")?,
     };
-    if let (Some(S2Start::Timestamp(ts)), Some(until)) = (start, limits.until)
+    if let (Some(RecordStart::Timestamp(ts)), Some(until)) = (start, limits.until)
         && ts >= until
     {
         return Err(bad("invalid", "timestamp must be before until"));
@@ -363,7 +366,7 @@ async fn read(app: &AppState, name: &str, query: Option<&str>, headers: &HeaderM
     }
     let wait = request.wait.unwrap_or(0);
     let mut batch = if wait == 0 {
-        let read = app.service.s2_read(
+        let read = app.service.read_records(
             &stream,
             start,
             request.limits,
@@ -372,7 +375,7 @@ async fn read(app: &AppState, name: &str, query: Option<&str>, headers: &HeaderM
         );
         let mut batch = read.await?;
         app.service
-            .s2_open(&stream, key.as_ref(), &mut batch.records)?;
+            .open_sealed(&stream, key.as_ref(), &mut batch.records)?;
         batch
     } else {
         let timeout = Duration::from_secs(wait.min(s2::UNARY_MAX_WAIT_SECS));

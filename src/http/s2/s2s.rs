@@ -176,7 +176,7 @@ pub(super) fn append_session(
                     Some(Err(error)) => failure = Some(error),
                     Some(Ok(append)) => match admit(append) {
                         Err(refused) => failure = Some(refused),
-                        Ok(append) => match service.s2_sequence(&stream, append, key.as_ref()).await {
+                        Ok(append) => match service.sequence_records(&stream, append, key.as_ref()).await {
                             Ok(ack) => pending.push_back(ack),
                             Err(error) => failure = Some(error.into()),
                         },

@@ -61,7 +61,7 @@ pub async fn sse(
     };
     let (keepalive, deadline) = live_timing(app);
     // Readers at one place render the same events: they share one rendering (see `LiveFrame`).
-    let view = FrameView::StreamLd(origin.into());
+    let view = FrameView::UnderOrigin(origin.into());
     let options = FollowOptions {
         ends: Ends::At(deadline),
         frames: Some(view.clone()),

@@ -91,7 +91,7 @@ async fn a_base_protocol_append_after_a_future_timestamp_still_arrives_at_the_se
         "timestamping": {"uncapped": true}
     });
     service
-        .create_s2_stream("aging", "s", Some(config), None)
+        .create_in_bucket("aging", "s", Some(config), None)
         .await
         .unwrap();
     let stream = service.find("/aging/s", false).await.unwrap();
@@ -107,7 +107,7 @@ async fn a_base_protocol_append_after_a_future_timestamp_still_arrives_at_the_se
     }
     .check()
     .unwrap();
-    service.s2_append(&stream, append, None).await.unwrap();
+    service.append_records(&stream, append, None).await.unwrap();
     let plain = AppendRequest {
         content_type: Some("application/octet-stream"),
         body: Bytes::from_static(b"plain"),

@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use crate::model::cipher::RecordKey;
 use crate::model::{Offset, s2};
-use crate::service::{ReadChunk, S2Batch, S2Limits, Stream, StreamResult, StreamService};
+use crate::service::{ReadChunk, ReadLimits, RecordBatch, Stream, StreamResult, StreamService};
 
 /// What one read of a [`Source`] found.
 pub struct Step<C> {
@@ -88,12 +88,12 @@ impl Source for Chunks {
 /// opened with the reader's key on an encrypted stream.
 pub struct S2Reads {
     next: u64,
-    remaining: S2Limits,
+    remaining: ReadLimits,
     key: Option<RecordKey>,
 }
 
 impl S2Reads {
-    pub fn from(start: u64, limits: S2Limits, key: Option<RecordKey>) -> Self {
+    pub fn from(start: u64, limits: ReadLimits, key: Option<RecordKey>) -> Self {
         S2Reads {
             next: start,
             remaining: limits,
@@ -108,7 +108,7 @@ impl S2Reads {
 }
 
 impl Source for S2Reads {
-    type Chunk = S2Batch;
+    type Chunk = RecordBatch;
     const TELLS_GAPS: bool = false;
 
     fn next_seq(&self) -> u64 {
@@ -123,12 +123,12 @@ impl Source for S2Reads {
         &mut self,
         service: &StreamService,
         stream: &Arc<Stream>,
-    ) -> StreamResult<Step<S2Batch>> {
+    ) -> StreamResult<Step<RecordBatch>> {
         let (max_records, max_bytes) = (s2::UNARY_MAX_RECORDS, s2::UNARY_MAX_BYTES);
         let mut batch = service
-            .s2_read(stream, self.next, self.remaining, max_records, max_bytes)
+            .read_records(stream, self.next, self.remaining, max_records, max_bytes)
             .await?;
-        service.s2_open(stream, self.key.as_ref(), &mut batch.records)?;
+        service.open_sealed(stream, self.key.as_ref(), &mut batch.records)?;
         // Even with no records: a trim may have moved the start past where it stood.
         self.next = self.next.max(batch.next_seq);
         let count = batch.records.len() as u64;

@@ -4,7 +4,7 @@
 use bytes::Bytes;
 
 use super::*;
-use crate::service::{AppendRequest, CreateRequest, ForkRequest, S2Limits, one_text_stream};
+use crate::service::{AppendRequest, CreateRequest, ForkRequest, ReadLimits, one_text_stream};
 
 fn text(body: &'static str) -> AppendRequest<'static> {
     AppendRequest {
@@ -58,7 +58,7 @@ async fn a_follower_behind_a_retention_move_hears_of_the_gap_with_the_first_reta
 #[tokio::test]
 async fn an_s2_follower_moves_on_to_the_first_retained_record_past_a_trim() {
     let (service, stream) = StreamService::with_text_stream_of(&["a", "b", "c"]).await;
-    let source = S2Reads::from(0, S2Limits::default(), None);
+    let source = S2Reads::from(0, ReadLimits::default(), None);
     let options = FollowOptions::live(Duration::from_secs(60));
     let mut follow = Follow::new(&service, stream.clone(), source, options);
     service.trim_for_test(&stream, 2).await;

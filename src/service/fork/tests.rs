@@ -280,7 +280,7 @@ async fn a_sub_offset_inside_a_later_record_of_a_unit_forks_that_far() {
     }
     .check()
     .unwrap();
-    service.s2_append(&source, unit, None).await.unwrap();
+    service.append_records(&source, unit, None).await.unwrap();
     service.append("src", text("next unit")).await.unwrap();
 
     service

@@ -19,7 +19,7 @@ async fn frame_from(
     stream: &Arc<Stream>,
     start: Offset,
 ) -> (LiveFrame, ReadLease) {
-    frame_of(FrameView::DurableStreams, service, stream, start).await
+    frame_of(FrameView::Canonical, service, stream, start).await
 }
 
 async fn frame_of(
@@ -42,7 +42,7 @@ async fn frame_of(
     (frame, chunk.lease)
 }
 
-const DS: FrameView = FrameView::DurableStreams;
+const DS: FrameView = FrameView::Canonical;
 
 #[tokio::test]
 async fn a_shared_frame_serves_readers_at_its_start_only_while_it_reaches_the_tail() {
@@ -85,7 +85,7 @@ async fn a_shared_frame_serves_only_readers_rendering_the_same_view() {
     let (service, stream) = one_text_stream().await;
     let _readers = [0, 1].map(|_| service.watch_tail(&stream, Duration::from_secs(60), None));
     service.append("s", text("a")).await.unwrap();
-    let here = FrameView::StreamLd("http://here".into());
+    let here = FrameView::UnderOrigin("http://here".into());
     let (frame, mut lease) = frame_of(here.clone(), &service, &stream, Offset::START).await;
     stream.share_frame(frame, &mut lease);
     assert!(stream.shared_frame(&here, 0).is_some());
@@ -93,7 +93,7 @@ async fn a_shared_frame_serves_only_readers_rendering_the_same_view() {
         stream.shared_frame(&DS, 0).is_none(),
         "Durable Streams readers render otherwise"
     );
-    let there = FrameView::StreamLd("http://there".into());
+    let there = FrameView::UnderOrigin("http://there".into());
     assert!(
         stream.shared_frame(&there, 0).is_none(),
         "its events name the stream under another origin"

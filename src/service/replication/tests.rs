@@ -146,11 +146,11 @@ async fn a_bucket_watch_that_fell_behind_is_given_the_whole_bucket_then_arrivals
     service.create_bucket("other", None, None).await.unwrap();
     let mut watch = service.streams_appearing_in("watched");
     service
-        .create_s2_stream("other", "elsewhere", None, None)
+        .create_in_bucket("other", "elsewhere", None, None)
         .await
         .unwrap();
     service
-        .create_s2_stream("watched", "first", None, None)
+        .create_in_bucket("watched", "first", None, None)
         .await
         .unwrap();
     let appeared = watch.next(&service).await.unwrap();
@@ -165,12 +165,12 @@ async fn a_bucket_watch_that_fell_behind_is_given_the_whole_bucket_then_arrivals
     let missed = APPEARED_BACKLOG + 5;
     for i in 0..missed {
         service
-            .create_s2_stream("watched", &format!("s{i}"), None, None)
+            .create_in_bucket("watched", &format!("s{i}"), None, None)
             .await
             .unwrap();
     }
     service
-        .create_s2_stream("other", "elsewhere-too", None, None)
+        .create_in_bucket("other", "elsewhere-too", None, None)
         .await
         .unwrap();
     let appeared = watch.next(&service).await.unwrap();
@@ -178,7 +178,7 @@ async fn a_bucket_watch_that_fell_behind_is_given_the_whole_bucket_then_arrivals
     assert!(appeared.iter().all(|a| a.name.starts_with("/watched/")));
 
     service
-        .create_s2_stream("watched", "after", None, None)
+        .create_in_bucket("watched", "after", None, None)
         .await
         .unwrap();
     let next = watch.next(&service).await.unwrap();

@@ -85,7 +85,7 @@ impl StreamService {
     }
 
     /// Finds an S2 stream, creating it first when the basin says so for this operation.
-    pub async fn s2_stream(
+    pub async fn stream_in_bucket(
         &self,
         basin: &str,
         name: &str,
@@ -104,7 +104,7 @@ impl StreamService {
                 // `null`: the basin's default, which a stream created without one gets.
                 let stream_config = Some(requested.clone()).filter(|c| !c.is_null());
                 match self
-                    .create_s2_stream(basin, name, stream_config, None)
+                    .create_in_bucket(basin, name, stream_config, None)
                     .await
                 {
                     Ok(_) | Err(StreamError::AlreadyExists(_)) => self.find(&key, false).await,
@@ -116,7 +116,7 @@ impl StreamService {
     }
 
     /// Creates an S2 stream: a byte stream in the basin, with its S2 configuration.
-    pub async fn create_s2_stream(
+    pub async fn create_in_bucket(
         &self,
         basin: &str,
         name: &str,
@@ -157,14 +157,14 @@ impl StreamService {
 
     /// Creates an S2 stream, or makes the existing one's configuration what a stream created
     /// now would get (S2's ensure: "updated to the specified configuration, if different").
-    pub async fn ensure_s2_stream(
+    pub async fn ensure_in_bucket(
         &self,
         basin: &str,
         name: &str,
         config: Option<Value>,
     ) -> StreamResult<Ensured> {
         match self
-            .create_s2_stream(basin, name, config.clone(), None)
+            .create_in_bucket(basin, name, config.clone(), None)
             .await
         {
             Ok(_) => Ok(Ensured::Created),

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 
-use super::{S2Append, S2Limits, S2Record};
+use super::{ReadLimits, S2Append, S2Record};
 use crate::model::stream::BucketMeta;
 use crate::model::{Offset, ReadFrom};
 use crate::service::read_memory;
@@ -24,7 +24,7 @@ async fn s2_retention_ages_count_from_arrival_not_from_client_timestamps() {
         "timestamping": {"mode": "client-require", "uncapped": true}
     });
     service
-        .create_s2_stream("aging", "s", Some(config), None)
+        .create_in_bucket("aging", "s", Some(config), None)
         .await
         .unwrap();
     let stream = service.find("/aging/s", false).await.unwrap();
@@ -43,7 +43,7 @@ async fn s2_retention_ages_count_from_arrival_not_from_client_timestamps() {
     }
     .check()
     .unwrap();
-    service.s2_append(&stream, append, None).await.unwrap();
+    service.append_records(&stream, append, None).await.unwrap();
     service.enforce_s2_configs().await;
     assert_eq!(
         stream.durable().first.seq,
@@ -102,7 +102,7 @@ async fn a_stream_with_delete_on_empty_goes_once_it_has_been_empty_for_its_min_a
     let config = serde_json::json!({"delete_on_empty": {"min_age_secs": 1}});
     for name in ["emptied", "unwritten", "written"] {
         service
-            .create_s2_stream("empties", name, Some(config.clone()), None)
+            .create_in_bucket("empties", name, Some(config.clone()), None)
             .await
             .unwrap();
     }
@@ -121,8 +121,8 @@ async fn a_stream_with_delete_on_empty_goes_once_it_has_been_empty_for_its_min_a
     };
     let emptied = service.find("/empties/emptied", false).await.unwrap();
     let written = service.find("/empties/written", false).await.unwrap();
-    service.s2_append(&written, one(), None).await.unwrap();
-    service.s2_append(&emptied, one(), None).await.unwrap();
+    service.append_records(&written, one(), None).await.unwrap();
+    service.append_records(&emptied, one(), None).await.unwrap();
     service.trim(&emptied, 1).await.unwrap();
     let present = |name: &'static str| {
         let service = service.clone();
@@ -139,7 +139,7 @@ async fn a_stream_with_delete_on_empty_goes_once_it_has_been_empty_for_its_min_a
     assert!(present("unwritten").await, "created just now");
     tokio::time::sleep(Duration::from_millis(1100)).await;
     // Written to and emptied again meanwhile: the wait starts over.
-    service.s2_append(&emptied, one(), None).await.unwrap();
+    service.append_records(&emptied, one(), None).await.unwrap();
     service.trim(&emptied, 2).await.unwrap();
     service.enforce_s2_configs().await;
     assert!(present("emptied").await, "an append starts the wait over");
@@ -166,12 +166,12 @@ fn a_trim_command_stored_before_a_crash_takes_effect_after_it() {
         let service = StreamService::open(engine.clone(), ServiceConfig::default()).unwrap();
         service.create_bucket("basin", None, None).await.unwrap();
         service
-            .create_s2_stream("basin", "s", None, None)
+            .create_in_bucket("basin", "s", None, None)
             .await
             .unwrap();
         let stream = service.find("/basin/s", false).await.unwrap();
         service
-            .s2_append(&stream, plain_records(4), None)
+            .append_records(&stream, plain_records(4), None)
             .await
             .unwrap();
         let trim = S2Append {
@@ -185,7 +185,7 @@ fn a_trim_command_stored_before_a_crash_takes_effect_after_it() {
         }
         .check()
         .unwrap();
-        let _unawaited = service.s2_sequence(&stream, trim, None).await.unwrap();
+        let _unawaited = service.sequence_records(&stream, trim, None).await.unwrap();
     });
     drop(first_life);
 
@@ -210,7 +210,7 @@ async fn a_basin_delete_cut_short_is_finished_at_the_next_start_and_takes_no_new
     service.create_bucket("doomed", None, None).await.unwrap();
     for name in ["a", "b", "c"] {
         service
-            .create_s2_stream("doomed", name, None, None)
+            .create_in_bucket("doomed", name, None, None)
             .await
             .unwrap();
     }
@@ -258,7 +258,7 @@ async fn s2_reads_count_against_the_read_memory_and_get_less_of_it_when_others_h
     let stream = service.find("s", false).await.unwrap();
     let read = |service: Arc<StreamService>, stream: Arc<Stream>| async move {
         service
-            .s2_read(&stream, 0, S2Limits::default(), 1000, 1 << 20)
+            .read_records(&stream, 0, ReadLimits::default(), 1000, 1 << 20)
             .await
             .unwrap()
     };

@@ -13,8 +13,8 @@ use crate::model::cipher::RecordKey;
 use crate::model::ledger::s2::S2Position;
 use crate::model::s2::EventId;
 use crate::service::{
-    End, Ends, Event, Follow, FollowOptions, ReadLease, S2Batch, S2Limits, S2Reads, S2Start,
-    Stream, StreamError, StreamResult, StreamService,
+    End, Ends, Event, Follow, FollowOptions, ReadLease, ReadLimits, RecordBatch, RecordStart,
+    S2Reads, Stream, StreamError, StreamResult, StreamService,
 };
 
 /// How often an idle session hears a heartbeat (SSE's `ping`).
@@ -23,9 +23,9 @@ const HEARTBEAT_INTERVAL: Duration = Duration::from_secs(10);
 /// An S2 read as its request asks for it.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct S2ReadRequest {
-    pub start: Option<S2Start>,
+    pub start: Option<RecordStart>,
     pub clamp: bool,
-    pub limits: S2Limits,
+    pub limits: ReadLimits,
     /// Seconds to wait for records: for a unary read, before answering with none; for a
     /// session, before it ends as idle.
     pub wait: Option<u64>,
@@ -46,7 +46,7 @@ impl S2ReadRequest {
     /// The read a client resumes (SSE's `Last-Event-ID`): from the record after the last one it
     /// got, with what its limits have left.
     pub fn resumed(mut self, from: EventId) -> Self {
-        self.start = Some(S2Start::SeqNum(from.last_seq.saturating_add(1)));
+        self.start = Some(RecordStart::SeqNum(from.last_seq.saturating_add(1)));
         self.limits.count = self.limits.count.map(|c| c.saturating_sub(from.count));
         self.limits.bytes = self.limits.bytes.map(|b| b.saturating_sub(from.bytes));
         self
@@ -62,21 +62,21 @@ impl StreamService {
         request: &S2ReadRequest,
         may_follow: bool,
     ) -> StreamResult<u64> {
-        let requested = request.start.unwrap_or(S2Start::TailOffset(0));
+        let requested = request.start.unwrap_or(RecordStart::TailOffset(0));
         // An exhausted limit reads nothing even from a start that is not written yet, as in S2.
         let exhausted = request.limits.exhausted();
         let start = if exhausted {
             stream.durable().tail.seq
         } else {
-            self.s2_resolve(stream, requested, request.clamp).await?
+            self.resolve_start(stream, requested, request.clamp).await?
         };
         let durable = stream.durable();
         // A start below the tail whose records were all trimmed reads nothing (the resolved
         // start moved up to the first retained record); only a start at or past the tail is 416.
         let asked = match requested {
-            S2Start::SeqNum(seq) => seq.min(start),
-            S2Start::TailOffset(back) => durable.tail.seq.saturating_sub(back).min(start),
-            S2Start::Timestamp(_) => start,
+            RecordStart::SeqNum(seq) => seq.min(start),
+            RecordStart::TailOffset(back) => durable.tail.seq.saturating_sub(back).min(start),
+            RecordStart::Timestamp(_) => start,
         };
         if asked >= durable.tail.seq && !may_follow && !exhausted {
             return Err(StreamError::BeyondTail {
@@ -96,14 +96,14 @@ pub async fn wait_for_records(
     stream: Arc<Stream>,
     source: S2Reads,
     timeout: Duration,
-) -> StreamResult<S2Batch> {
+) -> StreamResult<RecordBatch> {
     let mut follow = Follow::new(service, stream, source, FollowOptions::live(timeout));
     loop {
         match follow.next().await {
             Event::Records(batch) => return Ok(batch),
             Event::CaughtUp(_) | Event::Shared(_) | Event::Changed(_) => {}
             Event::Idle | Event::Closed | Event::Ended(_) | Event::Gap { .. } => {
-                return Ok(S2Batch {
+                return Ok(RecordBatch {
                     records: Vec::new(),
                     next_seq: follow.source().next(),
                     metered: 0,
@@ -122,7 +122,7 @@ pub async fn wait_for_records(
 /// What a read session was asked for.
 pub struct Session {
     pub start: u64,
-    pub limits: S2Limits,
+    pub limits: ReadLimits,
     pub may_follow: bool,
     /// How long the session may go without a new record before it ends.
     pub idle: Option<Duration>,
@@ -134,7 +134,7 @@ pub struct Session {
 /// One step of a read session.
 pub enum SessionEvent {
     /// Records, with the session's running totals after them.
-    Batch { batch: S2Batch, id: EventId },
+    Batch { batch: RecordBatch, id: EventId },
     /// Nothing new: the tail as it stands. Sent on catching up and while idle.
     Heartbeat(S2Position),
     /// The session is over: a limit was reached, the idle bound passed or the stream closed.

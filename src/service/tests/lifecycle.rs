@@ -91,7 +91,7 @@ async fn a_change_to_a_stream_deleted_since_it_was_found_does_not_bring_it_back(
     service.delete("doomed").await.unwrap();
 
     assert!(matches!(
-        service.s2_append(&found, plain_records(1), None).await,
+        service.append_records(&found, plain_records(1), None).await,
         Err(StreamError::NotFound)
     ));
     assert!(matches!(

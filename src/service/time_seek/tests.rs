@@ -7,7 +7,7 @@ use bytes::Bytes;
 use futures::future::BoxFuture;
 
 use crate::model::Record;
-use crate::service::s2::S2Start;
+use crate::service::s2::RecordStart;
 use crate::service::tests::Wrapping;
 use crate::service::{S2Append, S2Record, ServiceConfig, StreamService};
 use crate::storage::{Engine, FjallEngine, StorageError, StreamId, SyncMode};
@@ -62,7 +62,7 @@ async fn a_read_at_a_timestamp_starts_after_one_index_lookup_and_one_read() {
             "timestamping": {"mode": "client-require", "uncapped": true}
         });
         service
-            .create_s2_stream("clock", "s", Some(config), None)
+            .create_in_bucket("clock", "s", Some(config), None)
             .await
             .unwrap();
         let stream = service.find("/clock/s", false).await.unwrap();
@@ -80,7 +80,7 @@ async fn a_read_at_a_timestamp_starts_after_one_index_lookup_and_one_read() {
                 fencing_token: None,
             };
             service
-                .s2_append(&stream, append.check().unwrap(), None)
+                .append_records(&stream, append.check().unwrap(), None)
                 .await
                 .unwrap();
         }
@@ -100,7 +100,7 @@ async fn a_read_at_a_timestamp_starts_after_one_index_lookup_and_one_read() {
     for (timestamp, expected) in cases {
         engine.reads.store(0, Ordering::Relaxed);
         let start = service
-            .s2_resolve(&stream, S2Start::Timestamp(timestamp), false)
+            .resolve_start(&stream, RecordStart::Timestamp(timestamp), false)
             .await
             .unwrap();
         assert_eq!(start, expected, "the first record at or after {timestamp}");

@@ -14,7 +14,7 @@ pub(crate) async fn session_over_one_record() -> (Arc<StreamService>, Arc<Stream
     service.append("s", append).await.unwrap();
     let session = Session {
         start: 0,
-        limits: S2Limits::default(),
+        limits: ReadLimits::default(),
         may_follow: false,
         idle: None,
         resume: None,
@@ -59,7 +59,7 @@ async fn a_session_whose_client_took_long_over_a_batch_is_not_idle_and_goes_on()
 fn following_from_the_start() -> Session {
     Session {
         start: 0,
-        limits: S2Limits::default(),
+        limits: ReadLimits::default(),
         may_follow: true,
         idle: None,
         resume: None,
@@ -102,7 +102,7 @@ async fn a_session_whose_records_are_trimmed_from_under_it_goes_on_from_the_firs
 #[tokio::test]
 async fn a_waiting_read_whose_records_are_trimmed_from_under_it_gets_the_first_retained() {
     let (service, stream) = StreamService::with_text_stream_of(&["a", "b", "c"]).await;
-    let source = S2Reads::from(0, S2Limits::default(), None);
+    let source = S2Reads::from(0, ReadLimits::default(), None);
     service.trim_for_test(&stream, 2).await;
     let batch = wait_for_records(&service, stream, source, Duration::from_secs(5)).await;
     let Ok(batch) = batch else {
