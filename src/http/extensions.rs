@@ -158,10 +158,9 @@ async fn latest_snapshot(app: &AppState, key: &str, uri: &Uri) -> Handled {
     let stream = app.service.find(key, false).await?;
     let info = app
         .service
-        .snapshot_info(&stream)
+        .latest_snapshot(&stream)
         .await?
         .ok_or(crate::service::StreamError::SnapshotNotFound)?;
-    stream.renew();
     let offset = info.offset.to_string();
     let mut response = empty(StatusCode::TEMPORARY_REDIRECT);
     set(

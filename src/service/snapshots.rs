@@ -152,10 +152,13 @@ impl StreamService {
     }
 
     /// The visible snapshot's description, if there is one: the latest whose publication is
-    /// durable.
-    pub async fn snapshot_info(&self, stream: &Stream) -> StreamResult<Option<SnapshotInfo>> {
-        self.settled(stream, |state| state.meta.extra().snapshot.clone())
-            .await
+    /// durable. Finding one is a read of the stream, and renews its TTL.
+    pub async fn latest_snapshot(&self, stream: &Stream) -> StreamResult<Option<SnapshotInfo>> {
+        let latest = (self.settled(stream, |state| state.meta.extra().snapshot.clone())).await?;
+        if latest.is_some() {
+            stream.renew();
+        }
+        Ok(latest)
     }
 
     /// What `read` takes from the stream's state, once every metadata change that state reflects
