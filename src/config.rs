@@ -35,7 +35,9 @@ pub const DEFAULT_MIN_FREE_BYTES: u64 = 64 << 20;
     about = "A durable stream server",
     after_help = "Logging: RUST_LOG filters what is logged, in tracing's syntax (for example \
                   `RUST_LOG=debug`, or `RUST_LOG=warn,runnel=debug`); without it, Runnel logs at \
-                  info and its dependencies at warn."
+                  info and its dependencies at warn, without the access log (a line per request, \
+                  target runnel::access: `RUST_LOG=info`, or \
+                  `RUST_LOG=warn,runnel=info,runnel::access=info`)."
 )]
 pub struct Cli {
     #[command(subcommand)]

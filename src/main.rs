@@ -5,8 +5,9 @@ use runnel::config::{Cli, Command, LogFormat};
 use tracing_subscriber::EnvFilter;
 
 /// What is logged without `RUST_LOG`: Runnel's own events at info; its dependencies (fjall,
-/// hyper, rustls) only when something is wrong, or their debug lines would drown Runnel's.
-const DEFAULT_LOG_FILTER: &str = "warn,runnel=info";
+/// hyper, rustls) only when something is wrong, or their debug lines would drown Runnel's; no
+/// access log, whose line per request costs append throughput (`RUST_LOG=info` turns it on).
+const DEFAULT_LOG_FILTER: &str = "warn,runnel=info,runnel::access=off";
 
 /// glibc malloc cost about a quarter of the server's CPU under append load (arena locking and
 /// chunk coalescing on every request's small allocations); mimalloc's per-thread free lists do not.

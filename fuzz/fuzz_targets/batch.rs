@@ -19,7 +19,11 @@ fn reference(body: &[u8]) -> Result<Vec<&[u8]>, FrameError> {
         }
         let index = frames.len();
         if rest.len() < 4 {
-            return Err(FrameError::Truncated(index));
+            return Err(FrameError::Truncated {
+                index,
+                needed: 4,
+                left: rest.len(),
+            });
         }
         let (header, tail) = rest.split_at(4);
         let len = u32::from_be_bytes(header.try_into().unwrap()) as usize;
@@ -27,7 +31,11 @@ fn reference(body: &[u8]) -> Result<Vec<&[u8]>, FrameError> {
             return Err(FrameError::Empty(index));
         }
         if tail.len() < len {
-            return Err(FrameError::Truncated(index));
+            return Err(FrameError::Truncated {
+                index,
+                needed: 4 + len,
+                left: rest.len(),
+            });
         }
         let (frame, tail) = tail.split_at(len);
         frames.push(frame);

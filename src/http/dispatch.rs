@@ -153,10 +153,15 @@ fn not_allowed(allowed: &'static str) -> Response {
 }
 
 /// 200 while the server takes requests; 503 once it is shutting down, so load balancers stop
-/// sending it new ones.
+/// sending it new ones, and while a mirror does not follow its upstream (the reasons, a line
+/// each, in the body).
 fn readyz(app: &AppState) -> Response {
     if app.service.shutdown_signal().is_cancelled() {
         return text_error(StatusCode::SERVICE_UNAVAILABLE, "shutting down");
+    }
+    let problems = app.readiness.get().map(|check| check()).unwrap_or_default();
+    if !problems.is_empty() {
+        return text_error(StatusCode::SERVICE_UNAVAILABLE, &problems.join("\n"));
     }
     (StatusCode::OK, "ready\n").into_response()
 }

@@ -38,6 +38,7 @@ use crate::service::StreamService;
 
 pub use auth::AuthConfig;
 pub use metrics::install_recorder as install_metrics_recorder;
+pub use observe::{ClientAddr, access_log_enabled};
 pub use request::BodyLimits;
 pub use taking::{CloseConnection, ConnectionHandle};
 
@@ -71,7 +72,12 @@ pub struct Shared {
     pub live_readers: Arc<tokio::sync::Semaphore>,
     /// Renders the process's metrics, when a Prometheus recorder is installed.
     pub metrics: Option<metrics_exporter_prometheus::PrometheusHandle>,
+    /// What else `/readyz` asks (a mirror's upstreams), set once at start.
+    pub readiness: std::sync::OnceLock<ReadinessCheck>,
 }
+
+/// Why the server should not be sent requests yet, one line per reason; empty when it may.
+pub type ReadinessCheck = Box<dyn Fn() -> Vec<String> + Send + Sync>;
 
 impl std::ops::Deref for AppState {
     type Target = Shared;
@@ -92,7 +98,14 @@ impl AppState {
             live_readers: Arc::new(tokio::sync::Semaphore::new(config.max_live_readers)),
             config,
             metrics,
+            readiness: std::sync::OnceLock::new(),
         }))
+    }
+
+    /// Makes `/readyz` answer 503 while `check` gives reasons (see [`ReadinessCheck`]).
+    pub fn set_readiness(&self, check: ReadinessCheck) {
+        // Set once, by the server as it starts; a second check would be a bug of the caller's.
+        let _ = self.readiness.set(check);
     }
 
     /// Live readers being served now.

@@ -1,4 +1,4 @@
-//! Request ids, tracing spans and per-route request metrics.
+//! Request ids, tracing spans, the access log and per-route request metrics.
 
 use std::collections::HashMap;
 use std::sync::{OnceLock, RwLock};
@@ -82,6 +82,20 @@ fn record(route: &str, method: &str, status: u16, seconds: f64) {
     by_route.entry(route.to_string()).or_default().push(metrics);
 }
 
+/// The log target of the access log: a line per request at INFO, off unless `RUST_LOG` names
+/// it (`RUST_LOG=info`, or `warn,runnel=info,runnel::access=info`), as a line per request costs
+/// throughput.
+const ACCESS: &str = "runnel::access";
+
+/// Whether the access log is written: checked per request before anything is kept for it.
+pub fn access_log_enabled() -> bool {
+    tracing::enabled!(target: ACCESS, tracing::Level::INFO)
+}
+
+/// The address a request came from, kept on the request only while the access log is on.
+#[derive(Clone, Copy, Debug)]
+pub struct ClientAddr(pub std::net::SocketAddr);
+
 /// One request being observed: its id, route, method and start time.
 pub struct Observation {
     started: Instant,
@@ -90,6 +104,10 @@ pub struct Observation {
     route: &'static str,
     method: axum::http::Method,
     span: tracing::Span,
+    /// The request's URI as sent (a cheap clone: its parts are reference-counted).
+    uri: axum::http::Uri,
+    /// The client's address, while the access log is on.
+    client: Option<std::net::SocketAddr>,
 }
 
 impl Observation {
@@ -111,6 +129,8 @@ impl Observation {
             method: request.method().clone(),
             id,
             span,
+            uri: request.uri().clone(),
+            client: request.extensions().get::<ClientAddr>().map(|c| c.0),
         }
     }
 
@@ -128,9 +148,14 @@ impl Observation {
         let elapsed = self.started.elapsed();
         let route = self.route;
         let method = &self.method;
+        let id = self.id.to_str().unwrap_or_default();
+        let path = self.uri.path();
+        if let Some(client) = self.client {
+            let elapsed_ms = elapsed.as_secs_f64() * 1e3;
+            tracing::info!(target: ACCESS, request_id = %id, %client, %method, path, route, status, elapsed_ms, "request");
+        }
         if status >= 500 {
-            let id = self.id.to_str().unwrap_or_default();
-            tracing::warn!(request_id = %id, %method, route, status, ?elapsed, "request failed");
+            tracing::warn!(request_id = %id, %method, path, route, status, ?elapsed, "request failed");
         } else {
             self.span
                 .in_scope(|| tracing::debug!(%method, status, ?elapsed, "served"));

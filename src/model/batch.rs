@@ -11,11 +11,24 @@ pub const MAX_BATCH_BYTES: usize = 32 << 20;
 pub enum FrameError {
     #[error("frame {0} is empty; zero-length frames are invalid")]
     Empty(usize),
-    #[error("frame {0} is truncated")]
-    Truncated(usize),
+    #[error(
+        "frame {index} is truncated: its 4-byte length and payload need {needed} bytes, and the \
+         body has {left} left"
+    )]
+    Truncated {
+        index: usize,
+        /// Bytes the frame needs from where it starts: its 4-byte length, then its payload
+        /// (4 while its length is not all there).
+        needed: usize,
+        /// Bytes the body has from there.
+        left: usize,
+    },
     #[error("a batch carries at most {MAX_FRAMES} frames")]
     TooMany,
-    #[error("a batch carries at least one frame")]
+    #[error(
+        "the batch is empty: it carries at least one frame (a 4-byte big-endian length, then \
+         that many bytes)"
+    )]
     NoFrames,
 }
 
@@ -28,7 +41,12 @@ pub fn parse_frames(body: &Bytes) -> Result<Vec<Bytes>, FrameError> {
         if index == MAX_FRAMES {
             return Err(FrameError::TooMany);
         }
-        let header = body.get(at..at + 4).ok_or(FrameError::Truncated(index))?;
+        let left = body.len() - at;
+        let header = body.get(at..at + 4).ok_or(FrameError::Truncated {
+            index,
+            needed: 4,
+            left,
+        })?;
         let len = u32::from_be_bytes([header[0], header[1], header[2], header[3]]) as usize;
         if len == 0 {
             return Err(FrameError::Empty(index));
@@ -37,7 +55,11 @@ pub fn parse_frames(body: &Bytes) -> Result<Vec<Bytes>, FrameError> {
         let end = start
             .checked_add(len)
             .filter(|end| *end <= body.len())
-            .ok_or(FrameError::Truncated(index))?;
+            .ok_or(FrameError::Truncated {
+                index,
+                needed: len.saturating_add(4),
+                left,
+            })?;
         frames.push(body.slice(start..end));
         at = end;
     }
@@ -75,11 +97,19 @@ mod tests {
         );
         assert_eq!(
             parse_frames(&Bytes::from(vec![0, 0, 0])),
-            Err(FrameError::Truncated(0))
+            Err(FrameError::Truncated {
+                index: 0,
+                needed: 4,
+                left: 3
+            })
         );
         assert_eq!(
             parse_frames(&Bytes::from([frame(b"a"), vec![0, 0, 0, 5, b'x']].concat())),
-            Err(FrameError::Truncated(1))
+            Err(FrameError::Truncated {
+                index: 1,
+                needed: 9,
+                left: 5
+            })
         );
         assert_eq!(parse_frames(&Bytes::new()), Err(FrameError::NoFrames));
         let many = Bytes::from(frame(b"x").repeat(MAX_FRAMES + 1));

@@ -28,8 +28,14 @@ pub fn parse_canonical_u64(value: &str) -> Option<u64> {
 
 /// `Stream-TTL`: seconds as a canonical decimal.
 pub fn parse_ttl(value: &str) -> Result<u64, HeaderError> {
-    parse_canonical_u64(value)
-        .ok_or_else(|| invalid("Stream-TTL must be a non-negative integer number of seconds"))
+    parse_canonical_u64(value).ok_or_else(|| {
+        let digits = !value.is_empty() && value.bytes().all(|b| b.is_ascii_digit());
+        if digits && !value.starts_with('0') {
+            invalid("Stream-TTL is too large: at most 18446744073709551615 seconds")
+        } else {
+            invalid("Stream-TTL must be a non-negative integer number of seconds")
+        }
+    })
 }
 
 /// `Stream-Expires-At`: an RFC 3339 timestamp, returned as milliseconds since the epoch.
@@ -113,6 +119,19 @@ mod tests {
         for bad in ["abc", "-1", "00060", "+60", "60.5", "1e3", "", " 60"] {
             assert!(parse_ttl(bad).is_err(), "{bad:?}");
         }
+    }
+
+    #[test]
+    fn a_ttl_beyond_the_largest_is_told_it_is_too_large() {
+        assert_eq!(parse_ttl("18446744073709551615"), Ok(u64::MAX));
+        let too_large = parse_ttl("18446744073709551616").unwrap_err();
+        assert!(too_large.0.contains("too large"), "{}", too_large.0);
+        let malformed = parse_ttl("-1").unwrap_err();
+        assert!(
+            malformed.0.contains("non-negative integer"),
+            "{}",
+            malformed.0
+        );
     }
 
     #[test]

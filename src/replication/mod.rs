@@ -7,17 +7,19 @@
 //! start and snapshot, then follows again.
 //!
 //! `upstream.rs` parses what a mirror follows, `discovery.rs` finds its replication endpoint,
-//! `session.rs` keeps a session joined, `mirror.rs` applies what arrives, and `gap.rs` decides
+//! `session.rs` keeps a session joined, `health.rs` tells `/readyz` whether it is, `mirror.rs` applies what arrives, and `gap.rs` decides
 //! what a gap calls for.
 
 mod discovery;
 mod error;
 mod gap;
+mod health;
 mod mirror;
 mod session;
 pub mod tls;
 mod upstream;
 
 pub use error::MirrorError;
+pub use health::{MirrorHealth, RECONNECT_GRACE};
 pub use session::{Credentials, follow};
-pub use upstream::{check_targets, mirrored_bucket, mirrored_stream};
+pub use upstream::{check_targets, check_token, mirrored_bucket, mirrored_stream};

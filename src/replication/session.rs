@@ -11,6 +11,7 @@ use tokio_tungstenite::tungstenite::Message as WsMessage;
 
 use super::discovery::{Discovered, discover};
 use super::error::MirrorError;
+use super::health::MirrorHealth;
 use super::mirror::{Mirror, cursor_of, known_message};
 use super::upstream::{Upstream, stream_key};
 use crate::model::names;
@@ -36,13 +37,20 @@ pub struct Credentials {
     pub tls: Arc<tokio_rustls::rustls::ClientConfig>,
 }
 
-/// Follows `url` for as long as the server runs, reconnecting with backoff. With a token, every
-/// request to the upstream carries it as a bearer token.
-pub async fn follow(service: Arc<StreamService>, url: String, credentials: Credentials) {
+/// Follows `url` for as long as the server runs, reconnecting with backoff, and keeps `health`
+/// told whether it has a session. With a token, every request to the upstream carries it as a
+/// bearer token.
+pub async fn follow(
+    service: Arc<StreamService>,
+    url: String,
+    credentials: Credentials,
+    health: Arc<MirrorHealth>,
+) {
     let upstream = match Upstream::parse(&url) {
         Ok(upstream) => upstream,
         Err(e) => {
             tracing::error!(error = %e, "cannot mirror");
+            health.disconnected(&url, Some(e.to_string()), std::time::Instant::now());
             return;
         }
     };
@@ -50,6 +58,7 @@ pub async fn follow(service: Arc<StreamService>, url: String, credentials: Crede
         Ok(authorization) => authorization,
         Err(e) => {
             tracing::error!(error = %e, "cannot mirror");
+            health.disconnected(&url, Some(e.to_string()), std::time::Instant::now());
             return;
         }
     };
@@ -69,6 +78,7 @@ pub async fn follow(service: Arc<StreamService>, url: String, credentials: Crede
         Ok(http) => http,
         Err(e) => {
             tracing::error!(error = %e, "cannot mirror: no HTTP client");
+            health.disconnected(&url, Some(e.to_string()), std::time::Instant::now());
             return;
         }
     };
@@ -80,7 +90,10 @@ pub async fn follow(service: Arc<StreamService>, url: String, credentials: Crede
             authorization: authorization.as_ref(),
             tls: &credentials.tls,
         };
-        match follow_once(&service, &connection, &upstream).await {
+        let ended = follow_once(&service, &connection, &upstream, &url, &health).await;
+        let error = ended.as_ref().err().map(ToString::to_string);
+        health.disconnected(&url, error, std::time::Instant::now());
+        match ended {
             Ok(Ended::Rejoin) => {
                 // Rebuilt a stream (or lost the one followed): join again without waiting long.
                 backoff = MIN_BACKOFF;
@@ -135,6 +148,8 @@ async fn follow_once(
     service: &Arc<StreamService>,
     connection: &Connection<'_>,
     upstream: &Upstream,
+    url: &str,
+    health: &MirrorHealth,
 ) -> Result<Ended, MirrorError> {
     use tokio_tungstenite::tungstenite::client::IntoClientRequest as _;
     let http = connection.http;
@@ -200,6 +215,9 @@ async fn follow_once(
     tracing::info!(upstream = %upstream.url(), "joining upstream");
     sink.send(WsMessage::Text(Message::Subscribe(join).to_json().into()))
         .await?;
+    // The upstream upgraded the session and has the join: the mirror follows it (a bucket with
+    // no streams yet sends nothing more). A join it refuses ends the session, and with it this.
+    health.connected(url, std::time::Instant::now());
 
     let mut mirror = Mirror::new(service, http, upstream);
     let mut pinged = false;

@@ -66,14 +66,16 @@ pub fn mirrored_stream(url: &str) -> Option<(String, String)> {
     Some((key, upstream.base))
 }
 
-/// Checks that no two `--mirror-from` targets overlap: the same bucket or stream twice, or a
+/// Checks that every `--mirror-from` URL names a bucket or a stream of one, and that no two
+/// targets overlap: the same bucket or stream twice, or a
 /// stream of a bucket mirrored whole. Two sessions would then apply the same records, each
 /// taking the other's for a divergence and rebuilding the copy over and over.
 pub fn check_targets(urls: &[String]) -> Result<(), String> {
     let parsed: Vec<(&String, Upstream)> = urls
         .iter()
-        .filter_map(|url| Upstream::parse(url).ok().map(|u| (url, u)))
-        .collect();
+        .map(|url| Upstream::parse(url).map(|u| (url, u)))
+        .collect::<Result<_, _>>()
+        .map_err(|e| format!("--mirror-from: {e}"))?;
     for (i, (url, target)) in parsed.iter().enumerate() {
         for (other_url, other) in &parsed[..i] {
             let overlap = target.bucket == other.bucket
@@ -89,6 +91,13 @@ pub fn check_targets(urls: &[String]) -> Result<(), String> {
         }
     }
     Ok(())
+}
+
+/// Checks that `--mirror-token` can be sent as a bearer token (a header value).
+pub fn check_token(token: &str) -> Result<(), String> {
+    reqwest::header::HeaderValue::from_str(&format!("Bearer {token}"))
+        .map(drop)
+        .map_err(|_| "--mirror-token: not a valid HTTP header value (control characters?)".into())
 }
 
 fn encode(segment: &str) -> String {

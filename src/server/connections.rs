@@ -140,6 +140,7 @@ pub async fn serve(
             }),
             requests: requests.clone(),
             connection: ConnectionHandle(stall.clone()),
+            peer,
         };
         // hyper's header timeout starts once it knows the connection's HTTP version, which a
         // client that sends nothing (or half the HTTP/2 preface) never lets it learn.
@@ -345,6 +346,7 @@ struct NotingRequests<S> {
     inner: S,
     requests: Arc<Requests>,
     connection: ConnectionHandle,
+    peer: std::net::SocketAddr,
 }
 
 impl<S, B> hyper::service::Service<hyper::Request<B>> for NotingRequests<S>
@@ -361,6 +363,12 @@ where
         // extension costs an allocation on every request.
         if open.is_some() {
             request.extensions_mut().insert(self.connection.clone());
+        }
+        // Likewise the client's address, which only the access log reads.
+        if crate::http::access_log_enabled() {
+            request
+                .extensions_mut()
+                .insert(crate::http::ClientAddr(self.peer));
         }
         Answering {
             response: self.inner.call(request),

@@ -27,6 +27,15 @@ const RETENTION_INTERVAL: Duration = Duration::from_secs(5);
 pub async fn serve(settings: Settings) -> anyhow::Result<()> {
     // Before anything is opened: overlapping targets would make two sessions fight over one copy.
     crate::replication::check_targets(&settings.mirror_from).map_err(anyhow::Error::msg)?;
+    if let Some(token) = &settings.mirror_token {
+        crate::replication::check_token(token).map_err(anyhow::Error::msg)?;
+    }
+    let mirror_tls = match settings.mirror_from.is_empty() {
+        true => None,
+        false => Some(crate::replication::tls::client_config(
+            settings.mirror_ca_cert.as_deref(),
+        )?),
+    };
     let engine: SharedEngine = match &settings.storage {
         StorageSettings::Memory => {
             tracing::warn!(
@@ -93,21 +102,6 @@ pub async fn serve(settings: Settings) -> anyhow::Result<()> {
         }
     });
 
-    if !settings.mirror_from.is_empty() {
-        let credentials = crate::replication::Credentials {
-            token: settings.mirror_token.clone(),
-            tls: crate::replication::tls::client_config(settings.mirror_ca_cert.as_deref())?,
-        };
-        for upstream in &settings.mirror_from {
-            tracing::info!(upstream = %upstream, "mirroring");
-            tokio::spawn(crate::replication::follow(
-                service.clone(),
-                upstream.clone(),
-                credentials.clone(),
-            ));
-        }
-    }
-
     let state = AppState::new(
         service,
         HttpConfig {
@@ -126,6 +120,29 @@ pub async fn serve(settings: Settings) -> anyhow::Result<()> {
         },
         crate::http::install_metrics_recorder(),
     );
+    let mirror_health = Arc::new(crate::replication::MirrorHealth::new(
+        &settings.mirror_from,
+        std::time::Instant::now(),
+    ));
+    let readiness = mirror_health.clone();
+    state.set_readiness(Box::new(move || {
+        readiness.problems(std::time::Instant::now())
+    }));
+    if let Some(tls) = mirror_tls {
+        let credentials = crate::replication::Credentials {
+            token: settings.mirror_token.clone(),
+            tls,
+        };
+        for upstream in &settings.mirror_from {
+            tracing::info!(upstream = %upstream, "mirroring");
+            tokio::spawn(crate::replication::follow(
+                state.service.clone(),
+                upstream.clone(),
+                credentials.clone(),
+                mirror_health.clone(),
+            ));
+        }
+    }
     let tls = settings
         .tls
         .as_ref()

@@ -59,6 +59,12 @@ pub enum Change {
 pub enum StorageError {
     #[error("storage I/O failed: {0}")]
     Io(String),
+    /// Another process (another Runnel, most likely) has the data directory open.
+    #[error(
+        "the data directory is in use by {}; stop it, or give this server another --data-dir",
+        match .holder { Some(pid) => format!("process {pid}"), None => "another process".into() }
+    )]
+    Locked { holder: Option<u32> },
     #[error("stored data is corrupt: {0}")]
     Corrupt(String),
     #[error("storage is unavailable after an earlier write failure")]

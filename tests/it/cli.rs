@@ -72,6 +72,79 @@ fn rate_limit_without_auth_stops_start_up_with_the_reason() {
 }
 
 #[test]
+fn a_mirror_url_that_names_no_bucket_stops_start_up() {
+    let output = run_to_exit(
+        &[
+            "serve",
+            "--memory",
+            "--listen",
+            "127.0.0.1:0",
+            "--mirror-from",
+            "notaurl",
+        ],
+        &[],
+    );
+    assert!(!output.status.success());
+    let err = stderr(&output);
+    assert!(
+        err.contains("--mirror-from: upstream notaurl is not a bucket or bucketed stream URL"),
+        "{err}"
+    );
+}
+
+#[test]
+fn a_data_directory_in_use_names_the_process_that_holds_it() {
+    let data = tempfile::tempdir().unwrap();
+    let first = Server::on_disk(data.path());
+    let output = run_to_exit(
+        &[
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "--data-dir",
+            data.path().to_str().unwrap(),
+        ],
+        &[],
+    );
+    assert!(!output.status.success());
+    let err = stderr(&output);
+    assert!(
+        err.contains(&format!(
+            "the data directory is in use by process {}; stop it, or give this server another --data-dir",
+            first.pid()
+        )),
+        "{err}"
+    );
+}
+
+#[tokio::test]
+async fn the_access_log_names_client_method_path_route_and_status() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("runnel.log");
+    // `start_logged` runs with `RUST_LOG=runnel=info`, which includes `runnel::access`.
+    let mut server = Server::start_logged(&["--memory"], &log);
+    let response = crate::common::Client::new(&server)
+        .get("/v1/stream/missing?offset=-1")
+        .await;
+    assert_eq!(response.status(), 404);
+    server.terminate(Duration::from_secs(10));
+    let text = std::fs::read_to_string(&log).unwrap();
+    let line = text
+        .lines()
+        .find(|l| l.contains("runnel::access") && l.contains("/v1/stream/missing"))
+        .unwrap_or_else(|| panic!("no access line in {text}"));
+    for field in [
+        "client=127.0.0.1:",
+        "method=GET",
+        "route=",
+        "status=404",
+        "request_id=",
+    ] {
+        assert!(line.contains(field), "{field} missing from {line}");
+    }
+}
+
+#[test]
 fn a_config_file_error_prints_its_cause_once() {
     let missing = run_to_exit(&["serve", "--config", "/nonexistent/runnel.toml"], &[]);
     let err = stderr(&missing);

@@ -7,6 +7,7 @@
 //! itself: opening, reading and recovery.
 
 mod body_files;
+mod lock_holder;
 #[cfg(all(test, target_os = "linux"))]
 pub(crate) use body_files::mapped as mapped_body_files;
 mod space;
@@ -73,7 +74,12 @@ struct Keyspaces {
 impl Keyspaces {
     fn open(dir: &Path) -> Result<Keyspaces, StorageError> {
         std::fs::create_dir_all(dir).map_err(io)?;
-        let db = Database::builder(dir).open().map_err(io)?;
+        let db = Database::builder(dir).open().map_err(|e| match e {
+            fjall::Error::Locked => StorageError::Locked {
+                holder: lock_holder::lock_holder(dir),
+            },
+            other => io(other),
+        })?;
         let open = |name: &str| {
             db.keyspace(name, KeyspaceCreateOptions::default)
                 .map_err(io)

@@ -4,6 +4,7 @@
 
 mod downtime;
 mod live;
+mod readiness;
 mod refusals;
 mod session;
 mod sse_binding;
