@@ -80,6 +80,10 @@ fn describe_recorded_metrics() {
         "runnel_replication_streams_followed",
         "Streams the replication subscriptions being served follow."
     );
+    describe_gauge!(
+        "runnel_mirror_connected",
+        "1 while this mirror has a replication session with the upstream (label upstream), else 0."
+    );
     metrics::counter!("runnel_commit_failures_total").absolute(0);
     metrics::counter!("runnel_trim_deleted_values_total").absolute(0);
     metrics::gauge!("runnel_trim_pending_streams").set(0.0);

@@ -61,6 +61,13 @@ async fn a_mirror_is_ready_while_it_follows_its_upstream_and_not_once_it_has_los
     let mirror = Server::start(&["--memory", "--mirror-from", &source]);
     let http = Client::new(&mirror);
     readyz_becomes(&http, 200, Duration::from_secs(15)).await;
+    let metrics = http.metrics().await;
+    assert!(
+        metrics.contains(&format!(
+            "runnel_mirror_connected{{upstream=\"{source}\"}} 1"
+        )) && metrics.contains("# HELP runnel_mirror_connected"),
+        "{metrics}"
+    );
     upstream.kill();
     // Within the grace, a lost session is a reconnect, not an outage.
     assert_eq!(http.get("/readyz").await.status(), 200);
