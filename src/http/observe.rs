@@ -104,10 +104,9 @@ pub struct Observation {
     route: &'static str,
     method: axum::http::Method,
     span: tracing::Span,
-    /// The request's URI as sent (a cheap clone: its parts are reference-counted).
-    uri: axum::http::Uri,
-    /// The client's address, while the access log is on.
-    client: Option<std::net::SocketAddr>,
+    /// The path as sent and the client's address, kept only while the access log is on: the
+    /// path is a copy, which a request that nobody logs should not pay for.
+    access: Option<(String, Option<std::net::SocketAddr>)>,
 }
 
 impl Observation {
@@ -129,8 +128,10 @@ impl Observation {
             method: request.method().clone(),
             id,
             span,
-            uri: request.uri().clone(),
-            client: request.extensions().get::<ClientAddr>().map(|c| c.0),
+            access: access_log_enabled().then(|| {
+                let client = request.extensions().get::<ClientAddr>().map(|c| c.0);
+                (request.uri().path().to_string(), client)
+            }),
         }
     }
 
@@ -149,13 +150,14 @@ impl Observation {
         let route = self.route;
         let method = &self.method;
         let id = self.id.to_str().unwrap_or_default();
-        let path = self.uri.path();
-        if let Some(client) = self.client {
+        let path = self.access.as_ref().map(|(path, _)| path.as_str());
+        if let Some((path, client)) = &self.access {
+            let client = client.map(|c| c.to_string()).unwrap_or_default();
             let elapsed_ms = elapsed.as_secs_f64() * 1e3;
             tracing::info!(target: ACCESS, request_id = %id, %client, %method, path, route, status, elapsed_ms, "request");
         }
         if status >= 500 {
-            tracing::warn!(request_id = %id, %method, path, route, status, ?elapsed, "request failed");
+            tracing::warn!(request_id = %id, %method, ?path, route, status, ?elapsed, "request failed");
         } else {
             self.span
                 .in_scope(|| tracing::debug!(%method, status, ?elapsed, "served"));
