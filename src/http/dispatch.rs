@@ -1,9 +1,10 @@
 //! Each route to its handler. The route was parsed once, in front of everything (see
 //! `route.rs`); handlers get the names it carries and never parse the path again.
 //!
-//! Every branch but the hot ones (a stream request, which boxes all but its append inside, and
-//! a unary S2 append) is boxed: a request's future is as large as its largest branch, and the
-//! appends, by far the most frequent requests, would otherwise carry the others' state too.
+//! Every branch but a stream request (which boxes all but its append inside) is boxed: a
+//! request's future is as large as its largest branch, every level of it is copied as it
+//! starts, and the appends, by far the most frequent requests, would otherwise carry the
+//! others' state too (`tests.rs` holds the bound).
 
 use std::convert::Infallible;
 use std::sync::Arc;
@@ -79,8 +80,8 @@ pub(super) async fn dispatch(
         }
         Route::S2(S2Route::Records { stream }) if s2::is_unary_append(&request) => {
             // Nothing for S2's layers to do: an uncompressed body, and an ack too small to
-            // compress.
-            s2::records(app.clone(), principal, stream, request).await
+            // compress. Boxed like the others, so that a stream request's future stays small.
+            Box::pin(s2::records(app.clone(), principal, stream, request)).await
         }
         Route::Health | Route::Ready | Route::Metrics if method == Method::PUT => text_error(
             StatusCode::BAD_REQUEST,

@@ -97,13 +97,33 @@ pub async fn serve<F: Future<Output = Response>>(
         &Method::HEAD => None,
         _ => request.extensions().get::<ConnectionHandle>().cloned(),
     };
-    let finished = |response| match connection {
+    if !live && !is_append_session(&route, &request) {
+        return finished(app, connection, inner(route, request).await);
+    }
+    // Boxed: the streaming requests' state would otherwise ride in every append's future.
+    Box::pin(serve_streaming(
+        app, route, request, inner, live, connection,
+    ))
+    .await
+}
+
+/// A finished response, watched over HTTP/2 (see `taking`).
+fn finished(app: &AppState, connection: Option<ConnectionHandle>, response: Response) -> Response {
+    match connection {
         Some(connection) => taking::watch_finished(response, app.config.send_timeout, connection),
         None => response,
-    };
-    if !live && !is_append_session(&route, &request) {
-        return finished(inner(route, request).await);
     }
+}
+
+/// [`serve`] for a live read or an append session.
+async fn serve_streaming<F: Future<Output = Response>>(
+    app: &AppState,
+    route: Route,
+    request: Request,
+    inner: impl FnOnce(Route, Request) -> F,
+    live: bool,
+    connection: Option<ConnectionHandle>,
+) -> Response {
     let permit = if live {
         match app.live_readers.clone().try_acquire_owned() {
             Ok(permit) => Some(permit),
@@ -128,7 +148,7 @@ pub async fn serve<F: Future<Output = Response>>(
     };
     if !is_streaming(&response) {
         // A long-poll: it held its permit while it waited.
-        return finished(response);
+        return finished(app, connection, response);
     }
     // A live read ends at shutdown; an append session carries on while the server drains, so
     // that the batches it sent are acknowledged.

@@ -32,6 +32,7 @@ use axum::body::Body;
 use axum::extract::Request;
 use axum::http::{HeaderValue, Method, StatusCode, header};
 use axum::response::{IntoResponse, Response};
+use futures::FutureExt as _;
 
 use crate::model::names;
 use crate::service::StreamService;
@@ -194,8 +195,7 @@ impl tower::Service<axum::http::Request<hyper::body::Incoming>> for Handler {
         if self.tls {
             request.extensions_mut().insert(origin::OverTls);
         }
-        let handler = self.clone();
-        Box::pin(async move { Ok(handler.serve(request).await) })
+        Box::pin(self.clone().serve(request).map(Ok))
     }
 }
 
@@ -296,3 +296,6 @@ pub(crate) fn text_error(status: StatusCode, reason: &str) -> Response {
     )
         .into_response()
 }
+
+#[cfg(test)]
+mod tests;

@@ -103,10 +103,8 @@ impl StreamService {
                 };
                 // `null`: the basin's default, which a stream created without one gets.
                 let stream_config = Some(requested.clone()).filter(|c| !c.is_null());
-                match self
-                    .create_in_bucket(basin, name, stream_config, None)
-                    .await
-                {
+                // Boxed: creation's state would otherwise ride in every append's future.
+                match Box::pin(self.create_in_bucket(basin, name, stream_config, None)).await {
                     Ok(_) | Err(StreamError::AlreadyExists(_)) => self.find(&key, false).await,
                     Err(e) => Err(e),
                 }
