@@ -22,7 +22,10 @@ use crate::model::{Offset, Record};
 
 #[cfg(all(test, target_os = "linux"))]
 pub(crate) use fjall_engine::mapped_body_files;
-pub use fjall_engine::{FjallEngine, SyncMode};
+pub use fjall_engine::{
+    BackupError, BackupSummary, DataDir, FjallEngine, SyncMode, VerifySummary, check_backup,
+    restore as restore_backup,
+};
 pub use memory::MemoryEngine;
 pub use staged::Staged;
 

@@ -15,7 +15,7 @@ use std::collections::HashSet;
 use std::io::{Read, Seek, SeekFrom};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Mutex, mpsc};
+use std::sync::{Arc, Mutex, mpsc};
 
 use bytes::Bytes;
 use fjall::{Database, Keyspace};
@@ -34,7 +34,7 @@ pub(super) const STAGE_BYTES: usize = 1 << 20;
 /// keeps small reads, where a mapping's set-up and tear-down would weigh most, on the copy.
 const MAP_BYTES: u64 = 64 << 10;
 
-const DIRECTORY: &str = "bodies";
+pub(super) const DIRECTORY: &str = "bodies";
 
 pub(super) struct BodyFiles {
     dir: PathBuf,
@@ -44,6 +44,9 @@ pub(super) struct BodyFiles {
     /// To the thread that deletes files: unlinking a large file takes the file system a while
     /// (hundreds of milliseconds for a few hundred of them), which must not hold up the writer.
     deletions: Mutex<mpsc::Sender<Vec<u64>>>,
+    /// Held by the deleting thread while it deletes, and by a backup while it takes its
+    /// snapshot and opens the files the snapshot refers to (see [`BodyFiles::pause_deletions`]).
+    deleting: Arc<Mutex<()>>,
 }
 
 /// What `snapshot_files` holds per stream: the file's number and the snapshot's length.
@@ -102,6 +105,8 @@ impl BodyFiles {
         }
         let (deletions, deleted) = mpsc::channel::<Vec<u64>>();
         let deleter = dir.clone();
+        let deleting = Arc::new(Mutex::new(()));
+        let deleting_here = deleting.clone();
         std::thread::Builder::new()
             .name("runnel-unlink".into())
             .spawn(move || {
@@ -116,6 +121,7 @@ impl BodyFiles {
                         tracing::warn!(error = %e, "{why}; they go at the next start");
                         continue;
                     }
+                    let _deleting = deleting_here.lock().unwrap_or_else(|p| p.into_inner());
                     delete(&deleter, &numbers);
                 }
             })
@@ -125,7 +131,20 @@ impl BodyFiles {
             next: AtomicU64::new(highest.map_or(0, |n: u64| n.saturating_add(1))),
             reserve,
             deletions: Mutex::new(deletions),
+            deleting,
         })
+    }
+
+    /// Keeps every file where it is while the guard lives: a snapshot taken under it refers
+    /// only to files that exist until the guard goes, and a file opened by then stays readable
+    /// after (an unlinked file lives on while open).
+    pub(super) fn pause_deletions(&self) -> std::sync::MutexGuard<'_, ()> {
+        self.deleting.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The directory of the files.
+    pub(super) fn dir(&self) -> &Path {
+        &self.dir
     }
 
     /// Writes `bodies` to a new file and syncs it. Blocking.

@@ -6,6 +6,7 @@
 //! (`trims`); writes are refused before the disk fills (`space`). This file holds the engine
 //! itself: opening, reading and recovery.
 
+mod backup;
 mod body_files;
 mod lock_holder;
 #[cfg(all(test, target_os = "linux"))]
@@ -14,9 +15,13 @@ mod space;
 mod submission;
 mod time_index;
 mod trims;
+mod verify;
 mod writer;
 
-use std::path::Path;
+pub use backup::{BackupError, BackupSummary, check as check_backup, restore};
+pub use verify::VerifySummary;
+
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, mpsc};
 
@@ -72,6 +77,23 @@ struct Keyspaces {
 }
 
 impl Keyspaces {
+    /// Every keyspace with the name it is opened by, in a fixed order.
+    fn named(&self) -> [(&'static str, &Keyspace); 11] {
+        [
+            ("streams", &self.streams),
+            ("records", &self.records),
+            ("producers", &self.producers),
+            ("snapshots", &self.snapshots),
+            ("buckets", &self.buckets),
+            ("tokens", &self.tokens),
+            ("system", &self.system),
+            ("trims", &self.trims),
+            ("record_files", &self.record_files),
+            ("snapshot_files", &self.snapshot_files),
+            ("times", &self.times),
+        ]
+    }
+
     fn open(dir: &Path) -> Result<Keyspaces, StorageError> {
         std::fs::create_dir_all(dir).map_err(io)?;
         let db = Database::builder(dir).open().map_err(|e| match e {
@@ -114,6 +136,39 @@ impl Keyspaces {
             times: open("times")?,
             db,
         })
+    }
+}
+
+/// A data directory opened by a tool while no server has it: for a backup or a check, without
+/// the writer, the purger or the clean-up of files at open, so that nothing is changed.
+pub struct DataDir {
+    keyspaces: Keyspaces,
+    bodies: PathBuf,
+}
+
+impl DataDir {
+    /// Opens the data directory `dir`, which must exist and hold a Runnel store (a missing
+    /// one is not created).
+    pub fn open(dir: &Path) -> Result<DataDir, StorageError> {
+        let bodies = dir.join(body_files::DIRECTORY);
+        if !bodies.is_dir() {
+            let why = format!("{} holds no Runnel data directory", dir.display());
+            return Err(StorageError::Io(why));
+        }
+        Ok(DataDir {
+            keyspaces: Keyspaces::open(dir)?,
+            bodies,
+        })
+    }
+
+    /// As [`FjallEngine::backup`].
+    pub fn backup(&self, out: &mut dyn std::io::Write) -> Result<BackupSummary, BackupError> {
+        backup::write(&self.keyspaces, &self.bodies, None, out)
+    }
+
+    /// As [`FjallEngine::verify`].
+    pub fn verify(&self, report: &mut dyn std::io::Write) -> std::io::Result<VerifySummary> {
+        verify::check(&self.keyspaces, &self.bodies, report)
     }
 }
 
@@ -222,6 +277,18 @@ impl FjallEngine {
             trims,
             files,
         })
+    }
+
+    /// Writes a backup of everything stored to `out`, consistent as of its start, while the
+    /// engine goes on writing (see `backup`). Blocking.
+    pub fn backup(&self, out: &mut dyn std::io::Write) -> Result<BackupSummary, BackupError> {
+        let paused = self.files.pause_deletions();
+        backup::write(&self.keyspaces, self.files.dir(), Some(paused), out)
+    }
+
+    /// Checks everything stored (see `verify`), a line per problem to `report`. Blocking.
+    pub fn verify(&self, report: &mut dyn std::io::Write) -> std::io::Result<VerifySummary> {
+        verify::check(&self.keyspaces, self.files.dir(), report)
     }
 
     /// How many streams have trimmed records not yet deleted.
