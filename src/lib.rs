@@ -11,3 +11,4 @@ pub mod replication;
 pub mod server;
 pub mod service;
 pub mod storage;
+pub mod tools;

@@ -80,5 +80,15 @@ fn init_logging(format: LogFormat) {
 async fn run(command: Command) -> anyhow::Result<()> {
     match command {
         Command::Serve(args) => runnel::server::serve(args.resolve()?).await,
+        // Blocking file I/O, on a thread of its own.
+        Command::Backup(args) => blocking(move || runnel::tools::backup(&args)).await,
+        Command::Restore(args) => blocking(move || runnel::tools::restore(&args)).await,
+        Command::Verify(args) => blocking(move || runnel::tools::verify(&args)).await,
     }
+}
+
+async fn blocking(
+    tool: impl FnOnce() -> anyhow::Result<()> + Send + 'static,
+) -> anyhow::Result<()> {
+    tokio::task::spawn_blocking(tool).await?
 }

@@ -1,6 +1,6 @@
 //! Configuration of `runnel serve`: command-line flags, their `RUNNEL_*` environment twins, and
 //! an optional TOML file. A flag (or its variable) wins over the file; the file wins over the
-//! defaults.
+//! defaults. The data tools' arguments are in `tools.rs`.
 
 use std::net::{SocketAddr, ToSocketAddrs};
 use std::path::{Path, PathBuf};
@@ -64,7 +64,15 @@ pub enum LogFormat {
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Run the server.
-    Serve(ServeArgs),
+    Serve(Box<ServeArgs>),
+    /// Write a consistent backup of a data directory to a file, while a server runs on it or
+    /// not.
+    Backup(BackupArgs),
+    /// Put a backup back into a new or empty data directory.
+    Restore(RestoreArgs),
+    /// Check a data directory, or a backup file, and report damage; nothing is changed. Exits
+    /// with 1 when it finds any.
+    Verify(VerifyArgs),
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum, Deserialize)]
@@ -515,6 +523,9 @@ fn load_file(path: &Path) -> Result<FileConfig, ConfigError> {
 pub fn parse_file(text: &str) -> Result<FileConfig, toml::de::Error> {
     toml::from_str(text)
 }
+
+mod tools;
+pub use tools::{BackupArgs, RestoreArgs, VerifyArgs};
 
 #[cfg(test)]
 mod tests;

@@ -7,6 +7,7 @@ use std::time::Duration;
 use tokio::net::{TcpListener, TcpSocket};
 
 mod connections;
+pub mod control;
 mod file_sending;
 mod provision;
 mod watched;
@@ -36,6 +37,8 @@ pub async fn serve(settings: Settings) -> anyhow::Result<()> {
             settings.mirror_ca_cert.as_deref(),
         )?),
     };
+    // The engine the control socket reaches, with its data directory.
+    let mut controlled = None;
     let engine: SharedEngine = match &settings.storage {
         StorageSettings::Memory => {
             tracing::warn!(
@@ -56,7 +59,9 @@ pub async fn serve(settings: Settings) -> anyhow::Result<()> {
             let engine = FjallEngine::open(dir, mode, settings.min_free_bytes).map_err(|e| {
                 anyhow::anyhow!("cannot open data directory {}: {e}", dir.display())
             })?;
-            Arc::new(engine)
+            let engine = Arc::new(engine);
+            controlled = Some((dir.clone(), engine.clone()));
+            engine
         }
     };
     let service_config = ServiceConfig {
@@ -156,6 +161,9 @@ pub async fn serve(settings: Settings) -> anyhow::Result<()> {
         shutdown_timeout: settings.shutdown_timeout,
     };
     let shutdown = state.service.shutdown_signal();
+    if let Some((dir, engine)) = controlled {
+        control::spawn(&dir, engine, shutdown.clone());
+    }
     let service = state.service.clone();
     tokio::spawn(async move {
         shutdown_signal().await;

@@ -1,31 +1,10 @@
 //! The `runnel` command line as an operator meets it: flags and their environment twins,
 //! start-up refusals and what is written to the log.
 
-use std::process::{Command, Output};
+use std::process::Output;
 use std::time::Duration;
 
-use crate::common::Server;
-
-/// Runs `runnel` with `args` and `env`, for a command that must end by itself (a refusal).
-fn run_to_exit(args: &[&str], env: &[(&str, &str)]) -> Output {
-    let mut command = Command::new(env!("CARGO_BIN_EXE_runnel"));
-    command.args(args).env_remove("RUST_LOG");
-    for (name, value) in env {
-        command.env(name, value);
-    }
-    let child = command
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .expect("spawn runnel");
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        let _ = tx.send(child.wait_with_output());
-    });
-    rx.recv_timeout(Duration::from_secs(20))
-        .expect("runnel did not exit within 20 s")
-        .expect("runnel output")
-}
+use crate::common::{Server, run_to_exit};
 
 fn stderr(output: &Output) -> String {
     String::from_utf8_lossy(&output.stderr).into_owned()

@@ -11,6 +11,7 @@ mod catch_up;
 mod cli;
 mod connections;
 mod corruption;
+mod data_tools;
 mod disk_full;
 mod durability;
 mod limits;

@@ -115,6 +115,28 @@ impl Drop for Server {
     }
 }
 
+/// Runs `runnel` with `args` and `env` (and no `RUST_LOG`) for a command that ends by itself,
+/// within 60 s, and hands back what it printed.
+pub fn run_to_exit(args: &[&str], env: &[(&str, &str)]) -> std::process::Output {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_runnel"));
+    command.args(args).env_remove("RUST_LOG");
+    for (name, value) in env {
+        command.env(name, value);
+    }
+    let child = command
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn runnel");
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(child.wait_with_output());
+    });
+    rx.recv_timeout(Duration::from_secs(60))
+        .expect("runnel did not exit within 60 s")
+        .expect("runnel output")
+}
+
 pub fn client() -> reqwest::Client {
     reqwest::Client::builder()
         .timeout(Duration::from_secs(20))
