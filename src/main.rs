@@ -84,6 +84,7 @@ async fn run(command: Command) -> anyhow::Result<()> {
         Command::Backup(args) => blocking(move || runnel::tools::backup(&args)).await,
         Command::Restore(args) => blocking(move || runnel::tools::restore(&args)).await,
         Command::Verify(args) => blocking(move || runnel::tools::verify(&args)).await,
+        Command::Export(args) => runnel::tools::export(&args).await,
     }
 }
 

@@ -73,6 +73,8 @@ pub enum Command {
     /// Check a data directory, or a backup file, and report damage; nothing is changed. Exits
     /// with 1 when it finds any.
     Verify(VerifyArgs),
+    /// Write one stream's content, read from a running server, as raw bytes or JSON lines.
+    Export(ExportArgs),
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum, Deserialize)]
@@ -525,7 +527,7 @@ pub fn parse_file(text: &str) -> Result<FileConfig, toml::de::Error> {
 }
 
 mod tools;
-pub use tools::{BackupArgs, RestoreArgs, VerifyArgs};
+pub use tools::{BackupArgs, ExportArgs, ExportFormat, RestoreArgs, VerifyArgs};
 
 #[cfg(test)]
 mod tests;

@@ -1,8 +1,9 @@
-//! The arguments of the data tools: `runnel backup`, `runnel restore` and `runnel verify`.
+//! The arguments of the tools: `runnel backup`, `runnel restore`, `runnel verify` and
+//! `runnel export`.
 
 use std::path::PathBuf;
 
-use clap::Args;
+use clap::{Args, ValueEnum};
 
 use super::DEFAULT_DATA_DIR;
 
@@ -34,4 +35,31 @@ pub struct VerifyArgs {
     /// Check this backup file instead of a data directory.
     #[arg(long, conflicts_with = "data_dir")]
     pub backup: Option<PathBuf>,
+}
+
+#[derive(Debug, Args)]
+pub struct ExportArgs {
+    /// The stream: BUCKET/STREAM, or /v1/stream/NAME for a base-surface stream.
+    pub stream: String,
+    /// The server to read it from (a data directory no server has: start one on it first).
+    #[arg(long, env = "RUNNEL_SERVER", default_value = "http://127.0.0.1:4437")]
+    pub server: String,
+    /// A bearer token that may read the stream, for a server run with --auth.
+    #[arg(long, env = "RUNNEL_TOKEN", hide_env_values = true)]
+    pub token: Option<String>,
+    /// raw: the stream's bytes as they are; jsonl: a JSON stream's messages, one a line.
+    #[arg(long, value_enum, default_value_t = ExportFormat::Raw)]
+    pub format: ExportFormat,
+    /// Write to this file rather than to standard output.
+    #[arg(long, short)]
+    pub out: Option<PathBuf>,
+    /// Root certificates (PEM) to trust for an https server, besides the system's.
+    #[arg(long)]
+    pub ca_cert: Option<PathBuf>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum ExportFormat {
+    Raw,
+    Jsonl,
 }

@@ -1,5 +1,6 @@
 //! `runnel backup`, `runnel restore` and `runnel verify`, run as an operator runs them: against
-//! a data directory a server is writing to, and against one no server has.
+//! a data directory a server is writing to, and against one no server has; `runnel export`
+//! against a running server.
 
 use std::path::Path;
 use std::process::Output;
@@ -231,4 +232,65 @@ async fn a_damaged_backup_is_refused_and_restores_nothing() {
     assert!(!restored.exists());
     let refused = runnel(&["verify", "--backup", path(&backup)]);
     assert!(!refused.status.success());
+}
+
+fn export(server: &Server, args: &[&str]) -> Output {
+    let mut all = vec!["export", "--server", &server.base];
+    all.extend_from_slice(args);
+    runnel(&all)
+}
+
+#[tokio::test]
+async fn export_writes_a_json_stream_as_json_lines_and_any_stream_as_its_bytes() {
+    let server = Server::start(&["--memory"]);
+    let client = Client::new(&server);
+    assert_eq!(
+        client
+            .create("/v1/stream/j", "application/json", "")
+            .await
+            .status(),
+        201
+    );
+    for i in 0..3 {
+        let appended = client
+            .append("/v1/stream/j", "application/json", format!("{{\"i\":{i}}}"))
+            .await;
+        assert!(appended.status().is_success());
+    }
+    let lines = export(&server, &["/v1/stream/j", "--format", "jsonl"]);
+    assert!(lines.status.success(), "{}", text(&lines.stderr));
+    assert_eq!(text(&lines.stdout), "{\"i\":0}\n{\"i\":1}\n{\"i\":2}\n");
+
+    assert_eq!(client.create_bucket("books").await.status(), 201);
+    assert_eq!(
+        client.create("/books/t", "text/plain", "hello ").await.status(),
+        201
+    );
+    assert!(
+        client
+            .append("/books/t", "text/plain", "world")
+            .await
+            .status()
+            .is_success()
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("t.txt");
+    let raw = export(&server, &["books/t", "--out", path(&file)]);
+    assert!(raw.status.success(), "{}", text(&raw.stderr));
+    assert_eq!(std::fs::read(&file).unwrap(), b"hello world");
+
+    let refused = export(&server, &["books/t", "--format", "jsonl"]);
+    assert!(!refused.status.success());
+    assert!(
+        text(&refused.stderr).contains("not a JSON stream"),
+        "{}",
+        text(&refused.stderr)
+    );
+    let missing = export(&server, &["books/none"]);
+    assert!(!missing.status.success());
+    assert!(
+        text(&missing.stderr).contains("404"),
+        "{}",
+        text(&missing.stderr)
+    );
 }

@@ -1,4 +1,4 @@
-//! The data tools: `runnel backup`, `runnel restore` and `runnel verify`. A data directory a
+//! `runnel backup`, `runnel restore` and `runnel verify`. A data directory a
 //! server has open is reached through that server's control socket (see
 //! `server::control`); one no server has is opened here, without changing it.
 
