@@ -59,6 +59,9 @@ pub struct HttpConfig {
     /// How long a live reader over HTTP/2 may leave an event untaken before its body ends and
     /// its slot is freed (over HTTP/1.1 the connection's own send timeout does it).
     pub send_timeout: Duration,
+    /// The largest request head (request line and headers) taken; larger ones get 431 with the
+    /// reason. The connection's own limit, at twice this, cuts off larger heads unread.
+    pub max_header_bytes: usize,
 }
 
 /// What every handler shares. One `Arc`, because axum clones the state into each layer of every
@@ -145,6 +148,9 @@ impl Handler {
 
     /// Everything a request passes through, outermost first.
     async fn serve(self, mut request: Request) -> Response {
+        if let Some(refused) = head_too_large(&request, self.app.config.max_header_bytes) {
+            return refused;
+        }
         let route = route::Route::parse(request.uri().path());
         let label = route.as_ref().map_or("unmatched", route::Route::label);
         let observation = observe::Observation::start(&request, label);
@@ -229,6 +235,28 @@ pub(crate) async fn token_expiry(expires_ms: Option<i64>) {
     };
     let left = at_ms.saturating_sub(crate::service::now_ms());
     tokio::time::sleep(Duration::from_millis(u64::try_from(left).unwrap_or(0))).await;
+}
+
+/// 431 with the reason for a request whose head passes `max_bytes`, counted as HTTP/1.1 spells
+/// it: the request line, and each header's name, value, `: ` and line end.
+fn head_too_large(request: &Request, max_bytes: usize) -> Option<Response> {
+    let target = request
+        .uri()
+        .path_and_query()
+        .map_or(1, |p| p.as_str().len());
+    let line = request.method().as_str().len() + target + " HTTP/1.1\r\n".len() + 1;
+    let headers: usize = request
+        .headers()
+        .iter()
+        .map(|(name, value)| name.as_str().len() + value.len() + 4)
+        .sum();
+    let head = line + headers;
+    (head > max_bytes).then(|| {
+        let reason = format!(
+            "the request head is {head} bytes, more than this server takes (--max-header-bytes {max_bytes})"
+        );
+        text_error(StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE, &reason)
+    })
 }
 
 fn sent_body(request: &Request) -> bool {

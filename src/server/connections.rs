@@ -436,10 +436,13 @@ fn http_builder(limits: &ConnectionLimits) -> Builder<TokioExecutor> {
         .http1()
         .timer(TokioTimer::new())
         .header_read_timeout(limits.header_read_timeout)
-        // hyper needs room for at least one read; heads beyond the limit get 431.
+        // Room for twice the limit: a head between the two reaches the handler, which refuses it
+        // with 431 and the reason; hyper cuts off larger ones with a bare 431. hyper needs room
+        // for at least one read.
         .max_buf_size(
             limits
                 .max_header_bytes
+                .saturating_mul(2)
                 .max(crate::config::MIN_MAX_HEADER_BYTES),
         );
     builder

@@ -122,6 +122,7 @@ pub async fn serve(settings: Settings) -> anyhow::Result<()> {
                 .map(|auth| Arc::new(AuthConfig::new(&auth.operator_token, auth.rate_limit))),
             max_live_readers: settings.max_live_readers,
             send_timeout: settings.send_timeout,
+            max_header_bytes: settings.max_header_bytes,
         },
         crate::http::install_metrics_recorder(),
     );

@@ -223,8 +223,26 @@ async fn a_request_body_that_stalls_gets_408_the_connection_closes_and_nothing_i
 }
 
 #[tokio::test]
-async fn an_oversized_request_head_gets_431() {
+async fn an_oversized_request_head_gets_431_with_the_limit_named() {
     let server = Server::start(&["--memory", "--max-header-bytes", "16384"]);
+    let response = Client::new(&server)
+        .request(Method::GET, "/healthz")
+        .header("x-big", "a".repeat(20 << 10))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 431);
+    let reason = response.text().await.unwrap();
+    assert!(reason.contains("--max-header-bytes 16384"), "{reason:?}");
+    // One just within the limit is served.
+    let response = Client::new(&server)
+        .request(Method::GET, "/healthz")
+        .header("x-big", "a".repeat(15 << 10))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 200);
+    // Past twice the limit the connection stops reading it: still 431.
     let response = Client::new(&server)
         .request(Method::GET, "/healthz")
         .header("x-big", "a".repeat(64 << 10))

@@ -263,7 +263,10 @@ async fn export_writes_a_json_stream_as_json_lines_and_any_stream_as_its_bytes()
 
     assert_eq!(client.create_bucket("books").await.status(), 201);
     assert_eq!(
-        client.create("/books/t", "text/plain", "hello ").await.status(),
+        client
+            .create("/books/t", "text/plain", "hello ")
+            .await
+            .status(),
         201
     );
     assert!(

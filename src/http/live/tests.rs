@@ -15,6 +15,7 @@ pub(in crate::http) fn app_over(service: Arc<crate::service::StreamService>) -> 
         auth: None,
         max_live_readers: 10,
         send_timeout: Duration::from_secs(1),
+        max_header_bytes: 64 << 10,
     };
     AppState::new(service, config, None)
 }
