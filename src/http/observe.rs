@@ -154,7 +154,9 @@ impl Observation {
         if let Some((path, client)) = &self.access {
             let client = client.map(|c| c.to_string()).unwrap_or_default();
             let elapsed_ms = elapsed.as_secs_f64() * 1e3;
-            tracing::info!(target: ACCESS, request_id = %id, %client, %method, path, route, status, elapsed_ms, "request");
+            // A streaming body's size is not known when it starts: then no `bytes`.
+            let bytes = http_body::Body::size_hint(response.body()).exact();
+            tracing::info!(target: ACCESS, request_id = %id, %client, %method, path, route, status, bytes, elapsed_ms, "request");
         }
         if status >= 500 {
             tracing::warn!(request_id = %id, %method, ?path, route, status, ?elapsed, "request failed");

@@ -117,6 +117,7 @@ async fn the_access_log_names_client_method_path_route_and_status() {
         "method=GET",
         "route=",
         "status=404",
+        "bytes=",
         "request_id=",
     ] {
         assert!(line.contains(field), "{field} missing from {line}");
