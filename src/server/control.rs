@@ -46,6 +46,13 @@ pub fn verify_summary_line(summary: &VerifySummary) -> String {
     )
 }
 
+/// The number of problems a [`verify_summary_line`] reports; `None` for any other line (an
+/// answer cut short).
+pub fn problems_in_summary_line(line: &str) -> Option<u64> {
+    let counted = line.strip_prefix("checked ")?.rsplit_once(": ")?.1;
+    counted.strip_suffix(" problems")?.parse().ok()
+}
+
 /// Serves the control socket of `dir` until `shutdown`, then removes it. A socket that cannot
 /// be made (a path too long for one, a read-only directory) is logged, and the server goes on
 /// without it: the tools then say that they cannot reach it.
@@ -141,4 +148,29 @@ fn run(
     }
     out.flush()?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_verify_summary_line_reads_back_its_problem_count() {
+        let summary = VerifySummary {
+            streams: 2,
+            records: 9,
+            keys: 14,
+            body_files: 1,
+            problems: 3,
+        };
+        assert_eq!(
+            problems_in_summary_line(&verify_summary_line(&summary)),
+            Some(3)
+        );
+        assert_eq!(
+            problems_in_summary_line("damaged: records: …: 4 problems"),
+            None
+        );
+        assert_eq!(problems_in_summary_line(""), None);
+    }
 }

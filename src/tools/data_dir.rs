@@ -90,10 +90,7 @@ pub fn verify(args: &VerifyArgs) -> anyhow::Result<()> {
                 println!("{line}");
                 last = line;
             }
-            last.rsplit(": ")
-                .next()
-                .and_then(|tail| tail.split(' ').next())
-                .and_then(|n| n.parse::<u64>().ok())
+            control::problems_in_summary_line(&last)
                 .context("the server's answer ended early (its log says why)")?
         }
         None => {

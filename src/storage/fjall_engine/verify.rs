@@ -142,6 +142,7 @@ impl Check<'_> {
             let (id, _) = codec::split_key(key)?;
             let seq = codec::record_seq(key)?;
             let stored = decode_stored(seq, Bytes::copy_from_slice(value))?;
+            // A copy: `each` only lends the value, and a check is off every request's path.
             let (first, count) = match &stored {
                 Stored::Held(run) => (run.first().map(|r| r.seq), run.len()),
                 Stored::Filed(run) => {
